@@ -1,0 +1,1 @@
+//! cmf-zimage
