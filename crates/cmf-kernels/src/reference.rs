@@ -20,7 +20,10 @@ pub fn decode_row(w: &Weight, r: usize, out: &mut [f32]) {
                 *o = f32::from_le_bytes([d[i], d[i + 1], d[i + 2], d[i + 3]]);
             }
         }
-        Dtype::F16 => out.iter_mut().enumerate().for_each(|(c, o)| *o = f16_at(d, r * cols + c)),
+        Dtype::F16 => out
+            .iter_mut()
+            .enumerate()
+            .for_each(|(c, o)| *o = f16_at(d, r * cols + c)),
         Dtype::Bf16 => out.iter_mut().enumerate().for_each(|(c, o)| {
             let i = (r * cols + c) * 2;
             *o = bf16::from_le_bytes([d[i], d[i + 1]]).to_f32()
@@ -44,7 +47,11 @@ pub fn decode_row(w: &Weight, r: usize, out: &mut [f32]) {
             for (c, o) in out.iter_mut().enumerate() {
                 let k = r * cols + c;
                 let byte = d[k / 2];
-                let q = if k % 2 == 0 { byte & 15 } else { byte >> 4 };
+                let q = if k.is_multiple_of(2) {
+                    byte & 15
+                } else {
+                    byte >> 4
+                };
                 *o = (q as f32 - 8.0) * f16_at(scales, k / 32);
             }
         }
@@ -55,6 +62,20 @@ pub fn decode_row(w: &Weight, r: usize, out: &mut [f32]) {
                 let byte = t[2 + (c % 32) / 2];
                 let q = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
                 *o = (q as f32 - 8.0) * f16_at(t, 0);
+            }
+        }
+        Dtype::Q4Tp => {
+            // [nibbles rows·gpr·16][rows × (f16 lo, f16 step)][rows × ⌈gpr·5/8⌉ 5-bit codes]
+            let gpr = cols / 32;
+            let (params, codes) = crate::codec::q4tp_planes(d, rows, gpr);
+            let ladder = crate::codec::q4tp_ladder(params, r);
+            let stride = crate::codec::q4tp_code_stride(gpr);
+            for (c, o) in out.iter_mut().enumerate() {
+                let g = c / 32;
+                let s = ladder[crate::codec::q4tp_code(&codes[r * stride..(r + 1) * stride], g)];
+                let byte = d[(r * gpr + g) * 16 + (c % 32) / 2];
+                let q = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                *o = (q as f32 - 8.0) * s;
             }
         }
         other => panic!("reference::decode_row: codec {other} is not a matrix codec"),
@@ -78,7 +99,11 @@ pub fn matmul(w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
     for r in 0..w.rows {
         decode_row(w, r, &mut row);
         for t in 0..n {
-            y[t * w.rows + r] = row.iter().zip(&x[t * w.cols..(t + 1) * w.cols]).map(|(a, b)| a * b).sum();
+            y[t * w.rows + r] = row
+                .iter()
+                .zip(&x[t * w.cols..(t + 1) * w.cols])
+                .map(|(a, b)| a * b)
+                .sum();
         }
     }
 }
