@@ -12,15 +12,19 @@
 pub mod cpu;
 pub mod reference;
 
+pub mod ops;
+
 mod act;
 mod codec;
 mod linear;
 mod pool;
+mod simd;
 
 use cmf_format::Dtype;
 
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_with};
+pub use ops::{NormStyle, RopeStyle, RopeTable};
 pub use pool::{num_threads, set_num_threads};
 
 /// A weight matrix borrowed from the file (no copy), in its storage codec.

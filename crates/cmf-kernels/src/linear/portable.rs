@@ -19,12 +19,12 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut cb = b.chunks_exact(8);
     for (x, y) in (&mut ca).zip(&mut cb) {
         for j in 0..8 {
-            acc[j] = x[j].mul_add(y[j], acc[j]);
+            acc[j] += x[j] * y[j];
         }
     }
     let mut s = 0f32;
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s = x.mul_add(*y, s);
+        s += x * y;
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + s
 }
