@@ -14,8 +14,10 @@
 pub mod error;
 pub mod noise;
 pub mod ops;
+pub mod pipeline;
 pub mod scheduler;
 pub mod tensors;
+pub mod text_encoder;
 pub mod transformer;
 pub mod vae;
 

@@ -76,7 +76,7 @@ pub fn read_latents(path: &Path, n: usize) -> Result<Vec<f32>, ZimageError> {
             let st =
                 safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
             let names = st.names();
-            let name = if names.iter().any(|n| *n == "latents") {
+            let name = if names.contains(&"latents") {
                 "latents".to_string()
             } else if names.len() == 1 {
                 names[0].to_string()
@@ -174,7 +174,7 @@ mod tests {
         let p = dir.path().join("l.npy");
         let vals = [1.5f32, -2.0, 0.25, 3.0];
         let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), }".to_string();
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');

@@ -5,18 +5,13 @@
 //! vectors (norm weights, biases, pad tokens) are small and decoded to f32 once at load.
 
 use crate::ZimageError;
-use cmf_format::Dtype;
+use cmf_format::{CmfModel, Dtype, Shape, TensorView};
 use cmf_kernels::Weight;
 use half::{bf16, f16};
 use std::collections::HashMap;
 
-/// One stored tensor: codec, shape as stored, payload bytes.
-#[derive(Clone, Copy, Debug)]
-pub struct TensorRef<'a> {
-    pub dtype: Dtype,
-    pub shape: &'a [usize],
-    pub data: &'a [u8],
-}
+/// One stored tensor, borrowed: codec, shape as stored, payload bytes (cmf-format's view).
+pub type TensorRef<'a> = TensorView<'a>;
 
 /// Anything that can hand out tensors by name.
 pub trait TensorSource: Sync {
@@ -28,7 +23,7 @@ pub trait TensorSource: Sync {
 /// Tensors held in memory (tests, small synthetic models).
 #[derive(Default)]
 pub struct MemTensors {
-    map: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
+    map: HashMap<String, (Dtype, Shape, Vec<u8>)>,
     pub origin: String,
 }
 
@@ -47,6 +42,7 @@ impl MemTensors {
         shape: Vec<usize>,
         data: Vec<u8>,
     ) {
+        let shape = Shape::new(&shape).expect("at most 6 dims");
         self.map.insert(name.into(), (dtype, shape, data));
     }
 
@@ -66,14 +62,27 @@ impl MemTensors {
 
 impl TensorSource for MemTensors {
     fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
-        self.map.get(name).map(|(dtype, shape, data)| TensorRef {
+        let (key, (dtype, shape, data)) = self.map.get_key_value(name)?;
+        Some(TensorView {
+            name: key,
             dtype: *dtype,
-            shape,
+            shape: *shape,
             data,
+            hash: 0,
+            file_offset: 0,
         })
     }
     fn origin(&self) -> String {
         self.origin.clone()
+    }
+}
+
+impl TensorSource for CmfModel {
+    fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        CmfModel::tensor(self, name)
+    }
+    fn origin(&self) -> String {
+        self.path().display().to_string()
     }
 }
 
@@ -137,7 +146,7 @@ impl<'a> Loader<'a> {
     /// kernel `[out, in, kh, kw]` are read as `[out, in·kh·kw]`.
     pub fn weight(&self, name: &str, rows: usize, cols: usize) -> Result<Weight<'a>, ZimageError> {
         let t = self.get(name)?;
-        let (r, c) = match t.shape {
+        let (r, c) = match t.shape.as_slice() {
             [r, rest @ ..] if !rest.is_empty() => (*r, rest.iter().product::<usize>()),
             _ => return Err(self.bad(name, format!("shape {:?} is not a matrix", t.shape))),
         };

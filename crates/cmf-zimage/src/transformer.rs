@@ -126,7 +126,7 @@ impl DitConfig {
                 "only the 2×2 (f = 1) patch is supported",
             ));
         }
-        if cfg.n_heads == 0 || cfg.dim % cfg.n_heads != 0 {
+        if cfg.n_heads == 0 || !cfg.dim.is_multiple_of(cfg.n_heads) {
             return Err(bad("n_heads", "must divide dim"));
         }
         let hd = cfg.dim / cfg.n_heads;
@@ -449,7 +449,10 @@ impl<'a> ZImageDit<'a> {
     pub fn velocity(&self, items: &[DitItem], h: usize, w: usize) -> Vec<Vec<f32>> {
         let cfg = &self.cfg;
         let (d, c) = (cfg.dim, cfg.in_channels);
-        assert!(h % 2 == 0 && w % 2 == 0, "latent size must be even");
+        assert!(
+            h.is_multiple_of(2) && w.is_multiple_of(2),
+            "latent size must be even"
+        );
         let (ht, wt) = (h / 2, w / 2);
         let ni = ht * wt;
         let np = pad_to(ni);

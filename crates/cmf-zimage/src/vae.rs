@@ -250,6 +250,7 @@ impl<'a> Conv2d<'a> {
     }
 
     /// im2col for output rows `y0 .. y0+rows`: `col[pix][i·k² + ky·k + kx]` (the stored kernel's order).
+    #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
         x: &Tensor3,
