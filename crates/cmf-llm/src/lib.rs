@@ -3,11 +3,9 @@
 //!
 //! Layout:
 //! - [`model`]: config from the header, weights bound in place from the mmap, KV cache, forward.
-//! - [`ops`]: interim row ops (to be replaced by `cmf-kernels`' versions).
 
 pub mod error;
 pub mod model;
-pub mod ops;
 
 pub use error::{LlmError, Result};
 pub use model::{Model, ModelConfig, State, TensorRef, TensorSource};

@@ -8,7 +8,6 @@
 //! causally (and to the sliding window: key j is visible from query p when j > p − window, see
 //! `masking_utils.sliding_window_overlay`), softmax in f32, weighted sum of values.
 
-use crate::ops::softmax;
 use rayon::prelude::*;
 
 /// Geometry of one attention call.
@@ -74,7 +73,8 @@ fn attend_one(
     for j in first..=pos {
         scores.push(dot(q, &k[j * kv_dim + g * hd..][..hd]) * scale);
     }
-    softmax(scores);
+    let len = scores.len();
+    cmf_kernels::ops::softmax(scores, len);
     out.fill(0.0);
     for (p, j) in scores.iter().zip(first..=pos) {
         let vr = &v[j * kv_dim + g * hd..][..hd];

@@ -17,14 +17,16 @@
 pub mod attention;
 pub mod config;
 pub mod kv_cache;
+mod load;
 pub mod rope;
 pub mod weights;
 
 use crate::error::{LlmError, Result};
-use crate::ops;
 use attention::{attend, AttnShape};
+use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 pub use config::{Family, ModelConfig};
 pub use kv_cache::KvCache;
+pub use load::CmfSource;
 use rope::Rope;
 pub use weights::{LayerWeights, Linear, ModelWeights, TensorRef, TensorSource};
 
@@ -176,8 +178,12 @@ impl<'a> Model<'a> {
                 self.weights.layers.len()
             )));
         }
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::TokenOutOfRange { id, vocab });
+        }
         let mut st = self.new_state(tokens.len());
-        self.check_room(&st, tokens)?;
+        st.kv = KvCache::new(k, self.config.kv_dim(), tokens.len());
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
         for chunk in tokens.chunks(PREFILL_CHUNK) {
@@ -188,6 +194,13 @@ impl<'a> Model<'a> {
     }
 
     fn check_room(&self, st: &State, tokens: &[u32]) -> Result<()> {
+        if self.weights.layers.len() != self.config.num_layers {
+            return Err(LlmError::Other(format!(
+                "only {} of {} layers are loaded: use hidden_states, not logits",
+                self.weights.layers.len(),
+                self.config.num_layers
+            )));
+        }
         let needed = st.len() + tokens.len();
         if needed > st.kv.limit() {
             return Err(LlmError::ContextFull {
@@ -212,71 +225,49 @@ impl<'a> Model<'a> {
         let b = &mut st.buf;
         let h = cfg.hidden_size;
         for (i, &t) in tokens.iter().enumerate() {
-            cmf_kernels::reference::decode_row(
-                &self.weights.embed,
-                t as usize,
-                &mut b.x[i * h..(i + 1) * h],
-            );
+            let row = &mut b.x[i * h..(i + 1) * h];
+            cmf_kernels::reference::decode_row(&self.weights.embed, t as usize, row);
         }
         // cos/sin per row, shared by every layer and head.
-        let half = self.rope.rotary_dim() / 2;
+        let positions: Vec<f32> = (start..start + n).map(|p| p as f32).collect();
         let inv_freq = self.rope.inv_freq_for(start + n);
-        for i in 0..n {
-            let (c, s) = (
-                &mut b.cos[i * half..(i + 1) * half],
-                &mut b.sin[i * half..(i + 1) * half],
-            );
-            self.rope.cos_sin(&inv_freq, start + i, c, s);
-        }
+        let table = RopeTable::new(&positions, &inv_freq, self.rope.attention_scaling());
         for (l, lw) in self.weights.layers[..layers].iter().enumerate() {
-            self.layer(l, lw, &mut st.kv, b, n, start);
+            self.layer(l, lw, &mut st.kv, b, &table, start);
         }
         st.kv.commit(n);
         Ok(())
     }
 
+    /// One decoder layer over the `rope.rows()` rows in `b`, whose first position is `start`.
     fn layer(
         &self,
         l: usize,
         w: &LayerWeights,
         kv: &mut KvCache,
         b: &mut Buffers,
-        n: usize,
+        rope: &RopeTable,
         start: usize,
     ) {
         let cfg = &self.config;
-        let (h, qd, kvd, ff, hd) = (
-            cfg.hidden_size,
-            cfg.q_dim(),
-            cfg.kv_dim(),
-            cfg.intermediate_size,
-            cfg.head_dim,
-        );
-        let eps = cfg.rms_norm_eps;
-        let half = self.rope.rotary_dim() / 2;
+        let n = rope.rows();
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
+        let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
 
         // Attention block.
-        ops::rms_norm(&b.x[..n * h], &w.attn_norm, eps, &mut b.xn[..n * h]);
-        linear(&w.q, &b.xn[..n * h], n, &mut b.q[..n * qd]);
-        linear(&w.k, &b.xn[..n * h], n, &mut b.k[..n * kvd]);
-        linear(&w.v, &b.xn[..n * h], n, &mut b.v[..n * kvd]);
+        ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn);
+        linear(&w.q, xn, n, q);
+        linear(&w.k, xn, n, k);
+        linear(&w.v, xn, n, v);
         if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-            ops::rms_norm_inplace(&mut b.q[..n * qd], qn, eps);
-            ops::rms_norm_inplace(&mut b.k[..n * kvd], kn, eps);
+            ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
+            ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
         }
-        for i in 0..n {
-            let (c, s) = (
-                &b.cos[i * half..(i + 1) * half],
-                &b.sin[i * half..(i + 1) * half],
-            );
-            b.q[i * qd..(i + 1) * qd]
-                .chunks_exact_mut(hd)
-                .for_each(|x| rope::rotate_half(x, c, s));
-            b.k[i * kvd..(i + 1) * kvd]
-                .chunks_exact_mut(hd)
-                .for_each(|x| rope::rotate_half(x, c, s));
-        }
-        kv.append(l, &b.k[..n * kvd], &b.v[..n * kvd]);
+        ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, 0);
+        ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, 0);
+        kv.append(l, k, v);
         let (kc, vc) = kv.layer(l);
         let shape = AttnShape {
             heads: cfg.num_heads,
@@ -285,17 +276,19 @@ impl<'a> Model<'a> {
             start,
             window: cfg.sliding_window[l],
         };
-        attend(shape, &b.q[..n * qd], kc, vc, &mut b.attn[..n * qd]);
-        linear(&w.o, &b.attn[..n * qd], n, &mut b.out[..n * h]);
-        ops::add_inplace(&mut b.x[..n * h], &b.out[..n * h]);
+        let attn = &mut b.attn[..n * qd];
+        attend(shape, q, kc, vc, attn);
+        linear(&w.o, attn, n, out);
+        ops::add(x, out);
 
         // MLP block.
-        ops::rms_norm(&b.x[..n * h], &w.ffn_norm, eps, &mut b.xn[..n * h]);
-        linear(&w.gate, &b.xn[..n * h], n, &mut b.gate[..n * ff]);
-        linear(&w.up, &b.xn[..n * h], n, &mut b.up[..n * ff]);
-        ops::silu_mul(&mut b.gate[..n * ff], &b.up[..n * ff]);
-        linear(&w.down, &b.gate[..n * ff], n, &mut b.out[..n * h]);
-        ops::add_inplace(&mut b.x[..n * h], &b.out[..n * h]);
+        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
+        ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn);
+        linear(&w.gate, xn, n, gate);
+        linear(&w.up, xn, n, up);
+        ops::swiglu_inplace(gate, up);
+        linear(&w.down, gate, n, out);
+        ops::add(x, out);
     }
 
     /// Final norm + lm_head for rows `r..r+m` of the last chunk, into `b.logits[..m·vocab]`.
@@ -304,17 +297,20 @@ impl<'a> Model<'a> {
         if b.logits.len() < m * vocab {
             b.logits.resize(m * vocab, 0.0);
         }
+        let (x, xn) = (&b.x[r * h..(r + m) * h], &mut b.xn[..m * h]);
         ops::rms_norm(
-            &b.x[r * h..(r + m) * h],
-            &self.weights.final_norm,
+            x,
+            h,
+            Some(&self.weights.final_norm),
             self.config.rms_norm_eps,
-            &mut b.xn[..m * h],
+            NormStyle::Plain,
+            xn,
         );
         let head = Linear {
             w: self.weights.lm_head,
             bias: None,
         };
-        linear(&head, &b.xn[..m * h], m, &mut b.logits[..m * vocab]);
+        linear(&head, xn, m, &mut b.logits[..m * vocab]);
     }
 }
 
@@ -326,8 +322,7 @@ fn linear(l: &Linear, x: &[f32], n: usize, y: &mut [f32]) {
         cmf_kernels::matmul(&l.w, x, n, y);
     }
     if let Some(b) = &l.bias {
-        y.chunks_exact_mut(l.w.rows)
-            .for_each(|row| ops::add_inplace(row, b));
+        ops::add_rows(y, b);
     }
 }
 
@@ -347,8 +342,6 @@ struct Buffers {
     out: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
     logits: Vec<f32>,
 }
 
@@ -357,7 +350,6 @@ impl Buffers {
         if rows <= self.rows {
             return;
         }
-        let half = cfg.rope.rotary_dim / 2;
         let (h, qd, kvd, ff) = (
             cfg.hidden_size,
             cfg.q_dim(),
@@ -374,8 +366,6 @@ impl Buffers {
             (&mut self.out, h),
             (&mut self.gate, ff),
             (&mut self.up, ff),
-            (&mut self.cos, half),
-            (&mut self.sin, half),
         ] {
             buf.resize(rows * width, 0.0);
         }

@@ -1,12 +1,11 @@
-//! Rotary position embedding: inverse frequencies per scaling variant, and the cos/sin of one
-//! position. The frequency formulas follow transformers `modeling_rope_utils.py`
+//! Rotary position embedding: the inverse frequencies of each scaling variant. The frequency formulas follow transformers `modeling_rope_utils.py`
 //! (`_compute_default_rope_parameters`, `_compute_linear_scaling_rope_parameters`,
 //! `_compute_dynamic_ntk_parameters`, `_compute_llama3_parameters`, `_compute_yarn_parameters`),
 //! including its float32 rounding: inv_freq is stored as f32 and the angle is the f32 product
 //! `pos · inv_freq`, as the `inv_freq @ position_ids` matmul computes it.
 //!
-//! Rotation is rotate-half (GPT-NeoX style, the HF layout): element i pairs with i + rot/2, over the
-//! first `rotary_dim` elements of each head; the rest pass through.
+//! The rotation itself (rotate-half over the first `rotary_dim` elements of each head) is
+//! `cmf_kernels::ops::rope` with a `RopeTable` built from these frequencies.
 
 use std::f64::consts::PI;
 
@@ -84,26 +83,9 @@ impl Rope {
         }
     }
 
-    /// cos/sin of `pos · inv_freq[i]` (times the attention scaling) into `cos`, `sin` (rotary_dim / 2).
-    pub fn cos_sin(&self, inv_freq: &[f32], pos: usize, cos: &mut [f32], sin: &mut [f32]) {
-        let p = pos as f32;
-        for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
-            let angle = (p * f) as f64;
-            *c = (angle.cos() as f32) * self.attention_scaling;
-            *s = (angle.sin() as f32) * self.attention_scaling;
-        }
-    }
-}
-
-/// Rotates the first `2 · cos.len()` elements of `x` (one head) in place, rotate-half layout:
-/// x'[i] = x[i]·cos[i] − x[i+h]·sin[i];  x'[i+h] = x[i+h]·cos[i] + x[i]·sin[i]  (h = cos.len()).
-pub fn rotate_half(x: &mut [f32], cos: &[f32], sin: &[f32]) {
-    let h = cos.len();
-    let (lo, hi) = x[..2 * h].split_at_mut(h);
-    for i in 0..h {
-        let (a, b) = (lo[i], hi[i]);
-        lo[i] = a * cos[i] - b * sin[i];
-        hi[i] = b * cos[i] + a * sin[i];
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    pub fn attention_scaling(&self) -> f32 {
+        self.attention_scaling
     }
 }
 
@@ -220,23 +202,6 @@ mod tests {
         assert_eq!(f[0], 1.0);
         assert!((f[1] - 0.1).abs() < 1e-7);
         assert!((f[3] - 1e-3).abs() < 1e-9);
-    }
-
-    #[test]
-    fn rotation_preserves_norm_and_identity_at_zero() {
-        let r = Rope::new(&cfg(RopeScaling::None));
-        let (mut c, mut s) = (vec![0.0; 4], vec![0.0; 4]);
-        let f = r.inv_freq_for(1);
-        r.cos_sin(&f, 0, &mut c, &mut s);
-        let mut x: Vec<f32> = (0..10).map(|i| i as f32 - 3.0).collect();
-        let x0 = x.clone();
-        rotate_half(&mut x, &c, &s);
-        assert_eq!(x, x0);
-        r.cos_sin(&f, 7, &mut c, &mut s);
-        rotate_half(&mut x, &c, &s);
-        let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
-        assert!((n(&x[..8]) - n(&x0[..8])).abs() < 1e-4);
-        assert_eq!(x[8..], x0[8..]);
     }
 
     #[test]
