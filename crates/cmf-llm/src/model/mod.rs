@@ -17,6 +17,7 @@
 pub mod attention;
 pub mod config;
 pub mod kv_cache;
+mod load;
 pub mod rope;
 pub mod weights;
 
@@ -25,6 +26,7 @@ use attention::{attend, AttnShape};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 pub use config::{Family, ModelConfig};
 pub use kv_cache::KvCache;
+pub use load::CmfSource;
 use rope::Rope;
 pub use weights::{LayerWeights, Linear, ModelWeights, TensorRef, TensorSource};
 
@@ -176,8 +178,12 @@ impl<'a> Model<'a> {
                 self.weights.layers.len()
             )));
         }
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::TokenOutOfRange { id, vocab });
+        }
         let mut st = self.new_state(tokens.len());
-        self.check_room(&st, tokens)?;
+        st.kv = KvCache::new(k, self.config.kv_dim(), tokens.len());
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
         for chunk in tokens.chunks(PREFILL_CHUNK) {
@@ -188,6 +194,13 @@ impl<'a> Model<'a> {
     }
 
     fn check_room(&self, st: &State, tokens: &[u32]) -> Result<()> {
+        if self.weights.layers.len() != self.config.num_layers {
+            return Err(LlmError::Other(format!(
+                "only {} of {} layers are loaded: use hidden_states, not logits",
+                self.weights.layers.len(),
+                self.config.num_layers
+            )));
+        }
         let needed = st.len() + tokens.len();
         if needed > st.kv.limit() {
             return Err(LlmError::ContextFull {
