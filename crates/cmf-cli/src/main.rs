@@ -18,6 +18,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Info(commands::info::Args),
+    Imagine(commands::imagine::Args),
+    Convert(commands::convert::Args),
     Verify(commands::verify::Args),
 }
 
@@ -36,6 +38,8 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
+        Command::Imagine(args) => commands::imagine::run(args),
+        Command::Convert(args) => commands::convert::run(args),
         Command::Verify(args) => commands::verify::run(args),
     };
     match result {

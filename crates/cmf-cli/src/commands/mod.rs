@@ -1,5 +1,8 @@
 //! One module per subcommand: `Args` (clap derive) and `run(args) -> anyhow::Result<()>`.
 
+pub mod convert;
+pub mod convert_zimage;
+pub mod imagine;
 pub mod info;
 pub mod verify;
 
