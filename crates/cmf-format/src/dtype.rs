@@ -71,38 +71,98 @@ impl Dtype {
 
     /// Whether the codec quantizes (needs an encoder with an error bound) rather than stores.
     pub fn is_quantized(self) -> bool {
-        matches!(self, Dtype::Q8Row | Dtype::Q4Block | Dtype::Q8_2f | Dtype::Q4Tiled | Dtype::Q4Tp)
+        matches!(
+            self,
+            Dtype::Q8Row | Dtype::Q4Block | Dtype::Q8_2f | Dtype::Q4Tiled | Dtype::Q4Tp
+        )
     }
 
-    /// Exact payload size for `shape`, or `None` when the shape is invalid for the codec
-    /// (e.g. q8_row on a 1-D tensor, q4_tiled with cols not a multiple of 32) or overflows.
-    /// Matrix codecs read `shape` as `[out, in]` (rows, cols); leading dims fold into rows.
+    /// Exact payload size for `shape`, or `None` when the shape is invalid for the codec or the
+    /// size overflows. Matrix codecs (q8_row, q8_2f, q4_tiled, q4tp) take exactly 2-D
+    /// `[rows = out, cols = in]` shapes (spec §3.2 "2-D only"); q4_tiled and q4tp also need
+    /// `cols % 32 == 0`. q4_block groups the flattened tensor, so any shape works.
+    ///
+    /// Agrees with `cortiq_core::quant::expected_nbytes` on every shape both accept; the
+    /// reference is laxer on a few the spec rules out (1-D q8_row, 1-D q4_tiled), which this
+    /// reader refuses rather than guess a layout for.
     pub fn expected_nbytes(self, shape: &[u64]) -> Option<u64> {
         let n = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
-        let (rows, cols) = match shape {
-            [] => (1, 1),
-            [c] => (1, *c),
-            [lead @ .., c] => (lead.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?, *c),
+        let matrix = match shape {
+            [rows, cols] => Some((*rows, *cols)),
+            _ => None,
         };
-        let groups = |k: u64| k.div_ceil(Q4_GROUP as u64);
-        match self {
-            Dtype::F32 => n.checked_mul(4),
-            Dtype::F16 | Dtype::Bf16 => n.checked_mul(2),
-            Dtype::U8 => Some(n),
-            Dtype::Q8Row if shape.len() >= 2 => n.checked_add(rows.checked_mul(2)?),
-            Dtype::Q8_2f if shape.len() >= 2 => n.checked_add(rows.checked_mul(2)?)?.checked_add(cols.checked_mul(2)?),
-            Dtype::Q4Block => groups(n).checked_mul(18),
-            Dtype::Q4Tiled if shape.len() >= 2 && cols % Q4_GROUP as u64 == 0 => {
-                rows.checked_mul(cols / Q4_GROUP as u64)?.checked_mul(Q4_TILE_BYTES as u64)
+        let group = Q4_GROUP as u64;
+        match (self, matrix) {
+            (Dtype::F32, _) => n.checked_mul(4),
+            (Dtype::F16 | Dtype::Bf16, _) => n.checked_mul(2),
+            (Dtype::U8, _) => Some(n),
+            (Dtype::Q4Block, _) => n.div_ceil(group).checked_mul(Q4_TILE_BYTES as u64),
+            // [i8 rows·cols][f16 rows]
+            (Dtype::Q8Row, Some((rows, _))) => n.checked_add(rows.checked_mul(2)?),
+            // [i8 rows·cols][f16 rows][f16 cols]; a 0-row matrix stores no column field either,
+            // as the reference computes cols as n / rows.
+            (Dtype::Q8_2f, Some((rows, cols))) => {
+                let cols = if rows == 0 { 0 } else { cols };
+                n.checked_add(rows.checked_mul(2)?)?
+                    .checked_add(cols.checked_mul(2)?)
             }
-            Dtype::Q4Tp if shape.len() >= 2 && cols % Q4_GROUP as u64 == 0 => {
-                // [nibbles rows·gpr·16][rows × (f16 lo, f16 step)][rows × ⌈gpr·5/8⌉ codes]
-                let gpr = cols / Q4_GROUP as u64;
-                let per_row = gpr.checked_mul(16)?.checked_add(4)?.checked_add((gpr * 5).div_ceil(8))?;
+            // rows·cols/32 tiles of 18 bytes
+            (Dtype::Q4Tiled, Some((_, cols))) if cols % group == 0 => {
+                (n / group).checked_mul(Q4_TILE_BYTES as u64)
+            }
+            // [nibbles rows·gpr·16][rows × (f16 lo, f16 step)][rows × ⌈gpr·5/8⌉ codes]
+            (Dtype::Q4Tp, Some((rows, cols))) if cols % group == 0 => {
+                let gpr = cols / group;
+                let per_row = gpr
+                    .checked_mul(16)?
+                    .checked_add(4)?
+                    .checked_add(gpr.checked_mul(5)?.div_ceil(8))?;
                 rows.checked_mul(per_row)
             }
             _ => None,
         }
+    }
+
+    /// Why `shape` is not valid for this codec (for error messages), or `None` if it is.
+    pub fn shape_problem(self, shape: &[u64]) -> Option<String> {
+        if self.expected_nbytes(shape).is_some() {
+            return None;
+        }
+        let is_matrix = matches!(
+            self,
+            Dtype::Q8Row | Dtype::Q8_2f | Dtype::Q4Tiled | Dtype::Q4Tp
+        );
+        Some(if is_matrix && shape.len() != 2 {
+            format!("{self} needs a 2-D [rows, cols] shape, got {shape:?}")
+        } else if matches!(self, Dtype::Q4Tiled | Dtype::Q4Tp)
+            && shape.len() == 2
+            && !shape[1].is_multiple_of(32)
+        {
+            format!("{self} needs cols divisible by 32, got {shape:?}")
+        } else {
+            format!("{self} payload size for shape {shape:?} overflows")
+        })
+    }
+
+    /// Name of a dtype id the reference implementation knows but this reader does not decode
+    /// (vbit, q1, mxfp4, ...), for a precise refusal message.
+    pub fn foreign_name(id: u8) -> Option<&'static str> {
+        Some(match id {
+            5 => "mix8_4",
+            7 => "q4_col",
+            8 => "vbit",
+            10 => "vbit_ro",
+            12 => "q1",
+            13 => "q1s",
+            14 => "q1t",
+            16 => "q2tp",
+            17 => "u32",
+            18 => "u64",
+            19 => "blr",
+            20 => "q1g",
+            21 => "mxfp4",
+            _ => return None,
+        })
     }
 }
 
@@ -132,7 +192,20 @@ mod tests {
         assert_eq!(Dtype::Q4Block.expected_nbytes(&[33]), Some(36));
         assert_eq!(Dtype::Q4Tiled.expected_nbytes(&[2, 64]), Some(72));
         assert_eq!(Dtype::Q4Tiled.expected_nbytes(&[2, 48]), None);
+        assert_eq!(Dtype::Q4Tiled.expected_nbytes(&[64]), None);
         assert_eq!(Dtype::Q8Row.expected_nbytes(&[8]), None);
+        assert_eq!(Dtype::Q8Row.expected_nbytes(&[2, 3, 4]), None);
+        // q4tp: 2 rows × (2 groups · 16 B + 4 B params + ⌈10/8⌉ = 2 B codes)
+        assert_eq!(
+            Dtype::Q4Tp.expected_nbytes(&[2, 64]),
+            Some(2 * (32 + 4 + 2))
+        );
+        assert_eq!(Dtype::Q4Block.expected_nbytes(&[]), Some(18));
+        assert_eq!(Dtype::F16.expected_nbytes(&[0, 5]), Some(0));
+        assert!(Dtype::Q4Tp
+            .shape_problem(&[2, 48])
+            .unwrap()
+            .contains("divisible by 32"));
         assert_eq!(Dtype::F32.expected_nbytes(&[u64::MAX, 2]), None);
     }
 }

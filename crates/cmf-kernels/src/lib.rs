@@ -5,12 +5,27 @@
 //! `matvec`: y[rows] = W · x[cols].  `matmul`: Y[n, rows] = X[n, cols] · Wᵀ.
 //!
 //! The public functions are the contract the models code against; the implementations behind
-//! them dispatch on CPU features at run time (see `simd`). `reference` holds the plain scalar
-//! versions every fast kernel is tested against.
+//! them dispatch on CPU features at run time (see [`cpu`]) and run on the crate's thread pool
+//! ([`set_num_threads`]). `reference` holds the plain scalar versions every fast kernel is tested
+//! against. Numerics and measured speed: `docs/kernels.md`.
 
+pub mod cpu;
 pub mod reference;
 
+pub mod ops;
+
+mod act;
+mod codec;
+mod linear;
+mod pool;
+mod simd;
+
 use cmf_format::Dtype;
+
+pub use cpu::Isa;
+pub use linear::{matmul_with, matvec_with};
+pub use ops::{NormStyle, RopeStyle, RopeTable};
+pub use pool::{num_threads, set_num_threads};
 
 /// A weight matrix borrowed from the file (no copy), in its storage codec.
 #[derive(Clone, Copy, Debug)]
@@ -21,12 +36,98 @@ pub struct Weight<'a> {
     pub data: &'a [u8],
 }
 
+/// Why bytes cannot be used as a weight matrix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightError {
+    /// The codec is not a matrix codec (u8 blobs).
+    NotAMatrixCodec(Dtype),
+    /// The shape is invalid for the codec (e.g. q4_tiled with cols not a multiple of 32).
+    BadShape {
+        dtype: Dtype,
+        rows: usize,
+        cols: usize,
+    },
+    /// The byte length disagrees with codec and shape.
+    BadLength {
+        dtype: Dtype,
+        rows: usize,
+        cols: usize,
+        expected: u64,
+        actual: usize,
+    },
+}
+
+impl std::fmt::Display for WeightError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightError::NotAMatrixCodec(d) => write!(f, "codec {d} is not a matrix codec"),
+            WeightError::BadShape { dtype, rows, cols } => {
+                write!(f, "shape [{rows}, {cols}] is not valid for codec {dtype}")
+            }
+            WeightError::BadLength {
+                dtype,
+                rows,
+                cols,
+                expected,
+                actual,
+            } => {
+                write!(
+                    f,
+                    "{dtype} [{rows}, {cols}] needs {expected} bytes, got {actual}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for WeightError {}
+
+impl<'a> Weight<'a> {
+    /// A checked weight view: the byte length must match codec and shape exactly.
+    pub fn new(
+        dtype: Dtype,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Weight<'a>, WeightError> {
+        let w = Weight {
+            dtype,
+            rows,
+            cols,
+            data,
+        };
+        w.check()?;
+        Ok(w)
+    }
+
+    /// Checks the view (the kernels call this and panic on a bad one: build views with `new`).
+    pub fn check(&self) -> Result<(), WeightError> {
+        let (dtype, rows, cols) = (self.dtype, self.rows, self.cols);
+        if dtype == Dtype::U8 {
+            return Err(WeightError::NotAMatrixCodec(dtype));
+        }
+        let expected = dtype
+            .expected_nbytes(&[rows as u64, cols as u64])
+            .ok_or(WeightError::BadShape { dtype, rows, cols })?;
+        if expected != self.data.len() as u64 {
+            return Err(WeightError::BadLength {
+                dtype,
+                rows,
+                cols,
+                expected,
+                actual: self.data.len(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// y[rows] = W · x[cols]
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) {
-    reference::matvec(w, x, y)
+    matvec_with(cpu::active(), w, x, y)
 }
 
 /// y[n, rows] = x[n, cols] · Wᵀ
 pub fn matmul(w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
-    reference::matmul(w, x, n, y)
+    matmul_with(cpu::active(), w, x, n, y)
 }

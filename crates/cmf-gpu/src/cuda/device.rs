@@ -1,0 +1,342 @@
+//! The device as the rest of the backend sees it: one context, one stream, raw allocations
+//! with byte accounting, copies, kernel launches and events.
+//!
+//! Buffers are addressed by raw device pointers (`u64`) once allocated: kernels take pointers,
+//! graph capture copies launch parameters, and nothing here tracks events per buffer (cudarc's
+//! event tracking is switched off: everything runs in order on one stream).
+
+use super::kernels::Func;
+use crate::facade::{MemStats, Refusal, RefusalReason};
+use cudarc::driver::{result as dr, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+pub type DResult<T> = Result<T, DevError>;
+
+/// A driver, NVRTC or cuBLAS failure, with what was being done.
+#[derive(Debug, Clone)]
+pub struct DevError(pub String);
+
+impl std::fmt::Display for DevError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl DevError {
+    pub fn refusal(self, op: &'static str) -> Refusal {
+        Refusal::new(op, RefusalReason::Device(self.0))
+    }
+}
+
+/// Adds context to a driver error: `ctx("cuMemAlloc 4096 B")?`.
+pub trait Ctx<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> DResult<T>;
+}
+
+impl<T, E: std::fmt::Debug> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: impl FnOnce() -> String) -> DResult<T> {
+        self.map_err(|e| DevError(format!("{}: {e:?}", what())))
+    }
+}
+
+/// A device allocation; freed on drop (and un-counted from `resident`).
+pub struct DBuf {
+    slice: CudaSlice<u8>,
+    ptr: u64,
+    stats: Arc<MemStats>,
+}
+
+impl DBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+    /// Pointer `off` bytes in.
+    pub fn at(&self, off: usize) -> u64 {
+        debug_assert!(off <= self.len());
+        self.ptr + off as u64
+    }
+}
+
+impl Drop for DBuf {
+    fn drop(&mut self) {
+        self.stats.sub_resident(self.slice.len() as u64);
+    }
+}
+
+/// One kernel argument. Each occupies an 8-byte slot; the driver reads `sizeof(param)` bytes
+/// from the slot's start, which on little-endian hosts is the value for 4-byte params too.
+/// Structs passed by value use [`Arg::Bytes`].
+#[derive(Debug, Clone)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+    U64(u64),
+    Bytes(Vec<u8>),
+}
+
+pub struct Dev {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub stats: Arc<MemStats>,
+    pub name: String,
+    pub ordinal: usize,
+    pub count: usize,
+    /// (major, minor) compute capability.
+    pub cc: (i32, i32),
+    pub sm_count: u32,
+    pub total_bytes: u64,
+}
+
+impl Dev {
+    /// Opens device `ordinal`. Never panics when the driver library is missing: that is
+    /// checked first and reported as an error.
+    pub fn open(ordinal: usize) -> Result<Dev, String> {
+        // SAFETY: only tries to dlopen libcuda; no symbol is called.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcuda (the NVIDIA driver library) is not installed".into());
+        }
+        let count = CudaContext::device_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))?;
+        if count <= 0 {
+            return Err("the driver reports no CUDA device".into());
+        }
+        if ordinal >= count as usize {
+            return Err(format!("device {ordinal} requested, {count} present"));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| format!("creating a context on device {ordinal}: {e:?}"))?;
+        // SAFETY: every buffer is used on the one stream below, in order; no cross-stream
+        // synchronisation is needed, and graph capture must not see event records.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| format!("creating a stream: {e:?}"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| format!("compute capability: {e:?}"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| format!("SM count: {e:?}"))? as u32;
+        let total_bytes = ctx
+            .total_mem()
+            .map_err(|e| format!("total memory: {e:?}"))? as u64;
+        Ok(Dev {
+            ctx,
+            stream,
+            stats: Arc::new(MemStats::default()),
+            name,
+            ordinal,
+            count: count as usize,
+            cc,
+            sm_count,
+            total_bytes,
+        })
+    }
+
+    /// The NVRTC target: `sm_90` on Hopper (the kernels use no sm_90a-only instruction).
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.cc.0, self.cc.1)
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, _)| free as u64)
+            .unwrap_or(0)
+    }
+
+    /// An uninitialised buffer of `bytes` (at least 1).
+    pub fn alloc(&self, bytes: usize) -> DResult<DBuf> {
+        let n = bytes.max(1);
+        // SAFETY: the memory is uninitialised; every user writes before reading, or zeroes it.
+        let slice = unsafe { self.stream.alloc::<u8>(n) }
+            .ctx(|| format!("allocating {n} bytes on the device"))?;
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(&self.stream);
+            ptr
+        };
+        self.stats.add_resident(n as u64);
+        Ok(DBuf {
+            ptr,
+            slice,
+            stats: self.stats.clone(),
+        })
+    }
+
+    /// A zeroed buffer.
+    pub fn alloc_zeroed(&self, bytes: usize) -> DResult<DBuf> {
+        let b = self.alloc(bytes)?;
+        self.memset0(b.ptr(), b.len())?;
+        Ok(b)
+    }
+
+    pub fn memset0(&self, ptr: u64, bytes: usize) -> DResult<()> {
+        // SAFETY: ptr..ptr+bytes lies inside one of our allocations (callers pass DBuf ranges).
+        unsafe { dr::memset_d8_async(ptr, 0, bytes, self.stream.cu_stream()) }
+            .ctx(|| "cuMemsetD8Async".into())
+    }
+
+    /// Host → device, synchronous with respect to the host buffer; counted as uploaded.
+    pub fn upload(&self, dst: u64, src: &[u8]) -> DResult<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: dst has room for src.len() bytes (callers size their buffers). The copy is
+        // ordered on our (non-blocking) stream and waited for, so `src` may be freed afterwards.
+        unsafe { dr::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .ctx(|| format!("uploading {} bytes", src.len()))?;
+        self.sync()?;
+        self.stats.add_uploaded(src.len() as u64);
+        Ok(())
+    }
+
+    /// Uploads `src` into a new buffer.
+    pub fn upload_new(&self, src: &[u8]) -> DResult<DBuf> {
+        let b = self.alloc(src.len())?;
+        self.upload(b.ptr(), src)?;
+        Ok(b)
+    }
+
+    pub fn upload_f32(&self, dst: u64, src: &[f32]) -> DResult<()> {
+        self.upload(dst, bytes_of(src))
+    }
+
+    /// Device → host after the stream's work so far; counted as downloaded.
+    pub fn download(&self, dst: &mut [u8], src: u64) -> DResult<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: src holds dst.len() bytes; the copy is waited for before `dst` is returned.
+        unsafe { dr::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .ctx(|| format!("downloading {} bytes", dst.len()))?;
+        self.sync()?;
+        self.stats.add_downloaded(dst.len() as u64);
+        Ok(())
+    }
+
+    pub fn download_f32(&self, dst: &mut [f32], src: u64) -> DResult<()> {
+        // SAFETY: f32 has no invalid bit patterns; the byte view covers exactly `dst`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, std::mem::size_of_val(dst))
+        };
+        self.download(bytes, src)
+    }
+
+    pub fn sync(&self) -> DResult<()> {
+        self.stream
+            .synchronize()
+            .ctx(|| "synchronising the stream".into())
+    }
+
+    /// Launches `f` on the stream.
+    pub fn launch(
+        &self,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> DResult<()> {
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
+        let mut blobs: Vec<Vec<u64>> = Vec::new();
+        for a in args {
+            slots.push(match a {
+                Arg::Ptr(p) | Arg::U64(p) => *p,
+                Arg::I32(v) => *v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+                Arg::Bytes(b) => {
+                    // 8-aligned copy of the struct bytes; the slot is unused.
+                    let mut words = vec![0u64; b.len().div_ceil(8)];
+                    // SAFETY: words has at least b.len() bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            b.as_ptr(),
+                            words.as_mut_ptr() as *mut u8,
+                            b.len(),
+                        )
+                    };
+                    blobs.push(words);
+                    0
+                }
+            });
+        }
+        let mut blob_i = 0;
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            params.push(match a {
+                Arg::Bytes(_) => {
+                    let p = blobs[blob_i].as_mut_ptr() as *mut c_void;
+                    blob_i += 1;
+                    p
+                }
+                _ => &mut slots[i] as *mut u64 as *mut c_void,
+            });
+        }
+        // SAFETY: params point to live slots/blobs of the sizes the kernel signature expects
+        // (the kernel wrappers in `kernels.rs` pair each signature with its argument list).
+        unsafe {
+            dr::launch_kernel(
+                f.raw,
+                grid,
+                block,
+                smem,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .ctx(|| format!("launching a kernel grid {grid:?} block {block:?}"))
+    }
+}
+
+/// The bytes of a plain-old-data slice.
+pub fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: callers use this for f32/u16/u32/i32 slices, which have no padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// A pair of events around a region of the stream (device-side timing).
+pub struct Timer {
+    start: sys::CUevent,
+    end: sys::CUevent,
+}
+
+impl Timer {
+    pub fn new() -> DResult<Timer> {
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let start = dr::event::create(flags).ctx(|| "cuEventCreate".into())?;
+        let end = dr::event::create(flags).ctx(|| "cuEventCreate".into())?;
+        Ok(Timer { start, end })
+    }
+    pub fn start(&self, dev: &Dev) -> DResult<()> {
+        // SAFETY: the event and stream are live.
+        unsafe { dr::event::record(self.start, dev.stream.cu_stream()) }
+            .ctx(|| "cuEventRecord".into())
+    }
+    /// Records the end and returns milliseconds between the two records.
+    pub fn stop_ms(&self, dev: &Dev) -> DResult<f32> {
+        // SAFETY: the events and stream are live.
+        unsafe {
+            dr::event::record(self.end, dev.stream.cu_stream()).ctx(|| "cuEventRecord".into())?;
+            dr::event::synchronize(self.end).ctx(|| "cuEventSynchronize".into())?;
+            dr::event::elapsed(self.start, self.end).ctx(|| "cuEventElapsedTime".into())
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: created in new(), destroyed once.
+        unsafe {
+            let _ = dr::event::destroy(self.start);
+            let _ = dr::event::destroy(self.end);
+        }
+    }
+}

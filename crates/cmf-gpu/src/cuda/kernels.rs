@@ -1,0 +1,215 @@
+//! Kernel sources (one op family per `.cu` file, each opening with its design note), their
+//! compilation into modules, and typed handles to the functions.
+//!
+//! `matvec.cu` and `sample.cu` are the same for every model and compiled once per backend;
+//! `rowops.cu` and `attention.cu` are compiled per model geometry (head dim, GQA group, KV
+//! precision are compile-time constants there) and cached on disk like the others.
+
+use super::device::{Ctx, DResult, Dev, DevError};
+use super::nvrtc;
+use cudarc::driver::{sys, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+use std::sync::Arc;
+
+pub const COMMON: &str = include_str!("kernels/common.cuh");
+pub const MATVEC: &str = include_str!("kernels/matvec.cu");
+pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
+pub const ATTENTION: &str = include_str!("kernels/attention.cu");
+pub const SAMPLE: &str = include_str!("kernels/sample.cu");
+
+/// Every source with the defines it is compiled with, for the compile check that needs no GPU.
+/// (name, source, defines)
+pub type SourceSet = Vec<(&'static str, &'static str, Vec<(&'static str, String)>)>;
+
+pub fn all_sources() -> SourceSet {
+    let model = |hd: usize, g: usize, f32kv: bool| {
+        vec![
+            ("HD", hd.to_string()),
+            ("GQA", g.to_string()),
+            ("KV_F32", (f32kv as u8).to_string()),
+        ]
+    };
+    vec![
+        ("matvec", MATVEC, vec![]),
+        ("sample", SAMPLE, vec![]),
+        ("rowops", ROWOPS, model(128, 4, false)),
+        ("rowops", ROWOPS, model(64, 2, true)),
+        ("attention", ATTENTION, model(128, 4, false)),
+        ("attention", ATTENTION, model(128, 2, true)),
+        ("attention", ATTENTION, model(64, 1, false)),
+        ("attention", ATTENTION, model(256, 8, false)),
+    ]
+}
+
+/// The source NVRTC sees: the common helpers, then the op family.
+pub fn full_source(src: &str) -> String {
+    format!("{COMMON}\n{src}")
+}
+
+/// A loaded module (kept alive by its functions).
+pub struct Module {
+    module: Arc<CudaModule>,
+    pub name: &'static str,
+}
+
+impl Module {
+    /// Compiles (or takes from the disk cache) and loads one source.
+    pub fn load(
+        dev: &Dev,
+        name: &'static str,
+        src: &str,
+        defines: &[(&str, String)],
+    ) -> DResult<Module> {
+        let full = full_source(src);
+        let arch = dev.arch();
+        let c = nvrtc::compile(name, &full, &arch, defines).map_err(DevError)?;
+        if !c.log.is_empty() {
+            crate::facade::log::debug(&format!("nvrtc {name}: {}", c.log));
+        }
+        let module = match dev.ctx.load_module(Ptx::from_binary(c.cubin)) {
+            Ok(m) => m,
+            Err(e) if c.from_cache => {
+                // A cached image the driver rejects (another driver, a truncated file):
+                // recompile once.
+                crate::facade::log::debug(&format!("cached {name} rejected ({e:?}); recompiling"));
+                nvrtc::forget(name, &full, &arch, defines);
+                let c = nvrtc::compile(name, &full, &arch, defines).map_err(DevError)?;
+                dev.ctx
+                    .load_module(Ptx::from_binary(c.cubin))
+                    .ctx(|| format!("loading module {name}"))?
+            }
+            Err(e) => return Err(DevError(format!("loading module {name}: {e:?}"))),
+        };
+        Ok(Module { module, name })
+    }
+
+    pub fn func(&self, fname: &str) -> DResult<Func> {
+        let f = self
+            .module
+            .load_function(fname)
+            .ctx(|| format!("{}: function {fname}", self.name))?;
+        Ok(Func {
+            raw: f.cu_function(),
+            _keep: f,
+        })
+    }
+}
+
+/// A kernel entry point.
+#[derive(Clone)]
+pub struct Func {
+    pub raw: sys::CUfunction,
+    _keep: CudaFunction,
+}
+
+// SAFETY: a CUfunction is a handle valid in its context from any thread; the module it belongs
+// to is kept alive by `_keep`.
+unsafe impl Send for Func {}
+unsafe impl Sync for Func {}
+
+impl Func {
+    /// Allows `bytes` of dynamic shared memory per block (beyond the 48 KiB default).
+    pub fn allow_smem(&self, bytes: usize) -> DResult<()> {
+        self._keep
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .ctx(|| format!("allowing {bytes} B of shared memory"))
+    }
+
+    pub fn regs(&self) -> i32 {
+        self._keep.num_regs().unwrap_or(-1)
+    }
+
+    pub fn local_bytes(&self) -> i32 {
+        self._keep.local_size_bytes().unwrap_or(-1)
+    }
+}
+
+/// Kernels shared by every model.
+pub struct CommonKernels {
+    /// Indexed by `DevCodec as usize`.
+    pub mv: [Func; 5],
+    pub topk_partial: Func,
+    pub topk_final: Func,
+    _mods: Vec<Module>,
+}
+
+impl CommonKernels {
+    pub fn load(dev: &Dev) -> DResult<CommonKernels> {
+        let mv = Module::load(dev, "matvec", MATVEC, &[])?;
+        let sample = Module::load(dev, "sample", SAMPLE, &[])?;
+        let mvf = [
+            mv.func("mv_q8")?,
+            mv.func("mv_q4")?,
+            mv.func("mv_bf16")?,
+            mv.func("mv_f16")?,
+            mv.func("mv_f32")?,
+        ];
+        // Matvec prologues keep x (f32 for float codecs) in shared memory: allow what the
+        // device offers (227 KiB on Hopper).
+        let max_smem = dev
+            .ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .unwrap_or(48 * 1024) as usize;
+        for f in &mvf {
+            f.allow_smem(max_smem)?;
+        }
+        Ok(CommonKernels {
+            mv: mvf,
+            topk_partial: sample.func("topk_partial")?,
+            topk_final: sample.func("topk_final")?,
+            _mods: vec![mv, sample],
+        })
+    }
+}
+
+/// Kernels compiled for one model's geometry.
+pub struct ModelKernels {
+    pub embed_rows: Func,
+    pub rmsnorm_rows: Func,
+    pub to_bf16: Func,
+    pub swiglu_rows: Func,
+    pub dequant_rows: Func,
+    pub rope_qk_kv: Func,
+    pub attn_decode_partial: Func,
+    pub attn_decode_combine: Func,
+    pub attn_prefill_simple: Func,
+    /// Tensor-core prefill attention: f16 cache and head_dim ≤ 128 only.
+    pub attn_prefill_mma: Option<Func>,
+    _mods: Vec<Module>,
+}
+
+impl ModelKernels {
+    pub fn load(dev: &Dev, head_dim: usize, group: usize, kv_f32: bool) -> DResult<ModelKernels> {
+        let defs = vec![
+            ("HD", head_dim.to_string()),
+            ("GQA", group.to_string()),
+            ("KV_F32", (kv_f32 as u8).to_string()),
+        ];
+        let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
+        let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
+        let mma = if !kv_f32 && head_dim <= 128 && head_dim % 16 == 0 {
+            Some(attn.func("attn_prefill_mma")?)
+        } else {
+            None
+        };
+        let k = ModelKernels {
+            embed_rows: rows.func("embed_rows")?,
+            rmsnorm_rows: rows.func("rmsnorm_rows")?,
+            to_bf16: rows.func("to_bf16")?,
+            swiglu_rows: rows.func("swiglu_rows")?,
+            dequant_rows: rows.func("dequant_rows")?,
+            rope_qk_kv: rows.func("rope_qk_kv")?,
+            attn_decode_partial: attn.func("attn_decode_partial")?,
+            attn_decode_combine: attn.func("attn_decode_combine")?,
+            attn_prefill_simple: attn.func("attn_prefill_simple")?,
+            attn_prefill_mma: mma,
+            _mods: vec![rows, attn],
+        };
+        Ok(k)
+    }
+}

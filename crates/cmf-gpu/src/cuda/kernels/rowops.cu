@@ -1,0 +1,134 @@
+// rowops.cu — the per-row operations between the matrix products.
+//
+// Design. These kernels move O(T·H) bytes against the matrix products' O(H²), so they are
+// written for clarity and fusion, not peak bandwidth: one block (or warp) per row, f32
+// arithmetic throughout. Fusions that remove a pass or a launch: q/k RMSNorm + RoPE + the KV
+// cache write in one kernel (with the Qwen2 biases when the GEMM path did not add them);
+// SwiGLU with the bf16 conversion of the next GEMM's input.
+// Compile-time: HD (head dim, multiple of 32, ≤ 256), KV_F32 (1: f32 KV cache, else f16).
+// References: llm/reference.rs (rms_norm, rope, layer), HF modeling_qwen3.py.
+
+#ifndef HD
+#define HD 128
+#endif
+#ifndef KV_F32
+#define KV_F32 0
+#endif
+#if KV_F32
+typedef float kv_t;
+__device__ __forceinline__ kv_t to_kv(float v) { return v; }
+#else
+typedef u16 kv_t;
+__device__ __forceinline__ kv_t to_kv(float v) { return f32_to_f16(v); }
+#endif
+
+// out[t, :] = row tokens[t] of W (any codec), as f32. tokens are validated by the host (or
+// produced by the sampler), so no range check here beyond the clamp that keeps a bad id from
+// reading outside the matrix.
+extern "C" __global__ void embed_rows(int codec, const u8* w, const u16* rs, const u16* col, int K, int V,
+                                      const int* tokens, float* out) {
+    int t = blockIdx.x;
+    long long r = min(max(tokens[t], 0), V - 1);
+    for (int c = threadIdx.x; c < K; c += blockDim.x) out[(long long)t * K + c] = decode_elem(codec, w, rs, col, r, c, K);
+}
+
+// out[t, :] = x[t, :] · rsqrt(mean(x²) + eps) · w   (T blocks)
+extern "C" __global__ void rmsnorm_rows(const float* x, const float* w, float eps, int K, float* out) {
+    __shared__ float red[32];
+    const float* xr = x + (long long)blockIdx.x * K;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / (float)K + eps);
+    for (int i = threadIdx.x; i < K; i += blockDim.x) out[(long long)blockIdx.x * K + i] = xr[i] * inv * w[i];
+}
+
+// out[i] = bf16(x[i])
+extern "C" __global__ void to_bf16(const float* x, long long n, u16* out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = f32_to_bf16(x[i]);
+}
+
+// gu: [T, 2I] (gate then up); out[t, i] = silu(gate)·up as f32 (out_f) and/or bf16 (out_b).
+extern "C" __global__ void swiglu_rows(const float* gu, int I, long long T, float* out_f, u16* out_b) {
+    long long n = T * I;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        long long t = k / I, i = k - t * I;
+        float v = silu(gu[t * 2 * I + i]) * gu[t * 2 * I + I + i];
+        if (out_f) out_f[k] = v;
+        if (out_b) out_b[k] = f32_to_bf16(v);
+    }
+}
+
+// Dequantises rows [r0, r0+rows) of W [*, K] to bf16 (out_b) or f32 (out_f), row-major.
+extern "C" __global__ void dequant_rows(int codec, const u8* w, const u16* rs, const u16* col, long long K,
+                                        long long r0, long long rows, u16* out_b, float* out_f) {
+    long long n = rows * K;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        long long r = k / K, c = k - r * K;
+        float v = decode_elem(codec, w, rs, col, r0 + r, c, K);
+        if (out_b) out_b[k] = f32_to_bf16(v);
+        else out_f[k] = v;
+    }
+}
+
+// q/k/v of T tokens → RMSNorm per head (Qwen3, optional), rotate-half RoPE on q and k, q to
+// q_out[T, NH, HD], k and v into the layer's cache [NKV, S_max, HD] at positions pos0 + t.
+// Grid (ceil((NH + 2·NKV)/4), T), 128 threads: one warp per head.
+extern "C" __global__ void __launch_bounds__(128)
+rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, const float* v_bias,
+           const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R, float attn_factor,
+           const int* pos_ptr, int NH, int NKV, float* q_out, kv_t* k_cache, kv_t* v_cache, int S_max) {
+    __shared__ float buf[4][HD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hh = blockIdx.x * 4 + warp, t = blockIdx.y;
+    if (hh >= NH + 2 * NKV) return;
+    const int pos = pos_ptr[0] + t;
+    int kind, h, off;
+    const float *bias, *norm;
+    if (hh < NH) { kind = 0; h = hh; off = h * HD; bias = q_bias; norm = q_norm; }
+    else if (hh < NH + NKV) { kind = 1; h = hh - NH; off = NH * HD + h * HD; bias = k_bias; norm = k_norm; }
+    else { kind = 2; h = hh - NH - NKV; off = (NH + NKV) * HD + h * HD; bias = v_bias; norm = 0; }
+    const float* src = qkv + (long long)t * ld + off;
+    float v[HD / 32];
+#pragma unroll
+    for (int j = 0; j < HD / 32; j++) {
+        int e = lane + 32 * j;
+        v[j] = src[e] + (bias ? bias[h * HD + e] : 0.f);
+    }
+    if (norm) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        float inv = rsqrtf(ss / (float)HD + eps);
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) v[j] = v[j] * inv * norm[lane + 32 * j];
+    }
+    if (kind < 2) {
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) buf[warp][lane + 32 * j] = v[j];
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) {
+            int e = lane + 32 * j;
+            if (e < 2 * R) {
+                int i = e < R ? e : e - R;
+                float sn, cs;
+                sincosf((float)pos * inv_freq[i], &sn, &cs);
+                sn *= attn_factor;
+                cs *= attn_factor;
+                v[j] = e < R ? v[j] * cs - buf[warp][e + R] * sn : v[j] * cs + buf[warp][e - R] * sn;
+            }
+        }
+    }
+    if (kind == 0) {
+        float* dst = q_out + ((long long)t * NH + h) * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) dst[lane + 32 * j] = v[j];
+    } else {
+        kv_t* dst = (kind == 1 ? k_cache : v_cache) + ((long long)h * S_max + pos) * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 32; j++) dst[lane + 32 * j] = to_kv(v[j]);
+    }
+}

@@ -1,0 +1,712 @@
+//! The forward pass, as sequences of launches on the model's stream.
+//!
+//! Decode (one token, everything read from device memory, so the same launches replay as a
+//! graph at any position), per layer — 7 launches:
+//!   matvec(q|k|v, RMSNorm fused, biases) → rope_qk_kv (q/k norm, RoPE, KV write) →
+//!   attn_decode_partial → attn_decode_combine → matvec(o, += residual) →
+//!   matvec(gate|up, RMSNorm fused, SwiGLU) → matvec(down, += residual)
+//! then matvec(lm_head, final norm fused) → topk_partial → topk_final (token, position += 1).
+//!
+//! Prefill (T tokens), per layer: rmsnorm → GEMM q,k,v → rope_qk_kv (+biases) → flash
+//! attention → GEMM o (+= residual, beta 1) → rmsnorm → GEMM gate,up → swiglu → GEMM down
+//! (+= residual).
+
+use super::super::device::{bytes_of, Arg, DResult, DevError};
+use super::super::matvec::{self, MvMode, MvSeg};
+use super::super::weights::{DevCodec, DevWeight};
+use super::workspace::{PrefillWs, SAMPLE_BLOCKS};
+use super::{CudaLlm, DevLayer, Graph};
+use crate::llm::{Logits, Sampler};
+use cudarc::driver::sys;
+use std::ops::Range;
+
+fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per_block).clamp(1, 65535) as u32, 1, 1)
+}
+
+impl CudaLlm {
+    fn layer(&self, l: usize) -> &DevLayer {
+        self.layers[l].as_ref().expect("resident layer")
+    }
+
+    fn eps(&self) -> f32 {
+        self.spec.rms_eps
+    }
+
+    // ---- decode -------------------------------------------------------------------------
+
+    /// Embedding of the token in `ws.tok` into `ws.h`.
+    fn enqueue_embed_decode(&self) -> DResult<()> {
+        let e = self.embed.as_ref().expect("head resident");
+        self.embed_rows(e, self.ws.tok(), 1, self.ws.h.ptr())
+    }
+
+    fn embed_rows(&self, e: &DevWeight, tokens: u64, t: usize, out: u64) -> DResult<()> {
+        self.dev.launch(
+            &self.mk.embed_rows,
+            (t as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::I32(e.codec as i32),
+                Arg::Ptr(e.w()),
+                Arg::Ptr(e.rs()),
+                Arg::Ptr(e.colp()),
+                Arg::I32(e.cols as i32),
+                Arg::I32(e.rows as i32),
+                Arg::Ptr(tokens),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    /// RMSNorm + q/k norm + RoPE + KV write for `t` tokens at positions `*pos_ptr + i`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        l: usize,
+        qkv: u64,
+        t: usize,
+        pos_ptr: u64,
+        q_out: u64,
+        with_bias: bool,
+    ) -> DResult<()> {
+        let s = &self.spec;
+        let d = self.layer(l);
+        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        let heads = s.num_heads + 2 * s.num_kv_heads;
+        self.dev.launch(
+            &self.mk.rope_qk_kv,
+            (heads.div_ceil(4) as u32, t as u32, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::Ptr(qkv),
+                Arg::I32((s.q_dim() + 2 * s.kv_dim()) as i32),
+                Arg::Ptr(if with_bias { opt(&d.q_bias) } else { 0 }),
+                Arg::Ptr(if with_bias { opt(&d.k_bias) } else { 0 }),
+                Arg::Ptr(if with_bias { opt(&d.v_bias) } else { 0 }),
+                Arg::Ptr(opt(&d.q_norm)),
+                Arg::Ptr(opt(&d.k_norm)),
+                Arg::F32(self.eps()),
+                Arg::Ptr(self.inv_freq.ptr()),
+                Arg::I32(s.rope.inv_freq.len() as i32),
+                Arg::F32(s.rope.attention_factor),
+                Arg::Ptr(pos_ptr),
+                Arg::I32(s.num_heads as i32),
+                Arg::I32(s.num_kv_heads as i32),
+                Arg::Ptr(q_out),
+                Arg::Ptr(d.k_cache.ptr()),
+                Arg::Ptr(d.v_cache.ptr()),
+                Arg::I32(self.opts.max_context as i32),
+            ],
+        )
+    }
+
+    fn enqueue_layer_decode(&self, l: usize) -> DResult<()> {
+        let (dev, ck, ws, s) = (&*self.dev, &*self.ck, &self.ws, &self.spec);
+        let d = self.layer(l);
+        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        let segs = [
+            MvSeg {
+                w: &d.q,
+                bias: opt(&d.q_bias),
+            },
+            MvSeg {
+                w: &d.k,
+                bias: opt(&d.k_bias),
+            },
+            MvSeg {
+                w: &d.v,
+                bias: opt(&d.v_bias),
+            },
+        ];
+        matvec::launch(
+            dev,
+            ck,
+            &segs,
+            ws.h.ptr(),
+            d.attn_norm.ptr(),
+            self.eps(),
+            ws.qkv.ptr(),
+            MvMode::Store,
+        )?;
+        self.rope(l, ws.qkv.ptr(), 1, ws.pos(), ws.qr.ptr(), false)?;
+        let group = s.num_heads / s.num_kv_heads;
+        dev.launch(
+            &self.mk.attn_decode_partial,
+            (s.num_kv_heads as u32, self.splits as u32, 1),
+            (128, 1, 1),
+            (group * self.chunk_max * 4) as u32,
+            &[
+                Arg::Ptr(ws.qr.ptr()),
+                Arg::Ptr(d.k_cache.ptr()),
+                Arg::Ptr(d.v_cache.ptr()),
+                Arg::Ptr(ws.pos()),
+                Arg::I32(d.window),
+                Arg::I32(self.opts.max_context as i32),
+                Arg::F32(s.attn_scale),
+                Arg::I32(self.splits as i32),
+                Arg::I32(self.chunk_max as i32),
+                Arg::Ptr(ws.part.ptr()),
+            ],
+        )?;
+        dev.launch(
+            &self.mk.attn_decode_combine,
+            (s.num_heads as u32, 1, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.part.ptr()),
+                Arg::I32(self.splits as i32),
+                Arg::Ptr(ws.attn.ptr()),
+            ],
+        )?;
+        matvec::launch(
+            dev,
+            ck,
+            &[MvSeg { w: &d.o, bias: 0 }],
+            ws.attn.ptr(),
+            0,
+            0.0,
+            ws.h.ptr(),
+            MvMode::Accumulate,
+        )?;
+        let gu = [
+            MvSeg {
+                w: &d.gate,
+                bias: 0,
+            },
+            MvSeg { w: &d.up, bias: 0 },
+        ];
+        matvec::launch(
+            dev,
+            ck,
+            &gu,
+            ws.h.ptr(),
+            d.ffn_norm.ptr(),
+            self.eps(),
+            ws.act.ptr(),
+            MvMode::SwiGlu,
+        )?;
+        matvec::launch(
+            dev,
+            ck,
+            &[MvSeg {
+                w: &d.down,
+                bias: 0,
+            }],
+            ws.act.ptr(),
+            0,
+            0.0,
+            ws.h.ptr(),
+            MvMode::Accumulate,
+        )
+    }
+
+    fn enqueue_head_decode(&self, x: u64, out: u64) -> DResult<()> {
+        let head = self.head_weight().expect("head resident");
+        let norm = self.final_norm.as_ref().expect("head resident").ptr();
+        matvec::launch(
+            &self.dev,
+            &self.ck,
+            &[MvSeg { w: head, bias: 0 }],
+            x,
+            norm,
+            self.eps(),
+            out,
+            MvMode::Store,
+        )
+    }
+
+    fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
+        let ws = &self.ws;
+        let (k, temp, top_p, seed) = match *sampler {
+            Sampler::Greedy => (1, 0.0, 1.0, 0),
+            Sampler::TopK {
+                k,
+                temperature,
+                top_p,
+                seed,
+            } => (k, temperature, top_p, seed),
+        };
+        self.dev.launch(
+            &self.ck.topk_partial,
+            (SAMPLE_BLOCKS as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.logits.ptr()),
+                Arg::I32(self.spec.vocab as i32),
+                Arg::I32(k as i32),
+                Arg::Ptr(ws.cand_v.ptr()),
+                Arg::Ptr(ws.cand_i.ptr()),
+            ],
+        )?;
+        self.dev.launch(
+            &self.ck.topk_final,
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.cand_v.ptr()),
+                Arg::Ptr(ws.cand_i.ptr()),
+                Arg::I32(k as i32),
+                Arg::F32(temp),
+                Arg::F32(top_p),
+                Arg::U64(seed),
+                Arg::Ptr(ws.tok()),
+                Arg::Ptr(ws.pos()),
+                Arg::Ptr(ws.sampled()),
+            ],
+        )
+    }
+
+    /// Every launch of one decode step, in order (what the graph captures).
+    fn enqueue_token(&self, sampler: &Sampler) -> DResult<()> {
+        self.enqueue_embed_decode()?;
+        for l in 0..self.layers.len() {
+            self.enqueue_layer_decode(l)?;
+        }
+        self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
+        self.enqueue_sample(sampler)
+    }
+
+    fn capture(&self, sampler: &Sampler) -> DResult<Graph> {
+        let stream = &self.dev.stream;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| DevError(format!("begin graph capture: {e:?}")))?;
+        let enq = self.enqueue_token(sampler);
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        enq?;
+        match graph {
+            Ok(Some(g)) => {
+                g.upload()
+                    .map_err(|e| DevError(format!("graph upload: {e:?}")))?;
+                Ok(Graph(g))
+            }
+            Ok(None) => Err(DevError("graph capture produced no graph".into())),
+            Err(e) => Err(DevError(format!("end graph capture: {e:?}"))),
+        }
+    }
+
+    /// Runs one decode step; returns (sampled token, logits if asked).
+    pub(super) fn decode_step(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        want_logits: bool,
+    ) -> DResult<(u32, Vec<f32>)> {
+        if self
+            .graph
+            .as_ref()
+            .map(|(s, _)| s != sampler)
+            .unwrap_or(true)
+        {
+            self.graph = None;
+            let g = self.capture(sampler)?;
+            self.graph = Some((*sampler, g));
+        }
+        if self.dev_inputs != Some((token, pos)) {
+            self.dev
+                .upload(self.ws.io.ptr(), bytes_of(&[token as i32, pos as i32]))?;
+        }
+        // From here the device inputs are unknown until the step completes.
+        self.dev_inputs = None;
+        let (_, g) = self.graph.as_ref().expect("captured above");
+        g.0.launch()
+            .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
+        let mut tok = [0u8; 4];
+        self.dev.download(&mut tok, self.ws.sampled())?;
+        let tok = i32::from_le_bytes(tok) as u32;
+        let logits = if want_logits {
+            let mut v = vec![0f32; self.spec.vocab];
+            self.dev.download_f32(&mut v, self.ws.logits.ptr())?;
+            v
+        } else {
+            Vec::new()
+        };
+        self.dev_inputs = Some((tok, pos + 1));
+        Ok((tok, logits))
+    }
+
+    // ---- prefill ------------------------------------------------------------------------
+
+    fn ensure_prefill_ws(&mut self) -> DResult<()> {
+        if self.pf.is_none() {
+            self.pf = Some(PrefillWs::new(&self.dev, self.pf_sizes)?);
+        }
+        Ok(())
+    }
+
+    /// out[t, col0 + r] (+)= x[t] · w[r] for every row of `w`, through cuBLAS. `x_f32` /
+    /// `x_bf16` hold the same input in both precisions; the codec picks which is read.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        w: &DevWeight,
+        x_f32: u64,
+        x_bf16: u64,
+        t: usize,
+        out: u64,
+        ldc: usize,
+        col0: usize,
+        accumulate: bool,
+    ) -> DResult<()> {
+        let pf = self.pf.as_ref().expect("prefill workspace");
+        let blas = self
+            .blas
+            .as_ref()
+            .ok_or_else(|| DevError("cuBLAS is not available".into()))?;
+        let bf16 = w.codec.gemm_in_bf16();
+        let x = if bf16 { x_bf16 } else { x_f32 };
+        let k = w.cols;
+        let out0 = out + 4 * col0 as u64;
+        match w.codec {
+            DevCodec::Bf16 | DevCodec::F32 => {
+                blas.gemm(bf16, w.w(), x, out0, w.rows, t, k, ldc, accumulate)
+            }
+            _ => {
+                let elem = if bf16 { 2 } else { 4 };
+                let per = (pf.scratch.len() / (k * elem)).max(1).min(w.rows);
+                let mut r0 = 0;
+                while r0 < w.rows {
+                    let rows = per.min(w.rows - r0);
+                    let n = rows * k;
+                    self.dev.launch(
+                        &self.mk.dequant_rows,
+                        grid1(n, 256 * 8),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::I32(w.codec as i32),
+                            Arg::Ptr(w.w()),
+                            Arg::Ptr(w.rs()),
+                            Arg::Ptr(w.colp()),
+                            Arg::U64(k as u64),
+                            Arg::U64(r0 as u64),
+                            Arg::U64(rows as u64),
+                            Arg::Ptr(if bf16 { pf.scratch.ptr() } else { 0 }),
+                            Arg::Ptr(if bf16 { 0 } else { pf.scratch.ptr() }),
+                        ],
+                    )?;
+                    blas.gemm(
+                        bf16,
+                        pf.scratch.ptr(),
+                        x,
+                        out0 + 4 * r0 as u64,
+                        rows,
+                        t,
+                        k,
+                        ldc,
+                        accumulate,
+                    )?;
+                    r0 += rows;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn rmsnorm_rows(&self, x: u64, w: u64, t: usize, k: usize, out: u64) -> DResult<()> {
+        self.dev.launch(
+            &self.mk.rmsnorm_rows,
+            (t as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::F32(self.eps()),
+                Arg::I32(k as i32),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    fn to_bf16(&self, x: u64, n: usize, out: u64) -> DResult<()> {
+        self.dev.launch(
+            &self.mk.to_bf16,
+            grid1(n, 256 * 4),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(x), Arg::U64(n as u64), Arg::Ptr(out)],
+        )
+    }
+
+    /// One layer over pf.h[t, H] at positions *pf.start + i.
+    fn enqueue_layer_prefill(&self, l: usize, t: usize) -> DResult<()> {
+        let (s, pf, d) = (
+            &self.spec,
+            self.pf.as_ref().expect("prefill workspace"),
+            self.layer(l),
+        );
+        let (h, q, kv, i) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
+        // Attention block.
+        self.rmsnorm_rows(pf.h.ptr(), d.attn_norm.ptr(), t, h, pf.xn.ptr())?;
+        self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
+        let ld = q + 2 * kv;
+        self.gemm(
+            &d.q,
+            pf.xn.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.qkv.ptr(),
+            ld,
+            0,
+            false,
+        )?;
+        self.gemm(
+            &d.k,
+            pf.xn.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.qkv.ptr(),
+            ld,
+            q,
+            false,
+        )?;
+        self.gemm(
+            &d.v,
+            pf.xn.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.qkv.ptr(),
+            ld,
+            q + kv,
+            false,
+        )?;
+        self.rope(l, pf.qkv.ptr(), t, pf.start.ptr(), pf.qr.ptr(), true)?;
+        self.enqueue_attention_prefill(l, t)?;
+        self.to_bf16(pf.attn.ptr(), t * q, pf.xb.ptr())?;
+        self.gemm(&d.o, pf.attn.ptr(), pf.xb.ptr(), t, pf.h.ptr(), h, 0, true)?;
+        // MLP block.
+        self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
+        self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
+        self.gemm(
+            &d.gate,
+            pf.xn.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.gu.ptr(),
+            2 * i,
+            0,
+            false,
+        )?;
+        self.gemm(
+            &d.up,
+            pf.xn.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.gu.ptr(),
+            2 * i,
+            i,
+            false,
+        )?;
+        let f32_act = !d.down.codec.gemm_in_bf16();
+        self.dev.launch(
+            &self.mk.swiglu_rows,
+            grid1(t * i, 256 * 4),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(pf.gu.ptr()),
+                Arg::I32(i as i32),
+                Arg::U64(t as u64),
+                Arg::Ptr(if f32_act { pf.act_f.ptr() } else { 0 }),
+                Arg::Ptr(if f32_act { 0 } else { pf.xb.ptr() }),
+            ],
+        )?;
+        self.gemm(
+            &d.down,
+            pf.act_f.ptr(),
+            pf.xb.ptr(),
+            t,
+            pf.h.ptr(),
+            h,
+            0,
+            true,
+        )
+    }
+
+    fn enqueue_attention_prefill(&self, l: usize, t: usize) -> DResult<()> {
+        let (s, pf, d) = (
+            &self.spec,
+            self.pf.as_ref().expect("prefill workspace"),
+            self.layer(l),
+        );
+        let start = self.pf_start;
+        let common = |args: &mut Vec<Arg>| {
+            args.extend([
+                Arg::I32(start as i32),
+                Arg::I32(d.window),
+                Arg::I32(self.opts.max_context as i32),
+                Arg::F32(s.attn_scale),
+                Arg::I32(s.num_heads as i32),
+                Arg::Ptr(pf.attn.ptr()),
+            ])
+        };
+        match &self.mk.attn_prefill_mma {
+            Some(f) if std::env::var("CMF_GPU_SIMPLE_ATTENTION").is_err() => {
+                let mut args = vec![
+                    Arg::Ptr(pf.qr.ptr()),
+                    Arg::Ptr(d.k_cache.ptr()),
+                    Arg::Ptr(d.v_cache.ptr()),
+                    Arg::I32(t as i32),
+                ];
+                common(&mut args);
+                self.dev.launch(
+                    f,
+                    (t.div_ceil(64) as u32, s.num_heads as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    &args,
+                )
+            }
+            _ => {
+                let mut args = vec![
+                    Arg::Ptr(pf.qr.ptr()),
+                    Arg::Ptr(d.k_cache.ptr()),
+                    Arg::Ptr(d.v_cache.ptr()),
+                ];
+                common(&mut args);
+                self.dev.launch(
+                    &self.mk.attn_prefill_simple,
+                    (t as u32, s.num_heads.div_ceil(4) as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    &args,
+                )
+            }
+        }
+    }
+
+    /// Final norm + lm_head over pf.h[t, H] into logits [t, V] at `out`.
+    fn enqueue_head_prefill(&self, t: usize, out: u64) -> DResult<()> {
+        let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
+        let head = self.head_weight().expect("head resident");
+        let norm = self.final_norm.as_ref().expect("head resident").ptr();
+        self.rmsnorm_rows(pf.h.ptr(), norm, t, s.hidden, pf.xn.ptr())?;
+        self.to_bf16(pf.xn.ptr(), t * s.hidden, pf.xb.ptr())?;
+        self.gemm(head, pf.xn.ptr(), pf.xb.ptr(), t, out, s.vocab, 0, false)
+    }
+
+    fn upload_prefill_inputs(&mut self, tokens: Option<&[u32]>, start: usize) -> DResult<()> {
+        let pf = self.pf.as_ref().expect("prefill workspace");
+        if let Some(tokens) = tokens {
+            let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+            self.dev.upload(pf.tokens.ptr(), bytes_of(&ids))?;
+        }
+        self.dev.upload(pf.start.ptr(), bytes_of(&[start as i32]))?;
+        self.pf_start = start;
+        Ok(())
+    }
+
+    /// The whole prompt, chunk by chunk; returns the logits asked for.
+    pub(super) fn prefill_all(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        logits: Logits,
+    ) -> DResult<Vec<f32>> {
+        self.ensure_prefill_ws()?;
+        self.dev_inputs = None;
+        let (v, cap) = (self.spec.vocab, self.opts.prefill_chunk);
+        let mut out = vec![0f32; logits.len(tokens.len(), v)];
+        let chunks: Vec<(usize, &[u32])> = tokens
+            .chunks(cap)
+            .enumerate()
+            .map(|(i, c)| (start + i * cap, c))
+            .collect();
+        let n_chunks = chunks.len();
+        for (ci, (pos, chunk)) in chunks.into_iter().enumerate() {
+            let t = chunk.len();
+            self.upload_prefill_inputs(Some(chunk), pos)?;
+            let pf = self.pf.as_ref().expect("ensured");
+            let embed = self.embed.as_ref().expect("head resident");
+            self.embed_rows(embed, pf.tokens.ptr(), t, pf.h.ptr())?;
+            for l in 0..self.layers.len() {
+                self.enqueue_layer_prefill(l, t)?;
+            }
+            let pf = self.pf.as_ref().expect("ensured");
+            match logits {
+                Logits::None => {}
+                Logits::Last if ci + 1 == n_chunks => {
+                    let last = pf.h.ptr() + 4 * ((t - 1) * self.spec.hidden) as u64;
+                    self.enqueue_head_decode(last, pf.logits_last.ptr())?;
+                    self.dev.download_f32(&mut out, pf.logits_last.ptr())?;
+                }
+                Logits::Last => {}
+                Logits::All => {
+                    if self.pf.as_ref().expect("ensured").logits_all.is_none() {
+                        let buf = self.dev.alloc(4 * cap * v)?;
+                        self.pf.as_mut().expect("ensured").logits_all = Some(buf);
+                    }
+                    let dst = self
+                        .pf
+                        .as_ref()
+                        .expect("ensured")
+                        .logits_all
+                        .as_ref()
+                        .expect("allocated")
+                        .ptr();
+                    self.enqueue_head_prefill(t, dst)?;
+                    let off = (pos - start) * v;
+                    self.dev.download_f32(&mut out[off..off + t * v], dst)?;
+                }
+            }
+        }
+        self.dev.sync()?;
+        Ok(out)
+    }
+
+    // ---- hybrid placement ---------------------------------------------------------------
+
+    /// Resident `layers` over x[t, H]; returns the new hidden states.
+    pub(super) fn run_layers(
+        &mut self,
+        layers: Range<usize>,
+        x: &[f32],
+        t: usize,
+        start: usize,
+    ) -> DResult<Vec<f32>> {
+        self.dev_inputs = None;
+        let mut y = vec![0f32; x.len()];
+        if t == 1 {
+            self.dev
+                .upload(self.ws.io.at(4), bytes_of(&[start as i32]))?;
+            self.dev.upload_f32(self.ws.h.ptr(), x)?;
+            for l in layers {
+                self.enqueue_layer_decode(l)?;
+            }
+            self.dev.download_f32(&mut y, self.ws.h.ptr())?;
+        } else {
+            self.ensure_prefill_ws()?;
+            self.upload_prefill_inputs(None, start)?;
+            self.dev
+                .upload_f32(self.pf.as_ref().expect("ensured").h.ptr(), x)?;
+            for l in layers {
+                self.enqueue_layer_prefill(l, t)?;
+            }
+            self.dev
+                .download_f32(&mut y, self.pf.as_ref().expect("ensured").h.ptr())?;
+        }
+        Ok(y)
+    }
+
+    /// Final norm + lm_head of x[t, H]; returns logits [t, V].
+    pub(super) fn run_head(&mut self, x: &[f32], t: usize) -> DResult<Vec<f32>> {
+        let (h, v) = (self.spec.hidden, self.spec.vocab);
+        let mut out = vec![0f32; t * v];
+        for i in 0..t {
+            self.dev
+                .upload_f32(self.ws.h.ptr(), &x[i * h..(i + 1) * h])?;
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
+            self.dev
+                .download_f32(&mut out[i * v..(i + 1) * v], self.ws.logits.ptr())?;
+        }
+        Ok(out)
+    }
+}

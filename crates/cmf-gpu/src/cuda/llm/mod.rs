@@ -1,0 +1,539 @@
+//! A decoder-only LLM resident on the device: weights in their codecs, the KV cache, the
+//! workspaces, the captured whole-token decode graph.
+//!
+//! Entry points (the [`LlmDevice`] contract): validate first, refuse before any output is
+//! touched, run, read back, and only then write the caller's buffers.
+//! - `decode`: one CUDA graph replay (embedding → every layer → final norm → lm_head →
+//!   sampling) with token and position in device memory; when the caller passes the token the
+//!   device just sampled at the next position, nothing is uploaded. One 4-byte readback.
+//! - `prefill`: batched through cuBLAS (bf16 tensor cores for bf16/q8/q4 weights, dequantised
+//!   per matrix into a transient bf16 scratch; f32 SGEMM for f32/f16 models), flash attention,
+//!   chunked by `prefill_chunk`, writing the KV cache in place.
+//! - `forward_layers` / `head`: hybrid placement, the caller runs the other layers on the CPU.
+
+mod forward;
+mod workspace;
+
+use super::blas::Blas;
+use super::device::{DBuf, DResult, Dev, DevError};
+use super::kernels::{CommonKernels, ModelKernels};
+use super::weights::{self, DevCodec, DevWeight};
+use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
+use crate::llm::{
+    DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
+};
+use std::ops::Range;
+use std::sync::Arc;
+use workspace::{DecodeWs, PrefillWs};
+
+pub(crate) struct DevLayer {
+    pub q: DevWeight,
+    pub k: DevWeight,
+    pub v: DevWeight,
+    pub o: DevWeight,
+    pub gate: DevWeight,
+    pub up: DevWeight,
+    pub down: DevWeight,
+    pub attn_norm: DBuf,
+    pub ffn_norm: DBuf,
+    pub q_bias: Option<DBuf>,
+    pub k_bias: Option<DBuf>,
+    pub v_bias: Option<DBuf>,
+    pub q_norm: Option<DBuf>,
+    pub k_norm: Option<DBuf>,
+    /// Sliding window (0: none).
+    pub window: i32,
+    pub k_cache: DBuf,
+    pub v_cache: DBuf,
+}
+
+/// cudarc's graph holds raw handles; the model owning it is used by one thread at a time.
+struct Graph(cudarc::driver::CudaGraph);
+// SAFETY: see above; LlmDevice methods take &mut self, so the graph is never used concurrently.
+unsafe impl Send for Graph {}
+
+pub struct CudaLlm {
+    dev: Arc<Dev>,
+    ck: Arc<CommonKernels>,
+    mk: ModelKernels,
+    spec: LlmSpec,
+    opts: LlmOptions,
+    placement: Placement,
+    layers: Vec<Option<DevLayer>>,
+    embed: Option<DevWeight>,
+    /// None when tied (the embedding is used).
+    lm_head: Option<DevWeight>,
+    final_norm: Option<DBuf>,
+    inv_freq: DBuf,
+    kv_f32: bool,
+    /// Split-K partitions of decode attention.
+    splits: usize,
+    chunk_max: usize,
+    ws: DecodeWs,
+    pf: Option<PrefillWs>,
+    /// PrefillWs buffer sizes for this model (computed at load, allocated on first prefill).
+    pf_sizes: [usize; 12],
+    /// Start position of the prefill chunk in flight.
+    pf_start: usize,
+    blas: Option<Blas>,
+    graph: Option<(Sampler, Graph)>,
+    /// (token, position) the device-side decode inputs hold now, if known.
+    dev_inputs: Option<(u32, usize)>,
+}
+
+/// Per-model facts the footprint and the load share.
+struct Plan {
+    kv_f32: bool,
+    kv_layer_bytes: u64,
+    splits: usize,
+    chunk_max: usize,
+}
+
+fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
+    let s = &model.spec;
+    let shape = |m: String| Refusal::new("llm.load", RefusalReason::UnsupportedShape(m));
+    if s.head_dim % 32 != 0 || s.head_dim > 256 {
+        return Err(shape(format!(
+            "head_dim {} (the kernels need a multiple of 32, at most 256)",
+            s.head_dim
+        )));
+    }
+    let group = s.num_heads / s.num_kv_heads;
+    if group * (s.head_dim / 32) > 64 {
+        return Err(shape(format!(
+            "{group} query heads per kv head at head_dim {}",
+            s.head_dim
+        )));
+    }
+    if s.vocab > 256 * 256 * 8 {
+        return Err(shape(format!(
+            "vocab {} (the sampler takes at most 524288)",
+            s.vocab
+        )));
+    }
+    if opts.max_context == 0 || opts.max_context > i32::MAX as usize / 2 || opts.prefill_chunk == 0
+    {
+        return Err(shape(format!(
+            "max_context {} / prefill_chunk {}",
+            opts.max_context, opts.prefill_chunk
+        )));
+    }
+    weights::check(&model.embed, "embed")?;
+    weights::check(&model.lm_head, "lm_head")?;
+    let mut all_float = true;
+    for (l, w) in model.layers.iter().enumerate() {
+        let named = [
+            ("q", w.q),
+            ("k", w.k),
+            ("v", w.v),
+            ("o", w.o),
+            ("gate", w.gate),
+            ("up", w.up),
+            ("down", w.down),
+        ];
+        let mut codecs = Vec::new();
+        for (n, m) in named {
+            codecs.push(weights::check(&m, &format!("layer {l} {n}"))?);
+            all_float &= matches!(m.dtype, cmf_format::Dtype::F32 | cmf_format::Dtype::F16);
+        }
+        if codecs[0] != codecs[1] || codecs[1] != codecs[2] || codecs[4] != codecs[5] {
+            return Err(shape(format!(
+                "layer {l}: q/k/v or gate/up in different codecs"
+            )));
+        }
+    }
+    let kv_f32 = match opts.kv {
+        KvPrecision::F32 => true,
+        KvPrecision::F16 => false,
+        KvPrecision::Auto => all_float,
+    };
+    let kv_elem = if kv_f32 { 4 } else { 2 };
+    let kv_layer_bytes = (2 * s.num_kv_heads * opts.max_context * s.head_dim * kv_elem) as u64;
+    // About two blocks per SM for decode attention; scores of a split fit in shared memory.
+    let mut splits = (2 * dev.sm_count as usize)
+        .div_ceil(s.num_kv_heads)
+        .clamp(1, 64);
+    while group * opts.max_context.div_ceil(splits) * 4 > 96 * 1024 {
+        splits *= 2;
+    }
+    Ok(Plan {
+        kv_f32,
+        kv_layer_bytes,
+        splits,
+        chunk_max: opts.max_context.div_ceil(splits),
+    })
+}
+
+fn layer_weight_bytes(w: &LayerWeights) -> u64 {
+    [w.q, w.k, w.v, w.o, w.gate, w.up, w.down]
+        .iter()
+        .map(weights::device_bytes)
+        .sum::<u64>()
+        + 4 * (2 * w.attn_norm.len()
+            + w.q_bias.map_or(0, |b| b.len()) * 3
+            + w.q_norm.map_or(0, |b| b.len()) * 2) as u64
+}
+
+pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
+    let p = plan(dev, model, opts)?;
+    let layer_bytes = model
+        .layers
+        .iter()
+        .map(|w| layer_weight_bytes(w) + p.kv_layer_bytes)
+        .collect();
+    let head_bytes = weights::device_bytes(&model.embed)
+        + if model.head_is_tied() {
+            0
+        } else {
+            weights::device_bytes(&model.lm_head)
+        }
+        + 4 * model.spec.hidden as u64;
+    let fixed_bytes =
+        DecodeWs::bytes(&model.spec, p.splits) + PrefillWs::bytes(model, opts.prefill_chunk);
+    Ok(Footprint {
+        layer_bytes,
+        head_bytes,
+        fixed_bytes,
+    })
+}
+
+fn upload_f32(dev: &Dev, v: &[f32]) -> DResult<DBuf> {
+    dev.upload_new(super::device::bytes_of(v))
+}
+
+fn upload_opt(dev: &Dev, v: Option<&[f32]>) -> DResult<Option<DBuf>> {
+    v.map(|v| upload_f32(dev, v)).transpose()
+}
+
+impl CudaLlm {
+    pub fn load(
+        dev: Arc<Dev>,
+        ck: Arc<CommonKernels>,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        placement: &Placement,
+    ) -> Result<CudaLlm, Refusal> {
+        let p = plan(&dev, model, opts)?;
+        let s = &model.spec;
+        let err = |e: DevError| e.refusal("llm.load");
+        let mk = ModelKernels::load(&dev, s.head_dim, s.num_heads / s.num_kv_heads, p.kv_f32)
+            .map_err(err)?;
+        let smem = s.num_heads / s.num_kv_heads * p.chunk_max * 4;
+        mk.attn_decode_partial
+            .allow_smem(smem.max(48 * 1024))
+            .map_err(err)?;
+        let kv_half = (p.kv_layer_bytes / 2) as usize;
+        let mut layers = Vec::with_capacity(s.num_layers);
+        for (l, w) in model.layers.iter().enumerate() {
+            if !placement.on_device[l] {
+                layers.push(None);
+                continue;
+            }
+            let up = |m| DevWeight::upload(&dev, m);
+            let layer = (|| -> DResult<DevLayer> {
+                Ok(DevLayer {
+                    q: up(&w.q)?,
+                    k: up(&w.k)?,
+                    v: up(&w.v)?,
+                    o: up(&w.o)?,
+                    gate: up(&w.gate)?,
+                    up: up(&w.up)?,
+                    down: up(&w.down)?,
+                    attn_norm: upload_f32(&dev, w.attn_norm)?,
+                    ffn_norm: upload_f32(&dev, w.ffn_norm)?,
+                    q_bias: upload_opt(&dev, w.q_bias)?,
+                    k_bias: upload_opt(&dev, w.k_bias)?,
+                    v_bias: upload_opt(&dev, w.v_bias)?,
+                    q_norm: upload_opt(&dev, w.q_norm)?,
+                    k_norm: upload_opt(&dev, w.k_norm)?,
+                    window: s.sliding_window[l].map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                    // Zeroed: prefill attention stages whole tiles, and garbage could be NaN.
+                    k_cache: dev.alloc_zeroed(kv_half)?,
+                    v_cache: dev.alloc_zeroed(kv_half)?,
+                })
+            })()
+            .map_err(err)?;
+            layers.push(Some(layer));
+        }
+        let (embed, lm_head, final_norm) = if placement.head_on_device {
+            let embed = DevWeight::upload(&dev, &model.embed).map_err(err)?;
+            let lm_head = if model.head_is_tied() {
+                None
+            } else {
+                Some(DevWeight::upload(&dev, &model.lm_head).map_err(err)?)
+            };
+            (
+                Some(embed),
+                lm_head,
+                Some(upload_f32(&dev, model.final_norm).map_err(err)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        let inv_freq = upload_f32(
+            &dev,
+            &s.rope
+                .inv_freq
+                .iter()
+                .copied()
+                .chain([0.0])
+                .collect::<Vec<_>>(),
+        )
+        .map_err(err)?;
+        let ws = DecodeWs::new(&dev, s, p.splits).map_err(err)?;
+        let blas = Blas::new(&dev).ok();
+        Ok(CudaLlm {
+            dev,
+            ck,
+            mk,
+            spec: s.clone(),
+            opts: opts.clone(),
+            placement: placement.clone(),
+            layers,
+            embed,
+            lm_head,
+            final_norm,
+            inv_freq,
+            kv_f32: p.kv_f32,
+            splits: p.splits,
+            chunk_max: p.chunk_max,
+            ws,
+            pf: None,
+            pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk),
+            pf_start: 0,
+            blas,
+            graph: None,
+            dev_inputs: None,
+        })
+    }
+
+    fn head_weight(&self) -> Option<&DevWeight> {
+        self.lm_head.as_ref().or(self.embed.as_ref())
+    }
+
+    fn bind(&self, op: &'static str) -> Result<(), Refusal> {
+        self.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(op))
+    }
+
+    fn refuse(op: &'static str, why: String) -> Refusal {
+        Refusal::new(op, RefusalReason::UnsupportedShape(why))
+    }
+
+    fn check_sampler(&self, sampler: &Sampler) -> Result<(), Refusal> {
+        if let Sampler::TopK {
+            k,
+            temperature,
+            top_p,
+            ..
+        } = *sampler
+        {
+            if k == 0
+                || k > 64
+                || k > self.spec.vocab
+                || temperature.is_nan()
+                || temperature < 0.0
+                || !(top_p > 0.0 && top_p <= 1.0)
+            {
+                return Err(Self::refuse(
+                    "llm.decode",
+                    format!("sampler {sampler:?} (k 1..=64, top_p in (0, 1])"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the KV cache is f32 (f32/f16 models) rather than f16.
+    pub fn kv_is_f32(&self) -> bool {
+        self.kv_f32
+    }
+
+    /// Decode attention split count (for reports).
+    pub fn attention_splits(&self) -> usize {
+        self.splits
+    }
+}
+
+impl LlmDevice for CudaLlm {
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn max_context(&self) -> usize {
+        self.opts.max_context
+    }
+
+    fn decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        want_logits: bool,
+        out: &mut DecodeOutput,
+    ) -> Result<(), Refusal> {
+        const OP: &str = "llm.decode";
+        if !self.placement.is_whole_model() {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident("part of the model is on the CPU".into()),
+            ));
+        }
+        if pos >= self.opts.max_context {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident(format!(
+                    "position {pos} ≥ device context {}",
+                    self.opts.max_context
+                )),
+            ));
+        }
+        if token as usize >= self.spec.vocab {
+            return Err(Self::refuse(
+                OP,
+                format!("token {token} ≥ vocab {}", self.spec.vocab),
+            ));
+        }
+        self.check_sampler(sampler)?;
+        self.bind(OP)?;
+        let (tok, logits) = self
+            .decode_step(token, pos, sampler, want_logits)
+            .map_err(|e| e.refusal(OP))?;
+        out.token = tok;
+        out.logits = logits;
+        Ok(())
+    }
+
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        logits: Logits,
+        out: &mut [f32],
+    ) -> Result<(), Refusal> {
+        const OP: &str = "llm.prefill";
+        if !self.placement.is_whole_model() {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident("part of the model is on the CPU".into()),
+            ));
+        }
+        if tokens.is_empty() || start + tokens.len() > self.opts.max_context {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident(format!(
+                    "positions {start}..{} past device context {}",
+                    start + tokens.len(),
+                    self.opts.max_context
+                )),
+            ));
+        }
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= self.spec.vocab) {
+            return Err(Self::refuse(
+                OP,
+                format!("token {t} ≥ vocab {}", self.spec.vocab),
+            ));
+        }
+        if out.len() != logits.len(tokens.len(), self.spec.vocab) {
+            return Err(Self::refuse(
+                OP,
+                format!(
+                    "logits buffer of {} floats, {} needed",
+                    out.len(),
+                    logits.len(tokens.len(), self.spec.vocab)
+                ),
+            ));
+        }
+        if self.blas.is_none() {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::Device("cuBLAS is not available".into()),
+            ));
+        }
+        self.bind(OP)?;
+        let result = self
+            .prefill_all(tokens, start, logits)
+            .map_err(|e| e.refusal(OP))?;
+        out.copy_from_slice(&result);
+        Ok(())
+    }
+
+    fn forward_layers(
+        &mut self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        t: usize,
+        start: usize,
+    ) -> Result<(), Refusal> {
+        const OP: &str = "llm.forward_layers";
+        if layers.end > self.layers.len() || layers.clone().any(|l| self.layers[l].is_none()) {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident(format!("layers {layers:?}")),
+            ));
+        }
+        if t == 0 || x.len() != t * self.spec.hidden || start + t > self.opts.max_context {
+            return Err(Self::refuse(
+                OP,
+                format!("{t} tokens at {start}, x of {} floats", x.len()),
+            ));
+        }
+        if t > 1 && (self.blas.is_none() || t > self.opts.prefill_chunk) {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::Device("batched layers need cuBLAS and t ≤ prefill_chunk".into()),
+            ));
+        }
+        self.bind(OP)?;
+        let y = self
+            .run_layers(layers, x, t, start)
+            .map_err(|e| e.refusal(OP))?;
+        x.copy_from_slice(&y);
+        Ok(())
+    }
+
+    fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
+        const OP: &str = "llm.head";
+        if !self.placement.head_on_device {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident("lm_head".into()),
+            ));
+        }
+        if t == 0 || x.len() != t * self.spec.hidden || logits.len() != t * self.spec.vocab {
+            return Err(Self::refuse(
+                OP,
+                format!("{t} rows, x {} / logits {} floats", x.len(), logits.len()),
+            ));
+        }
+        self.bind(OP)?;
+        let y = self.run_head(x, t).map_err(|e| e.refusal(OP))?;
+        logits.copy_from_slice(&y);
+        Ok(())
+    }
+}
+
+/// Device bytes of the codec planes only (what "resident in its codec" promises).
+pub fn weight_bytes_resident(llm: &CudaLlm) -> u64 {
+    let l: u64 = llm
+        .layers
+        .iter()
+        .flatten()
+        .map(|d| {
+            [&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down]
+                .iter()
+                .map(|w| w.bytes())
+                .sum::<u64>()
+        })
+        .sum();
+    l + llm.embed.as_ref().map_or(0, |w| w.bytes()) + llm.lm_head.as_ref().map_or(0, |w| w.bytes())
+}
+
+impl CudaLlm {
+    /// Codec of layer 0's q projection (for reports).
+    pub fn codec(&self) -> Option<DevCodec> {
+        self.layers.iter().flatten().next().map(|l| l.q.codec)
+    }
+}

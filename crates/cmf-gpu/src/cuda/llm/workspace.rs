@@ -1,0 +1,183 @@
+//! Activation buffers. Decode buffers are allocated once at load (the captured graph bakes
+//! their addresses in); prefill buffers on the first prefill, for `prefill_chunk` tokens.
+
+use super::super::device::{DBuf, DResult, Dev};
+use super::super::weights::DevCodec;
+use crate::llm::{LlmModel, LlmSpec};
+
+/// Candidates per sampler block (`TOPK_MAX` in sample.cu) and blocks (`SAMPLE_BLOCKS`).
+pub const TOPK_MAX: usize = 64;
+pub const SAMPLE_BLOCKS: usize = 256;
+
+/// Decode: one token's activations, all f32.
+pub struct DecodeWs {
+    /// [H] residual stream.
+    pub h: DBuf,
+    /// [NH·D + 2·NKV·D] q, k, v.
+    pub qkv: DBuf,
+    /// [NH·D] q after norm + RoPE.
+    pub qr: DBuf,
+    /// [NH, splits, D + 2] attention partials.
+    pub part: DBuf,
+    /// [NH·D] attention output.
+    pub attn: DBuf,
+    /// [I] SwiGLU output.
+    pub act: DBuf,
+    /// [V]
+    pub logits: DBuf,
+    /// Sampler candidates: [SAMPLE_BLOCKS·TOPK_MAX] values and ids.
+    pub cand_v: DBuf,
+    pub cand_i: DBuf,
+    /// i32 [4]: token (the embedding's input), position, sampled token, spare.
+    pub io: DBuf,
+}
+
+impl DecodeWs {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 10] {
+        [
+            4 * s.hidden,
+            4 * (s.q_dim() + 2 * s.kv_dim()),
+            4 * s.q_dim(),
+            4 * s.num_heads * splits * (s.head_dim + 2),
+            4 * s.q_dim(),
+            4 * s.intermediate,
+            4 * s.vocab,
+            4 * SAMPLE_BLOCKS * TOPK_MAX,
+            4 * SAMPLE_BLOCKS * TOPK_MAX,
+            16,
+        ]
+    }
+
+    pub fn bytes(s: &LlmSpec, splits: usize) -> u64 {
+        Self::sizes(s, splits).iter().sum::<usize>() as u64
+    }
+
+    pub fn new(dev: &Dev, s: &LlmSpec, splits: usize) -> DResult<DecodeWs> {
+        let z = Self::sizes(s, splits);
+        Ok(DecodeWs {
+            h: dev.alloc_zeroed(z[0])?,
+            qkv: dev.alloc_zeroed(z[1])?,
+            qr: dev.alloc_zeroed(z[2])?,
+            part: dev.alloc_zeroed(z[3])?,
+            attn: dev.alloc_zeroed(z[4])?,
+            act: dev.alloc_zeroed(z[5])?,
+            logits: dev.alloc_zeroed(z[6])?,
+            cand_v: dev.alloc_zeroed(z[7])?,
+            cand_i: dev.alloc_zeroed(z[8])?,
+            io: dev.alloc_zeroed(z[9])?,
+        })
+    }
+
+    pub fn tok(&self) -> u64 {
+        self.io.at(0)
+    }
+    pub fn pos(&self) -> u64 {
+        self.io.at(4)
+    }
+    pub fn sampled(&self) -> u64 {
+        self.io.at(8)
+    }
+}
+
+/// Prefill: `cap` tokens of activations.
+pub struct PrefillWs {
+    /// i32 [cap] tokens, then i32 start position.
+    pub tokens: DBuf,
+    pub start: DBuf,
+    /// [cap, H] residual stream.
+    pub h: DBuf,
+    /// [cap, H] normed input (f32).
+    pub xn: DBuf,
+    /// bf16 [cap, max(H, NH·D, I)]: the bf16 operand of the next GEMM.
+    pub xb: DBuf,
+    /// [cap, NH·D + 2·NKV·D]
+    pub qkv: DBuf,
+    /// [cap, NH·D]
+    pub qr: DBuf,
+    pub attn: DBuf,
+    /// [cap, 2·I] gate | up.
+    pub gu: DBuf,
+    /// [cap, I] f32 SwiGLU output (f32-GEMM models only; else 4 bytes).
+    pub act_f: DBuf,
+    /// Dequantised weight rows (bf16 or f32), reused matrix after matrix.
+    pub scratch: DBuf,
+    /// [V] last-row logits.
+    pub logits_last: DBuf,
+    /// [cap, V] all-row logits, allocated on first use.
+    pub logits_all: Option<DBuf>,
+}
+
+/// Bytes of dequantisation scratch: the largest layer matrix that needs it, and up to 512 MiB
+/// of lm_head rows (the lm_head GEMM is chunked through it).
+pub fn scratch_bytes(model: &LlmModel) -> usize {
+    let need = |w: &cmf_kernels::Weight| -> usize {
+        match DevCodec::of(w.dtype) {
+            Ok(DevCodec::Q8 | DevCodec::Q4) => 2 * w.rows * w.cols,
+            Ok(DevCodec::F16) => 4 * w.rows * w.cols,
+            _ => 0,
+        }
+    };
+    let layers = model
+        .layers
+        .iter()
+        .flat_map(|l| [l.q, l.k, l.v, l.o, l.gate, l.up, l.down])
+        .map(|w| need(&w))
+        .max()
+        .unwrap_or(0);
+    let head = need(&model.lm_head).min(512 << 20);
+    // At least one row of the head (so chunking always progresses).
+    layers.max(head).max(4 * model.spec.hidden)
+}
+
+impl PrefillWs {
+    fn sizes(model: &LlmModel, cap: usize) -> [usize; 12] {
+        let s = &model.spec;
+        let f32_act = model.layers.iter().any(|l| {
+            !DevCodec::of(l.down.dtype)
+                .map(|c| c.gemm_in_bf16())
+                .unwrap_or(true)
+        });
+        let widest = s.hidden.max(s.q_dim()).max(s.intermediate);
+        [
+            4 * cap,
+            4,
+            4 * cap * s.hidden,
+            4 * cap * s.hidden,
+            2 * cap * widest,
+            4 * cap * (s.q_dim() + 2 * s.kv_dim()),
+            4 * cap * s.q_dim(),
+            4 * cap * s.q_dim(),
+            4 * cap * 2 * s.intermediate,
+            if f32_act { 4 * cap * s.intermediate } else { 4 },
+            scratch_bytes(model),
+            4 * s.vocab,
+        ]
+    }
+
+    pub fn bytes(model: &LlmModel, cap: usize) -> u64 {
+        Self::sizes(model, cap).iter().sum::<usize>() as u64
+    }
+
+    pub fn new(dev: &Dev, model_sizes: [usize; 12]) -> DResult<PrefillWs> {
+        let z = model_sizes;
+        Ok(PrefillWs {
+            tokens: dev.alloc(z[0])?,
+            start: dev.alloc(z[1])?,
+            h: dev.alloc(z[2])?,
+            xn: dev.alloc(z[3])?,
+            xb: dev.alloc(z[4])?,
+            qkv: dev.alloc(z[5])?,
+            qr: dev.alloc(z[6])?,
+            attn: dev.alloc(z[7])?,
+            gu: dev.alloc(z[8])?,
+            act_f: dev.alloc(z[9])?,
+            scratch: dev.alloc(z[10])?,
+            logits_last: dev.alloc(z[11])?,
+            logits_all: None,
+        })
+    }
+
+    pub fn sizes_for(model: &LlmModel, cap: usize) -> [usize; 12] {
+        Self::sizes(model, cap)
+    }
+}

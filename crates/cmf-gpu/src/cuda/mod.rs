@@ -1,0 +1,120 @@
+//! The CUDA backend: cudarc with dynamic loading (nothing CUDA is needed to build; a machine
+//! without the driver gets a clear "no device" instead of a panic), NVRTC kernels compiled to
+//! CUBIN for the device's arch and cached on disk, cuBLAS for prefill GEMMs.
+//!
+//! Layout: `device` (context, stream, buffers, launches), `nvrtc` (compile + cache),
+//! `kernels` (sources and handles; the `.cu` files live in `kernels/`), `weights` (codec planes
+//! on the device), `matvec` (host side of the decode matvec), `blas` (cuBLAS GEMM), `llm`
+//! (the resident model: decode graph, prefill, hybrid layers).
+
+pub mod blas;
+pub mod device;
+pub mod kernels;
+pub mod llm;
+pub mod matvec;
+pub mod nvrtc;
+pub mod weights;
+
+use crate::facade::{Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal};
+use crate::llm::{LlmModel, LlmOptions};
+use device::Dev;
+use kernels::CommonKernels;
+use std::sync::Arc;
+
+pub struct CudaBackend {
+    dev: Arc<Dev>,
+    ck: Arc<CommonKernels>,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` and compiles (or loads from the cache) the shared kernels.
+    /// Every failure is an `Err` with the reason, never a panic: no driver library, no
+    /// device, no NVRTC, a compile or load error.
+    pub fn open(ordinal: usize) -> Result<CudaBackend, String> {
+        let dev = Dev::open(ordinal)?;
+        if !nvrtc::available() {
+            return Err("libnvrtc (the CUDA runtime compiler) is not installed".into());
+        }
+        let ck = CommonKernels::load(&dev).map_err(|e| e.0)?;
+        Ok(CudaBackend {
+            dev: Arc::new(dev),
+            ck: Arc::new(ck),
+        })
+    }
+
+    pub fn device(&self) -> &Arc<Dev> {
+        &self.dev
+    }
+
+    pub fn kernels(&self) -> &Arc<CommonKernels> {
+        &self.ck
+    }
+
+    /// Loads a model as a concrete [`llm::CudaLlm`] (benchmarks and tests that want its extras).
+    pub fn load_cuda_llm(
+        &self,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        placement: &Placement,
+    ) -> Result<llm::CudaLlm, Refusal> {
+        model.validate()?;
+        llm::CudaLlm::load(self.dev.clone(), self.ck.clone(), model, opts, placement)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: self.dev.name.clone(),
+            ordinal: self.dev.ordinal,
+            count: self.dev.count,
+            arch: self.dev.arch(),
+            total_bytes: self.dev.total_bytes,
+            free_bytes: self.dev.free_bytes(),
+        }
+    }
+
+    fn stats(&self) -> &MemStats {
+        &self.dev.stats
+    }
+
+    fn llm_footprint(&self, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
+        llm::footprint(&self.dev, model, opts)
+    }
+
+    fn load_llm(
+        &self,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        placement: &Placement,
+    ) -> Result<Box<dyn LlmDevice>, Refusal> {
+        Ok(Box::new(llm::CudaLlm::load(
+            self.dev.clone(),
+            self.ck.clone(),
+            model,
+            opts,
+            placement,
+        )?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Compiles every kernel source for sm_90 with NVRTC. Needs libnvrtc, not a GPU.
+    #[test]
+    fn nvrtc_compiles_every_kernel() {
+        if !super::nvrtc::available() {
+            eprintln!("skipped: libnvrtc not found");
+            return;
+        }
+        for (name, src, defs) in super::kernels::all_sources() {
+            let full = super::kernels::full_source(src);
+            let c = super::nvrtc::compile(name, &full, "sm_90", &defs)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!c.cubin.is_empty());
+            if !c.log.is_empty() {
+                eprintln!("{name} {defs:?}:\n{}", c.log);
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! The interfaces a device backend implements. Two levels, as in ggml's backend interface: the
+//! backend answers for its device and loads models; a loaded model answers per entry point,
+//! each of which does its whole job or refuses before touching an output.
+
+use super::{DeviceInfo, MemStats, Placement, Refusal};
+use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
+use std::ops::Range;
+
+/// Device bytes a model needs, per part (for placement).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Footprint {
+    /// Per layer: weights in their codec plus its KV cache.
+    pub layer_bytes: Vec<u64>,
+    /// Embedding + final norm + lm_head (tied counted once).
+    pub head_bytes: u64,
+    /// Activations and workspaces, whatever the placement.
+    pub fixed_bytes: u64,
+}
+
+/// A device backend (one device).
+pub trait Backend: Send + Sync {
+    /// Name, arch, memory of the device.
+    fn info(&self) -> DeviceInfo;
+    /// Byte counters (resident, uploaded, downloaded).
+    fn stats(&self) -> &MemStats;
+    /// Device bytes `model` would need; refuses models the kernels cannot run at all (codec,
+    /// head_dim, …) so the caller learns it before any upload.
+    fn llm_footprint(&self, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal>;
+    /// Uploads the parts of `model` that `placement` puts on the device.
+    fn load_llm(
+        &self,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        placement: &Placement,
+    ) -> Result<Box<dyn LlmDevice>, Refusal>;
+}
+
+/// A model resident on a device. Positions are explicit: a call at `start` overwrites KV rows
+/// ≥ `start` and reads rows < `start`, so a caller rewinds by passing a smaller position.
+///
+/// Honest refusal: on `Err`, no output slice or struct passed in has been written. Device-side
+/// KV rows ≥ `start` may have been (they are overwritten by the next call at that position).
+pub trait LlmDevice: Send {
+    fn placement(&self) -> &Placement;
+    /// Positions the device KV cache holds.
+    fn max_context(&self) -> usize;
+    /// One whole token on the device (embedding, every layer, final norm, lm_head, sampling):
+    /// `token` at position `pos`. Needs `placement().is_whole_model()`. Logits are returned
+    /// in `out.logits` only when `want_logits`.
+    fn decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        want_logits: bool,
+        out: &mut DecodeOutput,
+    ) -> Result<(), Refusal>;
+    /// `tokens` at positions `start..start+T` through the whole model, filling the KV cache;
+    /// `out` receives `logits.len(T, V)` floats. Needs `placement().is_whole_model()`.
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        logits: Logits,
+        out: &mut [f32],
+    ) -> Result<(), Refusal>;
+    /// Runs resident layers `layers` in place over hidden states `x[T, H]` at positions
+    /// `start..start+T` (hybrid placement: the caller runs the other layers).
+    fn forward_layers(
+        &mut self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        t: usize,
+        start: usize,
+    ) -> Result<(), Refusal>;
+    /// Final norm + lm_head of `x[T, H]` into `logits[T, V]`. Needs the head resident.
+    fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal>;
+}

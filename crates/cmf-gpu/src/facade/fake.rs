@@ -1,0 +1,341 @@
+//! A fake backend: a "device" that runs the CPU reference forward on its own copy of the
+//! weights. It lets the facade's policy (placement, refusal, probe, counters) and callers'
+//! fallback paths be tested on machines without a GPU, CI included.
+
+use super::{
+    Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal, RefusalReason,
+};
+use crate::llm::reference::{self, RefCache};
+use crate::llm::{DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler};
+use cmf_format::Dtype;
+use cmf_kernels::Weight;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// A backend whose device has `total_bytes` of memory and runs on the CPU.
+#[derive(Debug)]
+pub struct FakeBackend {
+    pub total_bytes: u64,
+    stats: Arc<MemStats>,
+}
+
+impl FakeBackend {
+    pub fn new(total_bytes: u64) -> FakeBackend {
+        FakeBackend {
+            total_bytes,
+            stats: Arc::new(MemStats::default()),
+        }
+    }
+}
+
+impl Backend for FakeBackend {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: "fake".into(),
+            ordinal: 0,
+            count: 1,
+            arch: "cpu".into(),
+            total_bytes: self.total_bytes,
+            free_bytes: self.total_bytes,
+        }
+    }
+
+    fn stats(&self) -> &MemStats {
+        &self.stats
+    }
+
+    fn llm_footprint(&self, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
+        let s = &model.spec;
+        let kv = (2 * opts.max_context * s.kv_dim() * 4) as u64;
+        let layer_bytes = model
+            .layers
+            .iter()
+            .map(|w| {
+                [w.q, w.k, w.v, w.o, w.gate, w.up, w.down]
+                    .iter()
+                    .map(|m| m.data.len() as u64)
+                    .sum::<u64>()
+                    + kv
+            })
+            .collect();
+        let head_bytes = (model.embed.data.len()
+            + if model.head_is_tied() {
+                0
+            } else {
+                model.lm_head.data.len()
+            }) as u64;
+        Ok(Footprint {
+            layer_bytes,
+            head_bytes,
+            fixed_bytes: 0,
+        })
+    }
+
+    fn load_llm(
+        &self,
+        model: &LlmModel,
+        _opts: &LlmOptions,
+        placement: &Placement,
+    ) -> Result<Box<dyn LlmDevice>, Refusal> {
+        let owned = OwnedModel::copy(model);
+        self.stats.add_uploaded(owned.bytes);
+        self.stats.add_resident(owned.bytes);
+        Ok(Box::new(FakeLlm {
+            cache: RefCache::new(model.spec.num_layers),
+            model: owned,
+            placement: placement.clone(),
+            stats: self.stats.clone(),
+        }))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct OwnedWeight {
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl OwnedWeight {
+    fn copy(w: &Weight) -> OwnedWeight {
+        OwnedWeight {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+            data: w.data.to_vec(),
+        }
+    }
+    fn view(&self) -> Weight<'_> {
+        Weight {
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct OwnedLayer {
+    m: [OwnedWeight; 7],
+    vecs: [Option<Vec<f32>>; 7],
+}
+
+#[derive(Debug)]
+struct OwnedModel {
+    spec: LlmSpec,
+    embed: OwnedWeight,
+    lm_head: OwnedWeight,
+    final_norm: Vec<f32>,
+    layers: Vec<OwnedLayer>,
+    bytes: u64,
+}
+
+impl OwnedModel {
+    fn copy(m: &LlmModel) -> OwnedModel {
+        let layers: Vec<OwnedLayer> = m
+            .layers
+            .iter()
+            .map(|w| OwnedLayer {
+                m: [w.q, w.k, w.v, w.o, w.gate, w.up, w.down].map(|x| OwnedWeight::copy(&x)),
+                vecs: [
+                    Some(w.attn_norm),
+                    Some(w.ffn_norm),
+                    w.q_bias,
+                    w.k_bias,
+                    w.v_bias,
+                    w.q_norm,
+                    w.k_norm,
+                ]
+                .map(|v| v.map(|s| s.to_vec())),
+            })
+            .collect();
+        let bytes = layers
+            .iter()
+            .flat_map(|l| l.m.iter())
+            .map(|w| w.data.len() as u64)
+            .sum::<u64>()
+            + (m.embed.data.len() + m.lm_head.data.len()) as u64;
+        OwnedModel {
+            spec: m.spec.clone(),
+            embed: OwnedWeight::copy(&m.embed),
+            lm_head: OwnedWeight::copy(&m.lm_head),
+            final_norm: m.final_norm.to_vec(),
+            layers,
+            bytes,
+        }
+    }
+
+    fn view(&self) -> LlmModel<'_> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let v = |i: usize| l.vecs[i].as_deref();
+                LayerWeights {
+                    q: l.m[0].view(),
+                    k: l.m[1].view(),
+                    v: l.m[2].view(),
+                    o: l.m[3].view(),
+                    gate: l.m[4].view(),
+                    up: l.m[5].view(),
+                    down: l.m[6].view(),
+                    attn_norm: v(0).unwrap_or(&[]),
+                    ffn_norm: v(1).unwrap_or(&[]),
+                    q_bias: v(2),
+                    k_bias: v(3),
+                    v_bias: v(4),
+                    q_norm: v(5),
+                    k_norm: v(6),
+                }
+            })
+            .collect();
+        LlmModel {
+            spec: self.spec.clone(),
+            embed: self.embed.view(),
+            layers,
+            final_norm: &self.final_norm,
+            lm_head: self.lm_head.view(),
+        }
+    }
+}
+
+struct FakeLlm {
+    model: OwnedModel,
+    cache: RefCache,
+    placement: Placement,
+    stats: Arc<MemStats>,
+}
+
+impl FakeLlm {
+    fn need_whole(&self, op: &'static str) -> Result<(), Refusal> {
+        if !self.placement.is_whole_model() {
+            return Err(Refusal::new(
+                op,
+                RefusalReason::NotResident("the whole model".into()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl LlmDevice for FakeLlm {
+    fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    fn max_context(&self) -> usize {
+        usize::MAX
+    }
+
+    fn decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        want_logits: bool,
+        out: &mut DecodeOutput,
+    ) -> Result<(), Refusal> {
+        self.need_whole("llm.decode")?;
+        if *sampler != Sampler::Greedy {
+            return Err(Refusal::new(
+                "llm.decode",
+                RefusalReason::UnsupportedShape("fake samples greedily only".into()),
+            ));
+        }
+        let kv = self.model.spec.kv_dim();
+        self.cache.truncate(pos, kv);
+        let logits = reference::forward_token(&self.model.view(), token, pos, &mut self.cache);
+        out.token = reference::argmax(&logits);
+        out.logits = if want_logits { logits } else { Vec::new() };
+        self.stats.add_downloaded(4);
+        Ok(())
+    }
+
+    fn prefill(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        logits: Logits,
+        out: &mut [f32],
+    ) -> Result<(), Refusal> {
+        self.need_whole("llm.prefill")?;
+        let vocab = self.model.spec.vocab;
+        if out.len() != logits.len(tokens.len(), vocab) {
+            return Err(Refusal::new(
+                "llm.prefill",
+                RefusalReason::UnsupportedShape("logits buffer size".into()),
+            ));
+        }
+        self.cache.truncate(start, self.model.spec.kv_dim());
+        let model = self.model.view();
+        let mut all = Vec::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            all.push(reference::forward_token(
+                &model,
+                t,
+                start + i,
+                &mut self.cache,
+            ));
+        }
+        match logits {
+            Logits::None => {}
+            Logits::Last => out.copy_from_slice(all.last().map(|v| v.as_slice()).unwrap_or(&[])),
+            Logits::All => out.copy_from_slice(&all.concat()),
+        }
+        Ok(())
+    }
+
+    fn forward_layers(
+        &mut self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        t: usize,
+        start: usize,
+    ) -> Result<(), Refusal> {
+        if layers
+            .clone()
+            .any(|l| !self.placement.on_device.get(l).copied().unwrap_or(false))
+        {
+            return Err(Refusal::new(
+                "llm.forward_layers",
+                RefusalReason::NotResident(format!("layers {layers:?}")),
+            ));
+        }
+        let h = self.model.spec.hidden;
+        let kv = self.model.spec.kv_dim();
+        let model = self.model.view();
+        let mut y = x.to_vec();
+        for l in layers.clone() {
+            self.cache.truncate_layer(l, start, kv);
+            for i in 0..t {
+                reference::layer(
+                    &model,
+                    l,
+                    &mut y[i * h..(i + 1) * h],
+                    start + i,
+                    &mut self.cache,
+                );
+            }
+        }
+        x.copy_from_slice(&y);
+        Ok(())
+    }
+
+    fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
+        if !self.placement.head_on_device {
+            return Err(Refusal::new(
+                "llm.head",
+                RefusalReason::NotResident("lm_head".into()),
+            ));
+        }
+        let (h, v) = (self.model.spec.hidden, self.model.spec.vocab);
+        let model = self.model.view();
+        for i in 0..t {
+            logits[i * v..(i + 1) * v]
+                .copy_from_slice(&reference::head(&model, &x[i * h..(i + 1) * h]));
+        }
+        Ok(())
+    }
+}

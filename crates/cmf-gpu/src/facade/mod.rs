@@ -1,0 +1,383 @@
+//! The GPU facade: policy that holds whatever the backend, CPU-testable.
+//!
+//! A caller opens one [`Gpu`] per process (from `--gpu` / `CMF_GPU`), loads a model through it
+//! ([`Gpu::load_llm`], which plans placement against the VRAM budget) and calls the returned
+//! [`GpuLlm`]'s entry points. Each entry point first passes the [`Gate`] (backend present, no
+//! `pause_gpu`, not in a `cpu_scope`, no injected refusal), then runs on the device or returns
+//! a [`Refusal`]; on a refusal the caller runs its CPU path and nothing it passed in has changed.
+
+mod backend;
+mod devices;
+pub mod fake;
+mod guards;
+pub mod log;
+mod mode;
+mod placement;
+mod probe;
+mod refusal;
+
+pub use backend::{Backend, Footprint, LlmDevice};
+pub use devices::{
+    parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
+};
+pub use guards::{cpu_scope, in_cpu_scope, pause_count, pause_gpu, CpuScope, GpuPause};
+pub use mode::{GpuMode, ENV_GPU};
+pub use placement::{LayerSet, Placement, ENV_GPU_LAYERS};
+pub(crate) use probe::write_atomic;
+pub use probe::{cache_dir, Arm, OpClass, Probe, CLEAN_SAMPLES};
+pub use refusal::{Refusal, RefusalReason};
+
+use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Errors of opening the facade (bad settings, or `cuda` demanded with no device).
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("{what}: `{value}` is not valid (expected {expected})")]
+    BadSetting {
+        what: String,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("--gpu cuda: no usable CUDA device: {0}")]
+    NoDevice(String),
+}
+
+/// Diagnostics: `CMF_GPU_INJECT_REFUSAL=N` makes the device refuse every entry-point call after
+/// the first N (to exercise the CPU fallback from the command line).
+pub const ENV_INJECT_REFUSAL: &str = "CMF_GPU_INJECT_REFUSAL";
+
+/// The checks every entry point passes before touching the device.
+#[derive(Debug)]
+pub struct Gate {
+    /// Calls allowed before injected refusals start (u64::MAX: never).
+    inject_after: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        let n = std::env::var(ENV_INJECT_REFUSAL)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(u64::MAX);
+        Gate {
+            inject_after: AtomicU64::new(n),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Ok when `op` may run on the device now; the refusal is logged (once per reason).
+    pub fn check(&self, op: &'static str) -> Result<(), Refusal> {
+        let reason = if guards::pause_count() > 0 {
+            Some(RefusalReason::Paused)
+        } else if guards::in_cpu_scope() {
+            Some(RefusalReason::CpuScope)
+        } else if self.calls.fetch_add(1, Ordering::SeqCst)
+            >= self.inject_after.load(Ordering::SeqCst)
+        {
+            Some(RefusalReason::Injected)
+        } else {
+            None
+        };
+        match reason {
+            Some(r) => Err(Refusal::new(op, r).logged()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The process's view of the GPU: the backend (if any) and the policy around it.
+pub struct Gpu {
+    mode: GpuMode,
+    backend: Option<Arc<dyn Backend>>,
+    probe: Arc<Probe>,
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("mode", &self.mode)
+            .field("device", &self.info().map(|i| i.name))
+            .finish()
+    }
+}
+
+impl Gpu {
+    /// Opens the backend `mode` asks for. `auto` never fails: without a device it returns a
+    /// CPU-only facade (and says why at debug verbosity).
+    pub fn open(mode: GpuMode) -> Result<Gpu, GpuError> {
+        match mode {
+            GpuMode::Off => Ok(Gpu::cpu_only()),
+            GpuMode::Auto | GpuMode::Cuda => {
+                match crate::cuda::CudaBackend::open(pinned_device()) {
+                    Ok(b) => {
+                        let info = b.info();
+                        log::debug(&format!(
+                            "using {} ({}, {} MiB)",
+                            info.name,
+                            info.arch,
+                            info.total_bytes >> 20
+                        ));
+                        Ok(Gpu::with_backend(mode, Arc::new(b)))
+                    }
+                    Err(why) if mode == GpuMode::Auto => {
+                        log::debug(&format!("no CUDA device, running on the CPU: {why}"));
+                        Ok(Gpu::cpu_only())
+                    }
+                    Err(why) => Err(GpuError::NoDevice(why)),
+                }
+            }
+        }
+    }
+
+    /// A facade with no device: every entry point refuses with [`RefusalReason::NoBackend`].
+    pub fn cpu_only() -> Gpu {
+        Gpu {
+            mode: GpuMode::Off,
+            backend: None,
+            probe: Arc::new(Probe::with("none", "", None, true)),
+            gate: Arc::new(Gate::new()),
+        }
+    }
+
+    /// A facade over a given backend (the fake backend in tests, or a caller-built one).
+    pub fn with_backend(mode: GpuMode, backend: Arc<dyn Backend>) -> Gpu {
+        let probe = Arc::new(Probe::new(&backend.info().name));
+        Gpu {
+            mode,
+            backend: Some(backend),
+            probe,
+            gate: Arc::new(Gate::new()),
+        }
+    }
+
+    /// Replaces the probe (tests; callers with their own cache location).
+    pub fn set_probe(&mut self, probe: Probe) {
+        self.probe = Arc::new(probe);
+    }
+
+    pub fn mode(&self) -> GpuMode {
+        self.mode
+    }
+
+    /// Whether a device backend is open.
+    pub fn is_active(&self) -> bool {
+        self.backend.is_some()
+    }
+
+    pub fn info(&self) -> Option<DeviceInfo> {
+        self.backend.as_ref().map(|b| b.info())
+    }
+
+    /// Devices of the open backend's kind (0 without one).
+    pub fn device_count(&self) -> usize {
+        self.info().map(|i| i.count).unwrap_or(0)
+    }
+
+    /// Device bytes the engine may use (0 without a device). See [`vram_budget`].
+    pub fn vram_budget(&self) -> u64 {
+        self.info().map(|i| vram_budget(i.free_bytes)).unwrap_or(0)
+    }
+
+    pub fn bytes_resident(&self) -> u64 {
+        self.backend
+            .as_ref()
+            .map(|b| b.stats().resident())
+            .unwrap_or(0)
+    }
+
+    /// Host → device bytes so far. A steady-state decode window must not grow it.
+    pub fn bytes_uploaded(&self) -> u64 {
+        self.backend
+            .as_ref()
+            .map(|b| b.stats().uploaded())
+            .unwrap_or(0)
+    }
+
+    pub fn bytes_downloaded(&self) -> u64 {
+        self.backend
+            .as_ref()
+            .map(|b| b.stats().downloaded())
+            .unwrap_or(0)
+    }
+
+    pub fn probe(&self) -> &Probe {
+        &self.probe
+    }
+
+    /// Makes every entry-point call after the next `calls` refuse (tests of the fallback).
+    pub fn inject_refusal_after(&self, calls: u64) {
+        self.gate.calls.store(0, Ordering::SeqCst);
+        self.gate.inject_after.store(calls, Ordering::SeqCst);
+    }
+
+    /// Ok when `op` may use the device now.
+    pub fn check(&self, op: &'static str) -> Result<(), Refusal> {
+        if self.backend.is_none() {
+            return Err(Refusal::new(op, RefusalReason::NoBackend).logged());
+        }
+        self.gate.check(op)
+    }
+
+    /// Runs an op of a probed class: the probe picks the arm, the call is timed and recorded.
+    /// A device refusal falls back to `cpu` (and is not recorded as a sample). `cold` tells the
+    /// probe the device call included one-off work.
+    pub fn run_probed<T>(
+        &self,
+        class: OpClass,
+        cold: bool,
+        device: impl FnOnce() -> Result<T, Refusal>,
+        cpu: impl FnOnce() -> T,
+    ) -> T {
+        if self.check("probe").is_ok() && self.probe.arm(class) == Arm::Device {
+            let t0 = Instant::now();
+            match device() {
+                Ok(v) => {
+                    self.probe.record(class, Arm::Device, t0.elapsed(), cold);
+                    return v;
+                }
+                Err(r) => {
+                    r.logged();
+                }
+            }
+            return cpu();
+        }
+        let t0 = Instant::now();
+        let v = cpu();
+        if self.is_active() && self.probe.verdict(class).is_none() {
+            self.probe.record(class, Arm::Cpu, t0.elapsed(), false);
+        }
+        v
+    }
+
+    /// Plans placement (explicit `layers`, else the VRAM budget) and uploads `model`.
+    /// Refuses when the backend cannot run it or when no layer fits.
+    pub fn load_llm(
+        &self,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        layers: Option<&LayerSet>,
+    ) -> Result<GpuLlm, Refusal> {
+        self.check("llm.load")?;
+        let backend = self.backend.as_ref().expect("checked");
+        model.validate().map_err(Refusal::logged)?;
+        let fp = backend
+            .llm_footprint(model, opts)
+            .map_err(Refusal::logged)?;
+        let budget = self.vram_budget();
+        let placement = Placement::plan(
+            &fp.layer_bytes,
+            fp.head_bytes,
+            fp.fixed_bytes,
+            budget,
+            layers,
+        )
+        .map_err(|e| {
+            Refusal::new("llm.load", RefusalReason::UnsupportedShape(e.to_string())).logged()
+        })?;
+        if placement.device_layer_count() == 0 {
+            let need = fp.layer_bytes.first().copied().unwrap_or(0) + fp.fixed_bytes;
+            return Err(
+                Refusal::new("llm.load", RefusalReason::OutOfMemory { need, budget }).logged(),
+            );
+        }
+        log::debug(&format!(
+            "llm: {} of {} layers on the device{}",
+            placement.device_layer_count(),
+            placement.on_device.len(),
+            if placement.is_whole_model() {
+                " (whole-token graph)"
+            } else {
+                ""
+            }
+        ));
+        let dev = backend
+            .load_llm(model, opts, &placement)
+            .map_err(Refusal::logged)?;
+        Ok(GpuLlm {
+            dev,
+            gate: self.gate.clone(),
+        })
+    }
+}
+
+/// A model loaded through the facade. Every entry point passes the gate first.
+pub struct GpuLlm {
+    dev: Box<dyn LlmDevice>,
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for GpuLlm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLlm")
+            .field("placement", self.dev.placement())
+            .finish()
+    }
+}
+
+impl GpuLlm {
+    pub fn placement(&self) -> &Placement {
+        self.dev.placement()
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.dev.max_context()
+    }
+
+    /// See [`LlmDevice::decode`]. Whole-token graphs are trusted (not probed).
+    pub fn decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        want_logits: bool,
+        out: &mut DecodeOutput,
+    ) -> Result<(), Refusal> {
+        self.gate.check("llm.decode")?;
+        self.dev
+            .decode(token, pos, sampler, want_logits, out)
+            .map_err(Refusal::logged)
+    }
+
+    /// See [`LlmDevice::prefill`].
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        logits: Logits,
+        out: &mut [f32],
+    ) -> Result<(), Refusal> {
+        self.gate.check("llm.prefill")?;
+        self.dev
+            .prefill(tokens, start, logits, out)
+            .map_err(Refusal::logged)
+    }
+
+    /// See [`LlmDevice::forward_layers`].
+    pub fn forward_layers(
+        &mut self,
+        layers: Range<usize>,
+        x: &mut [f32],
+        t: usize,
+        start: usize,
+    ) -> Result<(), Refusal> {
+        self.gate.check("llm.forward_layers")?;
+        self.dev
+            .forward_layers(layers, x, t, start)
+            .map_err(Refusal::logged)
+    }
+
+    /// See [`LlmDevice::head`].
+    pub fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
+        self.gate.check("llm.head")?;
+        self.dev.head(x, t, logits).map_err(Refusal::logged)
+    }
+}
+
+#[cfg(test)]
+mod tests;

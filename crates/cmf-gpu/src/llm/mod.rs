@@ -1,0 +1,259 @@
+//! A neutral description of a decoder-only LLM, as the GPU backends consume it: geometry plus
+//! per-layer weights borrowed from the model file in their storage codec. Model crates
+//! (cmf-llm) build one of these; cmf-gpu never depends on them.
+//!
+//! Shapes (letters used throughout the crate): H hidden, I intermediate, NH query heads,
+//! NKV key/value heads, D head dim, V vocabulary, T tokens in a batch, S positions in the cache.
+//! The graph is the Llama family's: pre-norm RMSNorm, GQA attention with RoPE (rotate-half),
+//! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3), SwiGLU MLP.
+
+pub mod reference;
+pub mod synth;
+
+use crate::facade::{Refusal, RefusalReason};
+use cmf_kernels::Weight;
+
+/// Rotary embedding, precomputed by the model crate so every scaling scheme (linear, Llama-3,
+/// YaRN) reduces to a frequency table and a magnitude.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeSpec {
+    /// `inv_freq[i]` for i < rotary_dim / 2; angle = position · inv_freq[i]. Dimensions past
+    /// `2 · inv_freq.len()` (partial rotary) pass through unrotated.
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    pub attention_factor: f32,
+}
+
+/// Model geometry and the numeric constants the graph needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmSpec {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub rms_eps: f32,
+    pub rope: RopeSpec,
+    /// Per layer: keys at positions > q − window are visible (None: all previous keys).
+    pub sliding_window: Vec<Option<usize>>,
+    /// Multiplies q·k before the softmax (1/√D for every supported family).
+    pub attn_scale: f32,
+}
+
+impl LlmSpec {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// One transformer layer's parameters. Norm vectors and biases are f32 (the model crate
+/// converts them once; they are small).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerWeights<'a> {
+    /// [H] input_layernorm.
+    pub attn_norm: &'a [f32],
+    /// [NH·D, H], [NKV·D, H], [NKV·D, H], [H, NH·D].
+    pub q: Weight<'a>,
+    pub k: Weight<'a>,
+    pub v: Weight<'a>,
+    pub o: Weight<'a>,
+    /// Qwen2: [NH·D], [NKV·D], [NKV·D].
+    pub q_bias: Option<&'a [f32]>,
+    pub k_bias: Option<&'a [f32]>,
+    pub v_bias: Option<&'a [f32]>,
+    /// Qwen3: [D] RMSNorm over each head of q and k, before RoPE.
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// [H] post_attention_layernorm.
+    pub ffn_norm: &'a [f32],
+    /// [I, H], [I, H], [H, I].
+    pub gate: Weight<'a>,
+    pub up: Weight<'a>,
+    pub down: Weight<'a>,
+}
+
+/// A whole model: spec, embedding, layers, final norm, lm_head (the same matrix as the
+/// embedding when tied; backends upload it once then).
+#[derive(Debug, Clone)]
+pub struct LlmModel<'a> {
+    pub spec: LlmSpec,
+    /// [V, H].
+    pub embed: Weight<'a>,
+    pub layers: Vec<LayerWeights<'a>>,
+    /// [H].
+    pub final_norm: &'a [f32],
+    /// [V, H].
+    pub lm_head: Weight<'a>,
+}
+
+/// Precision of the device KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvPrecision {
+    /// f32 when every weight is f32/f16 (parity with the CPU path matters more than speed on
+    /// such models), else f16.
+    #[default]
+    Auto,
+    F16,
+    F32,
+}
+
+/// How a device session is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmOptions {
+    /// Positions the device KV cache holds.
+    pub max_context: usize,
+    pub kv: KvPrecision,
+    /// Longest prompt piece one prefill pass takes; longer prompts are chunked.
+    pub prefill_chunk: usize,
+}
+
+impl Default for LlmOptions {
+    fn default() -> Self {
+        LlmOptions {
+            max_context: 4096,
+            kv: KvPrecision::Auto,
+            prefill_chunk: 4096,
+        }
+    }
+}
+
+/// Token choice on the device at the end of a decode step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampler {
+    Greedy,
+    /// Softmax over the `k` largest logits divided by `temperature`, cut to the smallest prefix
+    /// with probability ≥ `top_p`, drawn with a counter-based generator from (`seed`, position).
+    TopK {
+        k: usize,
+        temperature: f32,
+        top_p: f32,
+        seed: u64,
+    },
+}
+
+/// Which logits a prefill returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    /// The last position's [V].
+    Last,
+    /// Every position's [T, V] (perplexity).
+    All,
+}
+
+impl Logits {
+    /// Floats the caller's buffer must hold for `n` tokens of a `vocab` model.
+    pub fn len(self, n: usize, vocab: usize) -> usize {
+        match self {
+            Logits::None => 0,
+            Logits::Last => vocab,
+            Logits::All => n * vocab,
+        }
+    }
+}
+
+/// What one decode step returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecodeOutput {
+    /// The sampled token.
+    pub token: u32,
+    /// [V] logits of this step, when asked for (costs a V·4-byte readback).
+    pub logits: Vec<f32>,
+}
+
+impl LlmModel<'_> {
+    /// Checks every shape against the spec; the refusal names the layer and tensor at fault.
+    pub fn validate(&self) -> Result<(), Refusal> {
+        let s = &self.spec;
+        let bad = |what: String| {
+            Err(Refusal::new(
+                "llm.load",
+                RefusalReason::UnsupportedShape(what),
+            ))
+        };
+        let check = |name: &str, w: &Weight, rows: usize, cols: usize| -> Result<(), Refusal> {
+            if w.rows != rows || w.cols != cols {
+                return bad(format!(
+                    "{name} is [{}, {}], expected [{rows}, {cols}]",
+                    w.rows, w.cols
+                ));
+            }
+            match w.dtype.expected_nbytes(&[rows as u64, cols as u64]) {
+                Some(n) if n == w.data.len() as u64 => Ok(()),
+                _ => bad(format!(
+                    "{name}: {} bytes do not match {} [{rows}, {cols}]",
+                    w.data.len(),
+                    w.dtype
+                )),
+            }
+        };
+        let vec = |name: &str, v: &[f32], n: usize| -> Result<(), Refusal> {
+            if v.len() != n {
+                return bad(format!("{name} has {} values, expected {n}", v.len()));
+            }
+            Ok(())
+        };
+        if s.num_heads == 0 || s.num_kv_heads == 0 || s.num_heads % s.num_kv_heads != 0 {
+            return bad(format!(
+                "{} heads over {} kv heads",
+                s.num_heads, s.num_kv_heads
+            ));
+        }
+        if self.layers.len() != s.num_layers || s.sliding_window.len() != s.num_layers {
+            return bad(format!(
+                "{} layers given, spec says {}",
+                self.layers.len(),
+                s.num_layers
+            ));
+        }
+        if s.rope.inv_freq.len() * 2 > s.head_dim {
+            return bad(format!(
+                "rotary dims {} exceed head_dim {}",
+                s.rope.inv_freq.len() * 2,
+                s.head_dim
+            ));
+        }
+        check("embed", &self.embed, s.vocab, s.hidden)?;
+        check("lm_head", &self.lm_head, s.vocab, s.hidden)?;
+        vec("final_norm", self.final_norm, s.hidden)?;
+        let (h, i, q, kv) = (s.hidden, s.intermediate, s.q_dim(), s.kv_dim());
+        for (l, w) in self.layers.iter().enumerate() {
+            let n = |t: &str| format!("layer {l} {t}");
+            check(&n("q"), &w.q, q, h)?;
+            check(&n("k"), &w.k, kv, h)?;
+            check(&n("v"), &w.v, kv, h)?;
+            check(&n("o"), &w.o, h, q)?;
+            check(&n("gate"), &w.gate, i, h)?;
+            check(&n("up"), &w.up, i, h)?;
+            check(&n("down"), &w.down, h, i)?;
+            vec(&n("attn_norm"), w.attn_norm, h)?;
+            vec(&n("ffn_norm"), w.ffn_norm, h)?;
+            for (t, b, len) in [
+                ("q_bias", w.q_bias, q),
+                ("k_bias", w.k_bias, kv),
+                ("v_bias", w.v_bias, kv),
+            ] {
+                if let Some(b) = b {
+                    vec(&n(t), b, len)?;
+                }
+            }
+            for (t, b) in [("q_norm", w.q_norm), ("k_norm", w.k_norm)] {
+                if let Some(b) = b {
+                    vec(&n(t), b, s.head_dim)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether lm_head is the embedding matrix itself (tied), by identity of the bytes.
+    pub fn head_is_tied(&self) -> bool {
+        std::ptr::eq(self.embed.data.as_ptr(), self.lm_head.data.as_ptr())
+            && self.embed.dtype == self.lm_head.dtype
+    }
+}

@@ -1,0 +1,240 @@
+//! Kernel microbenchmarks.
+//!
+//! cargo run --release -p cmf-kernels --example kbench -- [mem|matvec|matmul|all] [--threads N]
+//!     [--isa portable|avx2|avx512] [--codecs q8_row,q4_tiled,...] [--n 512] [--secs 1.0]
+//!
+//! - mem: read bandwidth of a 512 MiB buffer (the ceiling for decode), 1 and N threads.
+//! - matvec: GB/s of weight bytes streamed, per codec, on Qwen3-0.6B and SmolLM2-135M shapes. Each
+//!   shape is replicated until the copies exceed 4× the L3 cache and the copies are used in turn, so
+//!   the weights come from DRAM as they do in a real decode step.
+//! - matmul: GFLOP/s (2·n·rows·cols per call) at n = 512.
+//!
+//! Times are the best of repeated runs (the machine is shared; the best run is the least disturbed).
+
+use std::time::Instant;
+
+use cmf_format::Dtype;
+use cmf_kernels::{matmul_with, matvec_with, set_num_threads, Isa, Weight};
+
+struct Args {
+    what: String,
+    threads: Vec<usize>,
+    isa: Isa,
+    codecs: Vec<Dtype>,
+    n: usize,
+    secs: f64,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        what: "all".into(),
+        threads: vec![1, 2],
+        isa: cmf_kernels::cpu::active(),
+        codecs: vec![
+            Dtype::F32,
+            Dtype::F16,
+            Dtype::Bf16,
+            Dtype::Q8Row,
+            Dtype::Q8_2f,
+            Dtype::Q4Block,
+            Dtype::Q4Tiled,
+            Dtype::Q4Tp,
+        ],
+        n: 512,
+        secs: 1.0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(s) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{s} needs a value"));
+        match s.as_str() {
+            "--threads" => {
+                a.threads = val()
+                    .split(',')
+                    .map(|t| t.parse().expect("--threads"))
+                    .collect()
+            }
+            "--isa" => a.isa = Isa::from_name(&val()).expect("--isa portable|avx2|avx512"),
+            "--codecs" => {
+                a.codecs = val()
+                    .split(',')
+                    .map(|c| Dtype::from_name(c).expect("codec name"))
+                    .collect()
+            }
+            "--n" => a.n = val().parse().expect("--n"),
+            "--secs" => a.secs = val().parse().expect("--secs"),
+            w if !w.starts_with('-') => a.what = w.to_string(),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    assert!(a.isa.supported(), "{} is not supported by this CPU", a.isa);
+    a
+}
+
+/// Runs `f` repeatedly for about `secs` and returns the best single-run time in seconds.
+fn best_time(secs: f64, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut runs = 0;
+    while runs < 3 || (start.elapsed().as_secs_f64() < secs && runs < 100_000) {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
+    }
+    best
+}
+
+fn mem(args: &Args) {
+    let bytes = 512usize << 20;
+    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    println!("## memory read bandwidth (512 MiB buffer, sum of u64)");
+    for &t in &args.threads {
+        let chunk = buf.len() / t;
+        let secs = best_time(args.secs.max(2.0), || {
+            let total: u64 = std::thread::scope(|s| {
+                let hs: Vec<_> = buf
+                    .chunks(chunk)
+                    .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &v| a.wrapping_add(v))))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap())
+                    .fold(0, u64::wrapping_add)
+            });
+            std::hint::black_box(total);
+        });
+        println!("threads {t}: {:.1} GB/s", bytes as f64 / secs / 1e9);
+    }
+}
+
+fn random_payload(dtype: Dtype, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let len = dtype
+        .expected_nbytes(&[rows as u64, cols as u64])
+        .expect("shape") as usize;
+    let mut s = seed;
+    let mut out: Vec<u8> = (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect();
+    // Keep float codecs finite: overwrite with small values.
+    match dtype {
+        Dtype::F32 => out
+            .chunks_exact_mut(4)
+            .enumerate()
+            .for_each(|(i, c)| c.copy_from_slice(&(((i % 13) as f32 - 6.0) * 0.01).to_le_bytes())),
+        Dtype::F16 | Dtype::Bf16 => out.chunks_exact_mut(2).for_each(|c| c[1] &= 0x3c),
+        _ => {}
+    }
+    // Scales are f16 bytes mixed into the stream; random bits may be NaN/inf, which is harmless
+    // for timing (no data-dependent branches in the kernels).
+    out
+}
+
+const SHAPES: [(&str, usize, usize); 5] = [
+    ("qwen3-0.6b q/o·mlp-down 1024×3072", 1024, 3072),
+    ("qwen3-0.6b mlp-up 3072×1024", 3072, 1024),
+    ("qwen3-0.6b lm-head 151936×1024", 151936, 1024),
+    ("smollm2-135m mlp-up 1536×576", 1536, 576),
+    ("smollm2-135m lm-head 49152×576", 49152, 576),
+];
+
+fn matvec(args: &Args) {
+    let l3 = 32usize << 20;
+    println!(
+        "## matvec (isa {}): GB/s of weight bytes, weights from DRAM (copies > 4×L3)",
+        args.isa
+    );
+    for &(name, rows, cols) in &SHAPES {
+        for &dtype in &args.codecs {
+            let Some(len) = dtype.expected_nbytes(&[rows as u64, cols as u64]) else {
+                continue;
+            };
+            let len = len as usize;
+            let copies = (4 * l3).div_ceil(len).max(1);
+            let datas: Vec<Vec<u8>> = (0..copies)
+                .map(|i| random_payload(dtype, rows, cols, i as u64))
+                .collect();
+            let ws: Vec<Weight> = datas
+                .iter()
+                .map(|d| Weight::new(dtype, rows, cols, d).unwrap())
+                .collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.1)
+                .collect();
+            let mut y = vec![0f32; rows];
+            let mut line = format!("{name:36} {:9}", dtype.name());
+            for &t in &args.threads {
+                set_num_threads(t);
+                let mut k = 0;
+                // Time all copies once per run so every run streams from DRAM.
+                let secs = best_time(args.secs, || {
+                    for w in &ws {
+                        matvec_with(args.isa, w, &x, &mut y);
+                    }
+                    k += 1;
+                }) / copies as f64;
+                line += &format!(
+                    "  {t}T {:6.1} GB/s {:8.1} µs",
+                    len as f64 / secs / 1e9,
+                    secs * 1e6
+                );
+            }
+            println!("{line}");
+        }
+    }
+}
+
+fn matmul(args: &Args) {
+    let n = args.n;
+    println!(
+        "## matmul (isa {}), n = {n}: GFLOP/s (2·n·rows·cols per call)",
+        args.isa
+    );
+    for &(name, rows, cols) in &SHAPES[..2] {
+        for &dtype in &args.codecs {
+            let Some(_) = dtype.expected_nbytes(&[rows as u64, cols as u64]) else {
+                continue;
+            };
+            let data = random_payload(dtype, rows, cols, 7);
+            let w = Weight::new(dtype, rows, cols, &data).unwrap();
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.1)
+                .collect();
+            let mut y = vec![0f32; n * rows];
+            let mut line = format!("{name:36} {:9}", dtype.name());
+            for &t in &args.threads {
+                set_num_threads(t);
+                let secs = best_time(args.secs, || matmul_with(args.isa, &w, &x, n, &mut y));
+                line += &format!(
+                    "  {t}T {:7.1} GFLOP/s",
+                    2.0 * (n * rows * cols) as f64 / secs / 1e9
+                );
+            }
+            println!("{line}");
+        }
+    }
+}
+
+fn main() {
+    let args = parse();
+    println!(
+        "cmf-kernels kbench: best supported ISA {}, running {}",
+        cmf_kernels::cpu::best_supported(),
+        args.isa
+    );
+    match args.what.as_str() {
+        "mem" => mem(&args),
+        "matvec" => matvec(&args),
+        "matmul" => matmul(&args),
+        "all" => {
+            mem(&args);
+            matvec(&args);
+            matmul(&args);
+        }
+        other => panic!("unknown benchmark {other}: mem|matvec|matmul|all"),
+    }
+}

@@ -1,0 +1,176 @@
+//! AVX2 + FMA + F16C matvec kernels. Matmul lives in `pack.rs`.
+//!
+//! Int8 products use `pmaddubsw` (u8 × s8 → pairs summed to i16, saturating) then `pmaddwd` by 1:
+//! - q8: the sign trick, |w| (≤ 128, unsigned) × sign(w)·x (|x| ≤ 127): a pair is at most
+//!   2·128·127 = 32512, below the i16 limit, so nothing saturates.
+//! - q4: nibbles q ∈ 0..15 × x: at most 2·15·127; the −8 offset is corrected per group in f32.
+//!
+//! One 32-byte vector is exactly one 32-block, so the block scale is a broadcast.
+
+use std::arch::x86_64::*;
+
+use crate::act::QAct;
+use crate::codec::{Q4, Q8};
+use cmf_format::Dtype;
+
+use super::FloatW;
+
+#[inline(always)]
+unsafe fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+unsafe fn load8(dtype: Dtype, p: *const u8) -> __m256 {
+    match dtype {
+        Dtype::F32 => _mm256_loadu_ps(p as *const f32),
+        Dtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128(p as *const __m128i),
+        ))),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32]) {
+    let cols = w.cols;
+    let esz = if w.dtype == Dtype::F32 { 4 } else { 2 };
+    let base = w.data.as_ptr();
+    let full = cols / 8;
+    let mut tail_row = vec![0f32; cols];
+    let mut i = 0;
+    while i < y.len() {
+        let nr = (y.len() - i).min(4);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let rp: [*const u8; 4] =
+            std::array::from_fn(|k| base.add((r0 + i + k.min(nr - 1)) * cols * esz));
+        for c in 0..full {
+            let xv = _mm256_loadu_ps(x.as_ptr().add(c * 8));
+            for k in 0..4 {
+                acc[k] = _mm256_fmadd_ps(load8(w.dtype, rp[k].add(c * 8 * esz)), xv, acc[k]);
+            }
+        }
+        for k in 0..nr {
+            let mut s = hsum8(acc[k]);
+            if full * 8 < cols {
+                w.decode_row(r0 + i + k, &mut tail_row);
+                for c in full * 8..cols {
+                    s = tail_row[c].mul_add(x[c], s);
+                }
+            }
+            y[i + k] = s;
+        }
+        i += nr;
+    }
+}
+
+/// Σ over one 32-block of w·x as 8 i32 lanes (sign trick, see the module comment).
+#[inline(always)]
+unsafe fn dot_block_q8(w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
+    let cols = q.cols;
+    let xq = a.qs.as_ptr();
+    let full = cols / 32;
+    let mut tail = [0u8; 32];
+    let mut i = 0;
+    while i < y.len() {
+        let nr = (y.len() - i).min(4);
+        let rp: [*const u8; 4] =
+            std::array::from_fn(|k| q.q.as_ptr().add((r0 + i + k.min(nr - 1)) * cols));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..full {
+            let xv = _mm256_loadu_si256(xq.add(b * 32) as *const __m256i);
+            let d = _mm256_set1_ps(a.d[b]);
+            for k in 0..4 {
+                let s = dot_block_q8(_mm256_loadu_si256(rp[k].add(b * 32) as *const __m256i), xv);
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[k]);
+            }
+        }
+        if full * 32 < cols {
+            let xv = _mm256_loadu_si256(xq.add(full * 32) as *const __m256i);
+            let d = _mm256_set1_ps(a.d[full]);
+            for k in 0..nr {
+                tail.fill(0);
+                tail[..cols - full * 32].copy_from_slice(std::slice::from_raw_parts(
+                    rp[k].add(full * 32),
+                    cols - full * 32,
+                ));
+                let s = dot_block_q8(_mm256_loadu_si256(tail.as_ptr() as *const __m256i), xv);
+                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[k]);
+            }
+        }
+        for k in 0..nr {
+            y[i + k] = q.scale(r0 + i + k) * hsum8(acc[k]);
+        }
+        i += nr;
+    }
+}
+
+/// One q4 group as 32 unsigned bytes in `EvenOdd` order: [16 low nibbles | 16 high nibbles].
+#[inline(always)]
+unsafe fn q4_group(p: *const u8) -> __m256i {
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(v, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m);
+    _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
+    let gpr = q.gpr;
+    let stride = q.stride();
+    let xq = a.qs.as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let mut scales = vec![0f32; gpr];
+    for (i, yr) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        q.row_scales(r, &mut scales);
+        let row = q.data.as_ptr().add(q.row_offset(r));
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut corr = 0f32;
+        let mut g = 0;
+        while g < gpr {
+            let s0 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(
+                    q4_group(row.add(g * stride)),
+                    _mm256_loadu_si256(xq.add(g * 32) as *const __m256i),
+                ),
+                ones,
+            );
+            acc0 = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(s0),
+                _mm256_set1_ps(scales[g] * a.d[g]),
+                acc0,
+            );
+            corr += scales[g] * a.c[g];
+            if g + 1 < gpr {
+                let g1 = g + 1;
+                let s1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(
+                        q4_group(row.add(g1 * stride)),
+                        _mm256_loadu_si256(xq.add(g1 * 32) as *const __m256i),
+                    ),
+                    ones,
+                );
+                acc1 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(s1),
+                    _mm256_set1_ps(scales[g1] * a.d[g1]),
+                    acc1,
+                );
+                corr += scales[g1] * a.c[g1];
+            }
+            g += 2;
+        }
+        *yr = hsum8(_mm256_add_ps(acc0, acc1)) - corr;
+    }
+}

@@ -1,0 +1,199 @@
+//! Portable kernels: plain Rust, written so the compiler can vectorize the inner loops (independent
+//! accumulators, fixed-size blocks). Same arithmetic as the SIMD paths: int8 block dots with i32
+//! sums for the quantized codecs, f32 for the float ones.
+
+use crate::act::QAct;
+use crate::codec::{Q4, Q8};
+use crate::pool::SendPtr;
+use crate::Weight;
+
+use super::FloatW;
+
+/// Σ a[i]·b[i] with 8 independent partial sums (vectorizable; the order differs from a serial sum).
+#[inline]
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut s = 0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + s
+}
+
+/// Σ of 32 int8 products.
+#[inline]
+fn dot_i8_32(w: &[u8], x: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..32 {
+        s += (w[j] as i8 as i32) * (x[j] as i32);
+    }
+    s
+}
+
+/// Σ_j lo_j·x[j] + hi_j·x[16+j] over one q4 group against an `EvenOdd` input block.
+#[inline]
+fn dot_q4_32(nib: &[u8], x: &[i8]) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += (nib[j] & 15) as i32 * x[j] as i32 + (nib[j] >> 4) as i32 * x[16 + j] as i32;
+    }
+    s
+}
+
+pub(crate) fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32]) {
+    let mut row = vec![0f32; w.cols];
+    for (i, yr) in y.iter_mut().enumerate() {
+        w.decode_row(r0 + i, &mut row);
+        *yr = dot_f32(&row, x);
+    }
+}
+
+/// Rows r0..r1 of every output row t: y[t·rows + r].
+pub(crate) fn float_matmul(
+    w: &FloatW,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: SendPtr<f32>,
+    rows: usize,
+) {
+    let cols = w.cols;
+    let mut row = vec![0f32; cols];
+    for r in r0..r1 {
+        w.decode_row(r, &mut row);
+        for t in 0..n {
+            let v = dot_f32(&row, &x[t * cols..(t + 1) * cols]);
+            // SAFETY: the caller gives this task columns r0..r1 of every output row.
+            unsafe { *y.0.add(t * rows + r) = v };
+        }
+    }
+}
+
+/// One q8 row against one quantized input row: Σ_b d_b·I_b (before the row scale).
+#[inline]
+fn q8_row_dot(w: &[u8], a: &QAct, t: usize, tail: &mut [u8]) -> f32 {
+    let xq = a.row(t);
+    let d = &a.d[t * a.nb..(t + 1) * a.nb];
+    let full = w.len() / 32;
+    let mut acc = 0f32;
+    for b in 0..full {
+        acc += d[b] * dot_i8_32(&w[b * 32..b * 32 + 32], &xq[b * 32..b * 32 + 32]) as f32;
+    }
+    if !w.len().is_multiple_of(32) {
+        tail.fill(0);
+        tail[..w.len() % 32].copy_from_slice(&w[full * 32..]);
+        acc += d[full] * dot_i8_32(tail, &xq[full * 32..full * 32 + 32]) as f32;
+    }
+    acc
+}
+
+pub(crate) fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
+    let mut tail = [0u8; 32];
+    for (i, yr) in y.iter_mut().enumerate() {
+        let r = r0 + i;
+        *yr = q.scale(r) * q8_row_dot(q.row(r), a, 0, &mut tail);
+    }
+}
+
+pub(crate) fn q8_matmul(
+    q: &Q8,
+    a: &QAct,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: SendPtr<f32>,
+    rows: usize,
+) {
+    let mut tail = [0u8; 32];
+    for r in r0..r1 {
+        let s = q.scale(r);
+        for t in 0..n {
+            let v = s * q8_row_dot(q.row(r), a, t, &mut tail);
+            // SAFETY: columns r0..r1 of every output row belong to this task.
+            unsafe { *y.0.add(t * rows + r) = v };
+        }
+    }
+}
+
+/// One q4 row (given its group scales) against one `EvenOdd` input row.
+#[inline]
+fn q4_row_dot(q: &Q4, r: usize, scales: &[f32], a: &QAct, t: usize) -> f32 {
+    let xq = a.row(t);
+    let (d, c) = (
+        &a.d[t * a.nb..(t + 1) * a.nb],
+        &a.c[t * a.nb..(t + 1) * a.nb],
+    );
+    let mut acc = 0f32;
+    for g in 0..q.gpr {
+        let i = dot_q4_32(q.nibbles(r, g), &xq[g * 32..g * 32 + 32]);
+        acc += scales[g] * (d[g] * i as f32 - c[g]);
+    }
+    acc
+}
+
+pub(crate) fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
+    let mut scales = vec![0f32; q.gpr];
+    for (i, yr) in y.iter_mut().enumerate() {
+        q.row_scales(r0 + i, &mut scales);
+        *yr = q4_row_dot(q, r0 + i, &scales, a, 0);
+    }
+}
+
+pub(crate) fn q4_matmul(
+    q: &Q4,
+    a: &QAct,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: SendPtr<f32>,
+    rows: usize,
+) {
+    let mut scales = vec![0f32; q.gpr];
+    for r in r0..r1 {
+        q.row_scales(r, &mut scales);
+        for t in 0..n {
+            let v = q4_row_dot(q, r, &scales, a, t);
+            // SAFETY: columns r0..r1 of every output row belong to this task.
+            unsafe { *y.0.add(t * rows + r) = v };
+        }
+    }
+}
+
+/// Any codec, by decoding each row to f32 (q4_block with groups straddling rows).
+pub(crate) fn decode_rows(
+    w: &Weight,
+    x: &[f32],
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: SendPtr<f32>,
+    rows: usize,
+) {
+    let mut row = vec![0f32; w.cols];
+    for r in r0..r1 {
+        crate::reference::decode_row(w, r, &mut row);
+        for t in 0..n {
+            let v = dot_f32(&row, &x[t * w.cols..(t + 1) * w.cols]);
+            // SAFETY: columns r0..r1 of every output row belong to this task.
+            unsafe { *y.0.add(t * rows + r) = v };
+        }
+    }
+}
+
+pub(crate) fn decode_rows_matvec(w: &Weight, x: &[f32], r0: usize, y: &mut [f32]) {
+    let mut row = vec![0f32; w.cols];
+    for (i, yr) in y.iter_mut().enumerate() {
+        crate::reference::decode_row(w, r0 + i, &mut row);
+        *yr = dot_f32(&row, x);
+    }
+}

@@ -1,0 +1,374 @@
+//! The Llama / Mistral / Qwen2 / Qwen3 decoder: one graph for the four families.
+//!
+//! ```text
+//! x = embed[token]                                   x: [n, H]
+//! per layer:  h = rmsnorm(x)·w_in
+//!             q,k,v = h·Wqᵀ(+b), h·Wkᵀ(+b), h·Wvᵀ(+b)  (Qwen3: per-head rmsnorm of q, k)
+//!             q,k = rope(q,k, pos);  cache ← k,v
+//!             x += attn(q, cache)·Woᵀ
+//!             h = rmsnorm(x)·w_post;  x += (silu(h·Wgᵀ) ⊙ h·Wuᵀ)·Wdᵀ
+//! logits = rmsnorm(x)·w_final · lm_headᵀ
+//! ```
+//! Prefill runs the tokens in chunks of [`PREFILL_CHUNK`] rows through `cmf_kernels::matmul`
+//! (GEMM); decode runs one row through `cmf_kernels::matvec`. The reference numerics are
+//! transformers' `modeling_llama.py` / `modeling_qwen2.py` / `modeling_qwen3.py` /
+//! `modeling_mistral.py`.
+
+pub mod attention;
+pub mod config;
+pub mod kv_cache;
+mod load;
+pub mod rope;
+pub mod weights;
+
+use crate::error::{LlmError, Result};
+use attention::{attend, AttnShape};
+use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
+pub use config::{Family, ModelConfig};
+pub use kv_cache::KvCache;
+pub use load::CmfSource;
+use rope::Rope;
+pub use weights::{LayerWeights, Linear, ModelWeights, TensorRef, TensorSource};
+
+/// Rows per prefill GEMM pass: large enough to amortise reading each weight once per chunk,
+/// small enough that the activations stay a few MB.
+pub const PREFILL_CHUNK: usize = 256;
+/// Logit rows computed per lm_head GEMM when every position's logits are wanted (perplexity).
+const LOGIT_ROWS: usize = 16;
+
+pub struct Model<'a> {
+    pub config: ModelConfig,
+    pub weights: ModelWeights<'a>,
+    pub rope: Rope,
+}
+
+/// The state of one sequence: its KV cache and the activation buffers reused across passes
+/// (so decoding allocates nothing per token).
+pub struct State {
+    pub kv: KvCache,
+    buf: Buffers,
+}
+
+impl State {
+    /// Tokens processed so far (the next token's position).
+    pub fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_empty()
+    }
+
+    /// Starts a new sequence, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.kv.clear();
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Binds the weights of `config`'s model from `source`; tensor names are looked up under
+    /// `prefix` (empty for a plain LLM file, `te.` for a Z-Image pack's text encoder).
+    pub fn from_source(
+        source: &dyn TensorSource<'a>,
+        config: ModelConfig,
+        prefix: &str,
+    ) -> Result<Model<'a>> {
+        Self::bind_layers(source, config, prefix, None)
+    }
+
+    /// Binds only the first `layers` decoder layers (no final norm); for [`Model::hidden_states`]
+    /// users that never need the rest (the Z-Image text encoder stops one layer early).
+    pub fn from_source_layers(
+        source: &dyn TensorSource<'a>,
+        config: ModelConfig,
+        prefix: &str,
+        layers: usize,
+    ) -> Result<Model<'a>> {
+        Self::bind_layers(source, config, prefix, Some(layers))
+    }
+
+    fn bind_layers(
+        source: &dyn TensorSource<'a>,
+        config: ModelConfig,
+        prefix: &str,
+        layers: Option<usize>,
+    ) -> Result<Model<'a>> {
+        let n = layers.unwrap_or(config.num_layers);
+        if n > config.num_layers {
+            return Err(LlmError::Other(format!(
+                "{n} layers requested, the model has {}",
+                config.num_layers
+            )));
+        }
+        let weights = weights::bind(&weights::Binder { source, prefix }, &config, n)?;
+        let rope = Rope::new(&config.rope);
+        Ok(Model {
+            config,
+            weights,
+            rope,
+        })
+    }
+
+    /// A fresh sequence state that may hold up to `limit` tokens (capped at the model's maximum
+    /// positions). The cache grows as it is used.
+    pub fn new_state(&self, limit: usize) -> State {
+        let limit = limit.min(self.config.max_position_embeddings.max(1));
+        State {
+            kv: KvCache::new(self.weights.layers.len(), self.config.kv_dim(), limit),
+            buf: Buffers::default(),
+        }
+    }
+
+    /// Runs `tokens` after what `st` holds and returns the logits of the last one ([vocab]).
+    pub fn prefill<'s>(&self, st: &'s mut State, tokens: &[u32]) -> Result<&'s [f32]> {
+        if tokens.is_empty() {
+            return Err(LlmError::Other("prefill called with no tokens".into()));
+        }
+        self.check_room(st, tokens)?;
+        let layers = self.weights.layers.len();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_rows(st, chunk, layers)?;
+        }
+        let n = tokens.len() - (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
+        self.logits_rows(&mut st.buf, n - 1, 1);
+        Ok(&st.buf.logits[..self.config.vocab_size])
+    }
+
+    /// Runs one token (the decode step) and returns its logits.
+    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
+        self.prefill(st, &[token])
+    }
+
+    /// Runs `tokens` and calls `f(i, logits_i)` for every `i >= first_scored` (teacher-forced
+    /// scoring for perplexity). Logits are computed [`LOGIT_ROWS`] rows at a time.
+    pub fn forward_scored(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        first_scored: usize,
+        mut f: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        self.check_room(st, tokens)?;
+        let layers = self.weights.layers.len();
+        let vocab = self.config.vocab_size;
+        for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            self.run_rows(st, chunk, layers)?;
+            let base = c * PREFILL_CHUNK;
+            let from = first_scored.saturating_sub(base).min(chunk.len());
+            let mut r = from;
+            while r < chunk.len() {
+                let m = LOGIT_ROWS.min(chunk.len() - r);
+                self.logits_rows(&mut st.buf, r, m);
+                for j in 0..m {
+                    f(base + r + j, &st.buf.logits[j * vocab..(j + 1) * vocab]);
+                }
+                r += m;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hidden states after the first `k` decoder layers, without the final norm: `[seq, hidden]`
+    /// row-major (transformers `output_hidden_states=True` → `hidden_states[k]`). Runs on a
+    /// fresh cache; `k` may be at most the number of bound layers.
+    pub fn hidden_states(&self, tokens: &[u32], k: usize) -> Result<Vec<f32>> {
+        if k > self.weights.layers.len() {
+            return Err(LlmError::Other(format!(
+                "{k} layers requested, {} are loaded",
+                self.weights.layers.len()
+            )));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::TokenOutOfRange { id, vocab });
+        }
+        let mut st = self.new_state(tokens.len());
+        st.kv = KvCache::new(k, self.config.kv_dim(), tokens.len());
+        let h = self.config.hidden_size;
+        let mut out = Vec::with_capacity(tokens.len() * h);
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_rows(&mut st, chunk, k)?;
+            out.extend_from_slice(&st.buf.x[..chunk.len() * h]);
+        }
+        Ok(out)
+    }
+
+    fn check_room(&self, st: &State, tokens: &[u32]) -> Result<()> {
+        if self.weights.layers.len() != self.config.num_layers {
+            return Err(LlmError::Other(format!(
+                "only {} of {} layers are loaded: use hidden_states, not logits",
+                self.weights.layers.len(),
+                self.config.num_layers
+            )));
+        }
+        let needed = st.len() + tokens.len();
+        if needed > st.kv.limit() {
+            return Err(LlmError::ContextFull {
+                needed,
+                limit: st.kv.limit(),
+            });
+        }
+        let vocab = self.config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&id) => Err(LlmError::TokenOutOfRange { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `tokens` (one chunk) through the first `layers` layers; leaves the residual stream
+    /// of each row in `st.buf.x` and appends to the cache.
+    fn run_rows(&self, st: &mut State, tokens: &[u32], layers: usize) -> Result<()> {
+        let cfg = &self.config;
+        let n = tokens.len();
+        let start = st.kv.len();
+        st.buf.ensure(cfg, n);
+        let b = &mut st.buf;
+        let h = cfg.hidden_size;
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = &mut b.x[i * h..(i + 1) * h];
+            cmf_kernels::reference::decode_row(&self.weights.embed, t as usize, row);
+        }
+        // cos/sin per row, shared by every layer and head.
+        let positions: Vec<f32> = (start..start + n).map(|p| p as f32).collect();
+        let inv_freq = self.rope.inv_freq_for(start + n);
+        let table = RopeTable::new(&positions, &inv_freq, self.rope.attention_scaling());
+        for (l, lw) in self.weights.layers[..layers].iter().enumerate() {
+            self.layer(l, lw, &mut st.kv, b, &table, start);
+        }
+        st.kv.commit(n);
+        Ok(())
+    }
+
+    /// One decoder layer over the `rope.rows()` rows in `b`, whose first position is `start`.
+    fn layer(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        kv: &mut KvCache,
+        b: &mut Buffers,
+        rope: &RopeTable,
+        start: usize,
+    ) {
+        let cfg = &self.config;
+        let n = rope.rows();
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
+        let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
+
+        // Attention block.
+        ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn);
+        linear(&w.q, xn, n, q);
+        linear(&w.k, xn, n, k);
+        linear(&w.v, xn, n, v);
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
+            ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
+        }
+        ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, 0);
+        ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, 0);
+        kv.append(l, k, v);
+        let (kc, vc) = kv.layer(l);
+        let shape = AttnShape {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: hd,
+            start,
+            window: cfg.sliding_window[l],
+        };
+        let attn = &mut b.attn[..n * qd];
+        attend(shape, q, kc, vc, attn);
+        linear(&w.o, attn, n, out);
+        ops::add(x, out);
+
+        // MLP block.
+        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
+        ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn);
+        linear(&w.gate, xn, n, gate);
+        linear(&w.up, xn, n, up);
+        ops::swiglu_inplace(gate, up);
+        linear(&w.down, gate, n, out);
+        ops::add(x, out);
+    }
+
+    /// Final norm + lm_head for rows `r..r+m` of the last chunk, into `b.logits[..m·vocab]`.
+    fn logits_rows(&self, b: &mut Buffers, r: usize, m: usize) {
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
+        if b.logits.len() < m * vocab {
+            b.logits.resize(m * vocab, 0.0);
+        }
+        let (x, xn) = (&b.x[r * h..(r + m) * h], &mut b.xn[..m * h]);
+        ops::rms_norm(
+            x,
+            h,
+            Some(&self.weights.final_norm),
+            self.config.rms_norm_eps,
+            NormStyle::Plain,
+            xn,
+        );
+        let head = Linear {
+            w: self.weights.lm_head,
+            bias: None,
+        };
+        linear(&head, xn, m, &mut b.logits[..m * vocab]);
+    }
+}
+
+/// y[n, rows] = x[n, cols]·Wᵀ (+ b): matvec for one row (decode), GEMM otherwise (prefill).
+fn linear(l: &Linear, x: &[f32], n: usize, y: &mut [f32]) {
+    if n == 1 {
+        cmf_kernels::matvec(&l.w, x, y);
+    } else {
+        cmf_kernels::matmul(&l.w, x, n, y);
+    }
+    if let Some(b) = &l.bias {
+        ops::add_rows(y, b);
+    }
+}
+
+/// Activation buffers for up to `rows` rows, grown on demand and reused.
+#[derive(Default)]
+struct Buffers {
+    rows: usize,
+    /// residual stream [rows, H]
+    x: Vec<f32>,
+    /// normed input of the current block [rows, H]
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    /// projection output added to the residual [rows, H]
+    out: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Buffers {
+    fn ensure(&mut self, cfg: &ModelConfig, rows: usize) {
+        if rows <= self.rows {
+            return;
+        }
+        let (h, qd, kvd, ff) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.intermediate_size,
+        );
+        for (buf, width) in [
+            (&mut self.x, h),
+            (&mut self.xn, h),
+            (&mut self.q, qd),
+            (&mut self.k, kvd),
+            (&mut self.v, kvd),
+            (&mut self.attn, qd),
+            (&mut self.out, h),
+            (&mut self.gate, ff),
+            (&mut self.up, ff),
+        ] {
+            buf.resize(rows * width, 0.0);
+        }
+        self.rows = rows;
+    }
+}

@@ -1,0 +1,110 @@
+//! The decoder against transformers on the committed tiny fixtures (`fixtures/llm`, made by
+//! `scripts/make_llm_fixtures.py`): f32 logits of every prompt position within 1e-4 relative
+//! (max |Δ| / max |logit| per row), the 24-token greedy continuation identical, and the logits
+//! of every KV-cache decode step within the same bound.
+
+mod common;
+use cmf_llm::{Model, ModelConfig};
+use common::*;
+
+const TOL: f32 = 1e-4;
+
+fn check_fixture(name: &str) {
+    let dir = fixture_dir(name);
+    let files = read_weight_files(&dir);
+    let source = SafetensorsSource::new(&files);
+    let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
+    let model = Model::from_source(&source, config, "").unwrap();
+    let exp = read_json(dir.join("expected.json"));
+    let prompt = ids(&exp["prompt_ids"]);
+    let vocab = model.config.vocab_size;
+
+    // Teacher-forced logits of every prompt position.
+    let (want, cols) = expected_matrix(&dir, "logits");
+    assert_eq!(cols, vocab);
+    let mut st = model.new_state(256);
+    let mut worst = 0f32;
+    model
+        .forward_scored(&mut st, &prompt, 0, |i, got| {
+            worst = worst.max(rel_err(got, &want[i * vocab..(i + 1) * vocab]));
+        })
+        .unwrap();
+    println!("{name}: prompt logits worst relative error {worst:.2e}");
+    assert!(worst < TOL, "{name}: prompt logits off by {worst:.2e}");
+
+    // Greedy decode through the KV cache: same ids, same step logits.
+    let want_ids = ids(&exp["greedy"]["generated_ids"]);
+    let (step_logits, _) = expected_matrix(&dir, "decode_logits");
+    let mut st = model.new_state(256);
+    let mut logits = model.prefill(&mut st, &prompt).unwrap().to_vec();
+    let mut got_ids = Vec::new();
+    let mut worst = 0f32;
+    for i in 0..want_ids.len() {
+        worst = worst.max(rel_err(&logits, &step_logits[i * vocab..(i + 1) * vocab]));
+        let t = argmax(&logits);
+        got_ids.push(t);
+        logits = model.decode(&mut st, t).unwrap().to_vec();
+    }
+    println!("{name}: decode logits worst relative error {worst:.2e}");
+    assert_eq!(got_ids, want_ids, "{name}: greedy continuation differs");
+    assert!(worst < TOL, "{name}: decode logits off by {worst:.2e}");
+}
+
+#[test]
+fn llama_tiny_matches_transformers() {
+    check_fixture("llama-tiny");
+}
+
+#[test]
+fn mistral_tiny_matches_transformers() {
+    check_fixture("mistral-tiny");
+}
+
+#[test]
+fn qwen2_tiny_matches_transformers() {
+    check_fixture("qwen2-tiny");
+}
+
+#[test]
+fn qwen3_tiny_matches_transformers() {
+    check_fixture("qwen3-tiny");
+}
+
+/// `hidden_states(tokens, L)` followed by the final norm and lm_head gives the model's logits,
+/// and stopping after k < L layers matches a model bound with only k layers.
+#[test]
+fn hidden_states_are_the_pre_norm_residual() {
+    let dir = fixture_dir("qwen3-tiny");
+    let files = read_weight_files(&dir);
+    let source = SafetensorsSource::new(&files);
+    let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
+    let model = Model::from_source(&source, config.clone(), "").unwrap();
+    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+    let h = model.config.hidden_size;
+
+    let all = model
+        .hidden_states(&prompt, model.config.num_layers)
+        .unwrap();
+    assert_eq!(all.len(), prompt.len() * h);
+    let (want, vocab) = expected_matrix(&dir, "logits");
+    let last = &all[(prompt.len() - 1) * h..];
+    let mut xn = vec![0f32; h];
+    let norm = &model.weights.final_norm;
+    cmf_kernels::ops::rms_norm(
+        last,
+        h,
+        Some(norm),
+        model.config.rms_norm_eps,
+        cmf_kernels::NormStyle::Plain,
+        &mut xn,
+    );
+    let mut logits = vec![0f32; vocab];
+    cmf_kernels::matvec(&model.weights.lm_head, &xn, &mut logits);
+    let row = prompt.len() - 1;
+    assert!(rel_err(&logits, &want[row * vocab..(row + 1) * vocab]) < TOL);
+
+    let first = Model::from_source_layers(&source, config, "", 1).unwrap();
+    let one = first.hidden_states(&prompt, 1).unwrap();
+    assert_eq!(one, model.hidden_states(&prompt, 1).unwrap());
+    assert!(first.hidden_states(&prompt, 2).is_err());
+}
