@@ -24,7 +24,8 @@ use crate::error::{ConvertError, Result};
 const CHUNK_ELEMENTS: usize = 1 << 20;
 
 /// Fills `out` (`(r1 - r0) × cols` values) with rows `r0..r1` of the tensor.
-pub type RowFn<'a> = dyn Fn(usize, usize, &mut [f32]) -> std::result::Result<(), String> + Sync + 'a;
+pub type RowFn<'a> =
+    dyn Fn(usize, usize, &mut [f32]) -> std::result::Result<(), String> + Sync + 'a;
 
 /// (rows, cols) of a row-major shape: leading dimensions fold into rows.
 pub fn rows_cols(shape: &[usize]) -> (usize, usize) {
@@ -80,9 +81,15 @@ impl TensorStats {
 }
 
 /// Decodes what was just encoded and sums the squared error (for `--measure-error`).
-fn measure(dtype: Dtype, shape: &[usize], bytes: &[u8], values: &[f32]) -> std::result::Result<(f64, f64), String> {
+fn measure(
+    dtype: Dtype,
+    shape: &[usize],
+    bytes: &[u8],
+    values: &[f32],
+) -> std::result::Result<(f64, f64), String> {
     let mut back = vec![0f32; values.len()];
-    codec::decode(dtype, shape, bytes, &mut back).map_err(|e| format!("decoding for error measurement: {e}"))?;
+    codec::decode(dtype, shape, bytes, &mut back)
+        .map_err(|e| format!("decoding for error measurement: {e}"))?;
     let (mut e, mut r) = (0f64, 0f64);
     for (a, b) in values.iter().zip(&back) {
         e += ((a - b) as f64).powi(2);
@@ -109,10 +116,17 @@ pub fn write_tensor(
         rows(0, n_rows, &mut values).map_err(tensor_err)?;
         let bytes = codec::encode(dtype, shape, &values)
             .map_err(|e| tensor_err(format!("encoding as {dtype}: {e}")))?;
-        let (err_sq, ref_sq) =
-            if measure_error { measure(dtype, shape, &bytes, &values).map_err(tensor_err)? } else { (0.0, 0.0) };
+        let (err_sq, ref_sq) = if measure_error {
+            measure(dtype, shape, &bytes, &values).map_err(tensor_err)?
+        } else {
+            (0.0, 0.0)
+        };
         w.add_tensor(name, dtype, shape, &bytes)?;
-        return Ok(TensorStats { bytes: bytes.len() as u64, err_sq, ref_sq });
+        return Ok(TensorStats {
+            bytes: bytes.len() as u64,
+            err_sq,
+            ref_sq,
+        });
     };
     let row_bytes: usize = parts.iter().sum();
     let rows_per_chunk = (CHUNK_ELEMENTS / cols.max(1)).clamp(1, n_rows);
@@ -141,14 +155,21 @@ pub fn write_tensor(
                         (r1 - r0) * row_bytes
                     ));
                 }
-                let (e, r) =
-                    if measure_error { measure(dtype, &[r1 - r0, cols], &bytes, &values)? } else { (0.0, 0.0) };
+                let (e, r) = if measure_error {
+                    measure(dtype, &[r1 - r0, cols], &bytes, &values)?
+                } else {
+                    (0.0, 0.0)
+                };
                 Ok((bytes, e, r))
             })
             .collect();
         for (c, bytes) in (first..last).zip(encoded) {
             let (bytes, e, r) = bytes.map_err(tensor_err)?;
-            stats.add(TensorStats { bytes: bytes.len() as u64, err_sq: e, ref_sq: r });
+            stats.add(TensorStats {
+                bytes: bytes.len() as u64,
+                err_sq: e,
+                ref_sq: r,
+            });
             let chunk_rows = (n_rows - c * rows_per_chunk).min(rows_per_chunk);
             let mut at = 0;
             for (i, &p) in parts.iter().enumerate() {

@@ -32,7 +32,11 @@ pub struct Options<'a> {
 
 impl Default for Options<'_> {
     fn default() -> Self {
-        Options { quant: None, measure_error: false, progress: &Silent }
+        Options {
+            quant: None,
+            measure_error: false,
+            progress: &Silent,
+        }
     }
 }
 

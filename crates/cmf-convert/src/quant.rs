@@ -88,7 +88,12 @@ impl FromStr for Quant {
             "f16" => Quant::F16,
             "bf16" => Quant::Bf16,
             "f32" => Quant::F32,
-            other => return Err(format!("unknown quantization '{other}' (expected one of: {})", Quant::NAMES)),
+            other => {
+                return Err(format!(
+                    "unknown quantization '{other}' (expected one of: {})",
+                    Quant::NAMES
+                ))
+            }
         })
     }
 }

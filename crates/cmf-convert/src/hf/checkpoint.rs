@@ -62,7 +62,10 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let index = dir.join("model.safetensors.index.json");
         let files = if index.is_file() {
-            shards_from_index(&index)?.into_iter().map(|f| dir.join(f)).collect()
+            shards_from_index(&index)?
+                .into_iter()
+                .map(|f| dir.join(f))
+                .collect()
         } else {
             let single = dir.join("model.safetensors");
             if !single.is_file() {
@@ -80,8 +83,9 @@ impl Checkpoint {
             // SAFETY: read-only map; the converter does not defend against the file being
             // truncated by another process while it runs (no mmap reader can).
             let map = unsafe { Mmap::map(&file) }.map_err(|e| ConvertError::io(path, e))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| ConvertError::unsupported(path, format!("not a valid safetensors file: {e}")))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+                ConvertError::unsupported(path, format!("not a valid safetensors file: {e}"))
+            })?;
             let data_start = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let dtype = match info.dtype {
@@ -113,7 +117,11 @@ impl Checkpoint {
             }
             maps.push(map);
         }
-        Ok(Checkpoint { files, maps, tensors })
+        Ok(Checkpoint {
+            files,
+            maps,
+            tensors,
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&StTensor> {
@@ -155,19 +163,29 @@ impl Checkpoint {
 /// The distinct shard file names of an index, in first-appearance order of sorted tensor names.
 fn shards_from_index(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
-    let json: Value =
-        serde_json::from_str(&text).map_err(|source| ConvertError::Json { path: index.into(), source })?;
+    let json: Value = serde_json::from_str(&text).map_err(|cause| ConvertError::Json {
+        path: index.into(),
+        cause,
+    })?;
     let map = json
         .get("weight_map")
         .and_then(Value::as_object)
         .ok_or_else(|| ConvertError::field(index, "weight_map", "missing or not an object"))?;
     let mut files: Vec<String> = Vec::new();
     for (tensor, file) in map {
-        let f = file
-            .as_str()
-            .ok_or_else(|| ConvertError::field(index, format!("weight_map.{tensor}"), "expected a file name"))?;
+        let f = file.as_str().ok_or_else(|| {
+            ConvertError::field(
+                index,
+                format!("weight_map.{tensor}"),
+                "expected a file name",
+            )
+        })?;
         if f.contains('/') || f.contains('\\') || f.starts_with('.') {
-            return Err(ConvertError::field(index, format!("weight_map.{tensor}"), format!("unsafe file name {f:?}")));
+            return Err(ConvertError::field(
+                index,
+                format!("weight_map.{tensor}"),
+                format!("unsafe file name {f:?}"),
+            ));
         }
         if !files.iter().any(|x| x == f) {
             files.push(f.to_owned());

@@ -31,13 +31,20 @@ impl<'a> Fields<'a> {
     }
 
     fn bad(&self, key: &str, what: &str) -> ConvertError {
-        ConvertError::field(self.file, key, format!("expected {what}, found {}", self.obj[key]))
+        ConvertError::field(
+            self.file,
+            key,
+            format!("expected {what}, found {}", self.obj[key]),
+        )
     }
 
     pub fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|u| Some(u as usize)).ok_or_else(|| self.bad(key, "a non-negative integer")),
+            Some(v) => v
+                .as_u64()
+                .map(|u| Some(u as usize))
+                .ok_or_else(|| self.bad(key, "a non-negative integer")),
         }
     }
 
@@ -52,21 +59,30 @@ impl<'a> Fields<'a> {
     pub fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.bad(key, "a number")),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "a number")),
         }
     }
 
     pub fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.bad(key, "true or false")),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "true or false")),
         }
     }
 
     pub fn str_opt(&self, key: &str) -> Result<Option<&'a str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.bad(key, "a string")),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.bad(key, "a string")),
         }
     }
 }
@@ -90,7 +106,9 @@ pub(crate) fn token_ids(file: &Path, key: &str, v: Option<&Value>) -> Result<Vec
     let one = |v: &Value| {
         v.as_u64()
             .and_then(|u| u32::try_from(u).ok())
-            .ok_or_else(|| ConvertError::field(file, key, format!("expected a token id, found {v}")))
+            .ok_or_else(|| {
+                ConvertError::field(file, key, format!("expected a token id, found {v}"))
+            })
     };
     match v {
         None | Some(Value::Null) => Ok(vec![]),
@@ -100,13 +118,20 @@ pub(crate) fn token_ids(file: &Path, key: &str, v: Option<&Value>) -> Result<Vec
 }
 
 pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
-    let obj = json.as_object().ok_or_else(|| ConvertError::field(file, "(top level)", "expected a JSON object"))?;
+    let obj = json
+        .as_object()
+        .ok_or_else(|| ConvertError::field(file, "(top level)", "expected a JSON object"))?;
     let f = Fields { file, obj };
-    let model_type = f.str_opt("model_type")?.ok_or_else(|| ConvertError::field(file, "model_type", "missing"))?;
+    let model_type = f
+        .str_opt("model_type")?
+        .ok_or_else(|| ConvertError::field(file, "model_type", "missing"))?;
     if !FAMILIES.contains(&model_type) {
         return Err(ConvertError::unsupported(
             file,
-            format!("model_type '{model_type}' is not supported (supported: {})", FAMILIES.join(", ")),
+            format!(
+                "model_type '{model_type}' is not supported (supported: {})",
+                FAMILIES.join(", ")
+            ),
         ));
     }
     let hidden = f.usize_req("hidden_size")?;
@@ -133,12 +158,21 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
     let num_layers = f.usize_req("num_hidden_layers")?;
     let hidden_act = f.str_opt("hidden_act")?.unwrap_or("silu");
     if hidden_act != "silu" {
-        return Err(ConvertError::unsupported(file, format!("hidden_act '{hidden_act}' (only silu is supported)")));
+        return Err(ConvertError::unsupported(
+            file,
+            format!("hidden_act '{hidden_act}' (only silu is supported)"),
+        ));
     }
 
-    let (rope_theta, rope_scaling, partial_rotary_factor) = rope(&f)?;
+    let Rope {
+        theta: rope_theta,
+        scaling: rope_scaling,
+        partial_rotary_factor,
+    } = rope(&f)?;
     let yarn = match &rope_scaling {
-        Some(s) if s.get("rope_type").and_then(Value::as_str) == Some("yarn") => Some(yarn_profile(file, s)?),
+        Some(s) if s.get("rope_type").and_then(Value::as_str) == Some("yarn") => {
+            Some(yarn_profile(file, s)?)
+        }
         _ => None,
     };
 
@@ -187,33 +221,70 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         attention_bias,
         mlp_bias,
         eos_token_ids: token_ids(file, "eos_token_id", f.get("eos_token_id"))?,
-        bos_token_id: token_ids(file, "bos_token_id", f.get("bos_token_id"))?.first().copied(),
-        pad_token_id: token_ids(file, "pad_token_id", f.get("pad_token_id"))?.first().copied(),
+        bos_token_id: token_ids(file, "bos_token_id", f.get("bos_token_id"))?
+            .first()
+            .copied(),
+        pad_token_id: token_ids(file, "pad_token_id", f.get("pad_token_id"))?
+            .first()
+            .copied(),
     })
 }
 
-/// (rope_theta, scaling dict unless default, partial_rotary_factor).
-fn rope(f: &Fields) -> Result<(f64, Option<Map<String, Value>>, f32)> {
+/// RoPE settings read from either config layout.
+struct Rope {
+    theta: f64,
+    /// The Hugging Face scaling dict, unless its type is `default`.
+    scaling: Option<Map<String, Value>>,
+    partial_rotary_factor: f32,
+}
+
+fn rope(f: &Fields) -> Result<Rope> {
     let params = match f.get("rope_parameters") {
         None => None,
         Some(Value::Object(m)) => Some(m),
-        Some(_) => return Err(ConvertError::field(f.file, "rope_parameters", "expected an object")),
+        Some(_) => {
+            return Err(ConvertError::field(
+                f.file,
+                "rope_parameters",
+                "expected an object",
+            ))
+        }
     };
     // Per-layer-type parameters (`{"full_attention": {...}}`) are a Gemma-style layout.
-    if params.is_some_and(|p| p.contains_key("full_attention") || p.contains_key("sliding_attention")) {
-        return Err(ConvertError::unsupported(f.file, "per-layer-type rope_parameters are not supported"));
+    if params
+        .is_some_and(|p| p.contains_key("full_attention") || p.contains_key("sliding_attention"))
+    {
+        return Err(ConvertError::unsupported(
+            f.file,
+            "per-layer-type rope_parameters are not supported",
+        ));
     }
-    let theta = match params.and_then(|p| p.get("rope_theta")).filter(|v| !v.is_null()) {
-        Some(v) => v.as_f64().ok_or_else(|| ConvertError::field(f.file, "rope_parameters.rope_theta", "expected a number"))?,
+    let theta = match params
+        .and_then(|p| p.get("rope_theta"))
+        .filter(|v| !v.is_null())
+    {
+        Some(v) => v.as_f64().ok_or_else(|| {
+            ConvertError::field(f.file, "rope_parameters.rope_theta", "expected a number")
+        })?,
         None => f.f64_opt("rope_theta")?.unwrap_or(10_000.0),
     };
     if theta.is_nan() || theta <= 0.0 {
-        return Err(ConvertError::field(f.file, "rope_theta", format!("must be positive, found {theta}")));
+        return Err(ConvertError::field(
+            f.file,
+            "rope_theta",
+            format!("must be positive, found {theta}"),
+        ));
     }
     let scaling = match (params, f.get("rope_scaling")) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(Value::Object(m))) => Some(m.clone()),
-        (None, Some(_)) => return Err(ConvertError::field(f.file, "rope_scaling", "expected an object or null")),
+        (None, Some(_)) => {
+            return Err(ConvertError::field(
+                f.file,
+                "rope_scaling",
+                "expected an object or null",
+            ))
+        }
         (None, None) => None,
     };
     let scaling = scaling.and_then(|mut s| {
@@ -224,31 +295,55 @@ fn rope(f: &Fields) -> Result<(f64, Option<Map<String, Value>>, f32)> {
             }
         }
         s.remove("rope_theta");
-        let ty = s.get("rope_type").and_then(Value::as_str).unwrap_or("default");
+        let ty = s
+            .get("rope_type")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
         (ty != "default").then_some(s)
     });
     if let Some(s) = &scaling {
         let ty = s.get("rope_type").and_then(Value::as_str).unwrap_or("");
         const KNOWN: &[&str] = &["linear", "dynamic", "yarn", "llama3", "longrope"];
         if !KNOWN.contains(&ty) {
-            return Err(ConvertError::field(f.file, "rope_scaling.rope_type", format!("unknown RoPE type '{ty}'")));
+            return Err(ConvertError::field(
+                f.file,
+                "rope_scaling.rope_type",
+                format!("unknown RoPE type '{ty}'"),
+            ));
         }
     }
-    let partial = match params.and_then(|p| p.get("partial_rotary_factor")).and_then(Value::as_f64) {
+    let partial = match params
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+    {
         Some(p) => p,
         None => f.f64_opt("partial_rotary_factor")?.unwrap_or(1.0),
     };
     if !(partial > 0.0 && partial <= 1.0) {
-        return Err(ConvertError::field(f.file, "partial_rotary_factor", format!("must be in (0, 1], found {partial}")));
+        return Err(ConvertError::field(
+            f.file,
+            "partial_rotary_factor",
+            format!("must be in (0, 1], found {partial}"),
+        ));
     }
-    Ok((theta, scaling, partial as f32))
+    Ok(Rope {
+        theta,
+        scaling,
+        partial_rotary_factor: partial as f32,
+    })
 }
 
 fn yarn_profile(file: &Path, s: &Map<String, Value>) -> Result<Yarn> {
     let num = |k: &str| s.get(k).and_then(Value::as_f64);
-    let factor = num("factor").ok_or_else(|| ConvertError::field(file, "rope_scaling.factor", "missing for yarn"))?;
-    let orig = num("original_max_position_embeddings")
-        .ok_or_else(|| ConvertError::field(file, "rope_scaling.original_max_position_embeddings", "missing for yarn"))?;
+    let factor = num("factor")
+        .ok_or_else(|| ConvertError::field(file, "rope_scaling.factor", "missing for yarn"))?;
+    let orig = num("original_max_position_embeddings").ok_or_else(|| {
+        ConvertError::field(
+            file,
+            "rope_scaling.original_max_position_embeddings",
+            "missing for yarn",
+        )
+    })?;
     Ok(Yarn {
         factor: factor as f32,
         original_max_position_embeddings: orig as usize,
@@ -259,7 +354,11 @@ fn yarn_profile(file: &Path, s: &Map<String, Value>) -> Result<Yarn> {
     })
 }
 
-fn sliding(f: &Fields, model_type: &str, num_layers: usize) -> Result<(Option<usize>, Vec<LayerType>)> {
+fn sliding(
+    f: &Fields,
+    model_type: &str,
+    num_layers: usize,
+) -> Result<(Option<usize>, Vec<LayerType>)> {
     let window = match model_type {
         "mistral" => match f.obj.get("sliding_window") {
             None => Some(4096),
@@ -275,7 +374,11 @@ fn sliding(f: &Fields, model_type: &str, num_layers: usize) -> Result<(Option<us
         return Ok((None, vec![LayerType::FullAttention; num_layers]));
     };
     if window == 0 {
-        return Err(ConvertError::field(f.file, "sliding_window", "must be positive"));
+        return Err(ConvertError::field(
+            f.file,
+            "sliding_window",
+            "must be positive",
+        ));
     }
     let types = match (model_type, f.get("layer_types")) {
         ("mistral", _) => vec![LayerType::SlidingAttention; num_layers],
@@ -284,7 +387,10 @@ fn sliding(f: &Fields, model_type: &str, num_layers: usize) -> Result<(Option<us
                 return Err(ConvertError::field(
                     f.file,
                     "layer_types",
-                    format!("has {} entries for num_hidden_layers = {num_layers}", items.len()),
+                    format!(
+                        "has {} entries for num_hidden_layers = {num_layers}",
+                        items.len()
+                    ),
                 ));
             }
             items
@@ -292,14 +398,24 @@ fn sliding(f: &Fields, model_type: &str, num_layers: usize) -> Result<(Option<us
                 .map(|t| match t.as_str() {
                     Some("full_attention") => Ok(LayerType::FullAttention),
                     Some("sliding_attention") => Ok(LayerType::SlidingAttention),
-                    _ => Err(ConvertError::field(f.file, "layer_types", format!("unknown layer type {t}"))),
+                    _ => Err(ConvertError::field(
+                        f.file,
+                        "layer_types",
+                        format!("unknown layer type {t}"),
+                    )),
                 })
                 .collect::<Result<_>>()?
         }
         _ => {
             let first_sliding = f.usize_opt("max_window_layers")?.unwrap_or(28);
             (0..num_layers)
-                .map(|i| if i >= first_sliding { LayerType::SlidingAttention } else { LayerType::FullAttention })
+                .map(|i| {
+                    if i >= first_sliding {
+                        LayerType::SlidingAttention
+                    } else {
+                        LayerType::FullAttention
+                    }
+                })
                 .collect()
         }
     };
@@ -324,7 +440,10 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(base("llama")).unwrap();
-        assert_eq!((c.arch.num_kv_heads, c.arch.head_dim, c.arch.rope_theta), (4, 16, 10_000.0));
+        assert_eq!(
+            (c.arch.num_kv_heads, c.arch.head_dim, c.arch.rope_theta),
+            (4, 16, 10_000.0)
+        );
         assert_eq!(c.arch.sliding_window, None);
         assert!(!c.attention_bias);
         assert!(parse(base("qwen2")).unwrap().attention_bias);
@@ -338,12 +457,19 @@ mod tests {
     fn qwen_sliding_rules() {
         let mut v = base("qwen2");
         v["sliding_window"] = json!(32);
-        assert_eq!(parse(v.clone()).unwrap().arch.sliding_window, None, "use_sliding_window is false");
+        assert_eq!(
+            parse(v.clone()).unwrap().arch.sliding_window,
+            None,
+            "use_sliding_window is false"
+        );
         v["use_sliding_window"] = json!(true);
         v["max_window_layers"] = json!(1);
         let c = parse(v).unwrap();
         assert_eq!(c.arch.sliding_window, Some(32));
-        assert_eq!(c.arch.layer_types, vec![LayerType::FullAttention, LayerType::SlidingAttention]);
+        assert_eq!(
+            c.arch.layer_types,
+            vec![LayerType::FullAttention, LayerType::SlidingAttention]
+        );
     }
 
     #[test]
@@ -361,7 +487,8 @@ mod tests {
         assert_eq!(c.arch.rope_theta, 5e5);
         assert_eq!(c.arch.extra["rope_scaling"]["factor"], 8.0);
         let mut v = base("qwen3");
-        v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        v["rope_scaling"] =
+            json!({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
         let c = parse(v).unwrap();
         assert_eq!(c.arch.yarn.as_ref().unwrap().factor, 4.0);
         assert_eq!(c.arch.extra["rope_scaling"]["rope_type"], "yarn");
@@ -371,14 +498,23 @@ mod tests {
     fn errors_name_the_field() {
         let mut v = base("llama");
         v.as_object_mut().unwrap().remove("hidden_size");
-        assert!(parse(v).unwrap_err().to_string().contains("'hidden_size': missing"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("'hidden_size': missing"));
         let e = parse(base("gpt2")).unwrap_err().to_string();
         assert!(e.contains("model_type 'gpt2' is not supported"), "{e}");
         let mut v = base("llama");
         v["num_key_value_heads"] = json!(3);
-        assert!(parse(v).unwrap_err().to_string().contains("num_key_value_heads"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("num_key_value_heads"));
         let mut v = base("llama");
         v["vocab_size"] = json!("many");
-        assert!(parse(v).unwrap_err().to_string().contains("'vocab_size': expected a non-negative integer"));
+        assert!(parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("'vocab_size': expected a non-negative integer"));
     }
 }

@@ -23,20 +23,30 @@ use crate::{Options, Report};
 use checkpoint::{Checkpoint, StTensor};
 use config::HfConfig;
 
-
 pub fn read_config(dir: &Path) -> Result<HfConfig> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ConvertError::io(&path, e))?;
-    let json = serde_json::from_str(&text).map_err(|source| ConvertError::Json { path: path.clone(), source })?;
+    let json = serde_json::from_str(&text).map_err(|cause| ConvertError::Json {
+        path: path.clone(),
+        cause,
+    })?;
     config::parse_config(&path, &json)
 }
 
 /// Shapes the model needs, from the config: (name, shape).
 fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
     let a = &c.arch;
-    let (h, hd, q, kv) = (a.hidden_size, a.head_dim, a.num_attention_heads, a.num_kv_heads);
+    let (h, hd, q, kv) = (
+        a.hidden_size,
+        a.head_dim,
+        a.num_attention_heads,
+        a.num_kv_heads,
+    );
     let mut v = vec![
-        ("model.embed_tokens.weight".to_owned(), vec![a.vocab_size, h]),
+        (
+            "model.embed_tokens.weight".to_owned(),
+            vec![a.vocab_size, h],
+        ),
         ("model.norm.weight".to_owned(), vec![h]),
     ];
     if !a.tie_word_embeddings {
@@ -89,13 +99,20 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
 
     for (name, shape) in required_tensors(&cfg) {
         let t = ckpt.get(&name).ok_or_else(|| {
-            ConvertError::tensor(dir, &name, "missing from the checkpoint (required by config.json)")
+            ConvertError::tensor(
+                dir,
+                &name,
+                "missing from the checkpoint (required by config.json)",
+            )
         })?;
         if t.shape != shape {
             return Err(ConvertError::tensor(
                 ckpt.file_of(t),
                 &name,
-                format!("shape {:?} does not match config.json, expected {shape:?}", t.shape),
+                format!(
+                    "shape {:?} does not match config.json, expected {shape:?}",
+                    t.shape
+                ),
             ));
         }
     }
@@ -126,7 +143,11 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
             let t = &ckpt.tensors[*n];
             let d = quant.dtype_for(&t.shape);
             if t.shape.len() >= 2 && d != quant.matrix_dtype() {
-                notes.push(format!("{n}: shape {:?} cannot be {}, stored as {d}", t.shape, quant.matrix_dtype()));
+                notes.push(format!(
+                    "{n}: shape {:?} cannot be {}, stored as {d}",
+                    t.shape,
+                    quant.matrix_dtype()
+                ));
             }
             (*n, t, d)
         })
@@ -146,23 +167,39 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
 
     let mut w = CmfWriter::create(output, header)?;
     w.set_vocab(tok.tokenizer_json);
-    let total: u64 = plan.iter().map(|(_, t, _)| t.shape.iter().product::<usize>() as u64).sum();
+    let total: u64 = plan
+        .iter()
+        .map(|(_, t, _)| t.shape.iter().product::<usize>() as u64)
+        .sum();
     progress.start(total);
     let mut stats = TensorStats::default();
     let mut per_tensor = Vec::with_capacity(plan.len());
     for (name, t, dtype) in &plan {
         let (_, cols) = rows_cols(&t.shape);
         let file = ckpt.file_of(t);
-        let s = write_tensor(&mut w, file, name, *dtype, &t.shape, opts.measure_error, &|r0, r1, out| {
-            debug_assert_eq!(out.len(), (r1 - r0) * cols);
-            ckpt.read_f32(t, r0 * cols, out);
-            Ok(())
-        })?;
+        let s = write_tensor(
+            &mut w,
+            file,
+            name,
+            *dtype,
+            &t.shape,
+            opts.measure_error,
+            &|r0, r1, out| {
+                debug_assert_eq!(out.len(), (r1 - r0) * cols);
+                ckpt.read_f32(t, r0 * cols, out);
+                Ok(())
+            },
+        )?;
         stats.add(s);
         per_tensor.push(((*name).clone(), *dtype, s));
         progress.tensor_done(name, t.shape.iter().product::<usize>() as u64);
     }
     let output = w.finish()?;
     progress.finish();
-    Ok(Report { output, tensors: per_tensor, total: stats, notes })
+    Ok(Report {
+        output,
+        tensors: per_tensor,
+        total: stats,
+        notes,
+    })
 }

@@ -28,7 +28,10 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|source| ConvertError::Json { path: path.into(), source }),
+            .map_err(|cause| ConvertError::Json {
+                path: path.into(),
+                cause,
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(ConvertError::io(path, e)),
     }
@@ -45,7 +48,12 @@ fn token_id(tokenizer: &Value, text: &str) -> Option<u32> {
     {
         return Some(id as u32);
     }
-    tokenizer.get("model")?.get("vocab")?.get(text)?.as_u64().map(|id| id as u32)
+    tokenizer
+        .get("model")?
+        .get("vocab")?
+        .get(text)?
+        .as_u64()
+        .map(|id| id as u32)
 }
 
 /// A special token in tokenizer_config.json: a string, `{"content": ...}`, or null.
@@ -61,15 +69,25 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
     let tok_path = dir.join("tokenizer.json");
     let tokenizer_json = std::fs::read(&tok_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            ConvertError::unsupported(&tok_path, "missing: a fast tokenizer (tokenizer.json) is required")
+            ConvertError::unsupported(
+                &tok_path,
+                "missing: a fast tokenizer (tokenizer.json) is required",
+            )
         } else {
             ConvertError::io(&tok_path, e)
         }
     })?;
-    let tokenizer: Value = serde_json::from_slice(&tokenizer_json)
-        .map_err(|source| ConvertError::Json { path: tok_path.clone(), source })?;
+    let tokenizer: Value =
+        serde_json::from_slice(&tokenizer_json).map_err(|cause| ConvertError::Json {
+            path: tok_path.clone(),
+            cause,
+        })?;
     if tokenizer.get("model").and_then(|m| m.get("type")).is_none() {
-        return Err(ConvertError::field(&tok_path, "model.type", "missing: not a tokenizers tokenizer.json"));
+        return Err(ConvertError::field(
+            &tok_path,
+            "model.type",
+            "missing: not a tokenizers tokenizer.json",
+        ));
     }
 
     let cfg_path = dir.join("tokenizer_config.json");
@@ -81,7 +99,11 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
         match special_text(cfg, key) {
             None => Ok(None),
             Some(text) => token_id(&tokenizer, text).map(Some).ok_or_else(|| {
-                ConvertError::field(&cfg_path, key, format!("token {text:?} is not in tokenizer.json"))
+                ConvertError::field(
+                    &cfg_path,
+                    key,
+                    format!("token {text:?} is not in tokenizer.json"),
+                )
             }),
         }
     };
@@ -97,7 +119,13 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
                 .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str())
                 .map(str::to_owned),
-            Some(_) => return Err(ConvertError::field(&cfg_path, "chat_template", "expected a string or a list")),
+            Some(_) => {
+                return Err(ConvertError::field(
+                    &cfg_path,
+                    "chat_template",
+                    "expected a string or a list",
+                ))
+            }
         },
         Err(e) => return Err(ConvertError::io(&template_file, e)),
     };
@@ -114,11 +142,17 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
 
     let bos = match resolve("bos_token")? {
         Some(b) => Some(b),
-        None => gen_ids("bos_token_id")?.first().copied().or(model.bos_token_id),
+        None => gen_ids("bos_token_id")?
+            .first()
+            .copied()
+            .or(model.bos_token_id),
     };
     let pad = match resolve("pad_token")? {
         Some(p) => Some(p),
-        None => gen_ids("pad_token_id")?.first().copied().or(model.pad_token_id),
+        None => gen_ids("pad_token_id")?
+            .first()
+            .copied()
+            .or(model.pad_token_id),
     };
 
     let mut extra = Map::new();
@@ -130,6 +164,12 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
     }
     Ok(HfTokenizer {
         tokenizer_json,
-        config: TokenizerConfig { chat_template, eos_token_ids: eos, bos_token_id: bos, pad_token_id: pad, extra },
+        config: TokenizerConfig {
+            chat_template,
+            eos_token_ids: eos,
+            bos_token_id: bos,
+            pad_token_id: pad,
+            extra,
+        },
     })
 }

@@ -18,7 +18,9 @@ pub mod tokenizer;
 
 use std::path::Path;
 
-use cmf_format::{Arch, CmfWriter, Dtype, Header, LayerType, NormStyle, QuantType, TokenizerConfig};
+use cmf_format::{
+    Arch, CmfWriter, Dtype, Header, LayerType, NormStyle, QuantType, TokenizerConfig,
+};
 use serde_json::{json, Map, Value as Json};
 
 use crate::emit::{rows_cols, write_tensor, TensorStats};
@@ -47,16 +49,23 @@ impl Meta<'_> {
     fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|u| Some(u as usize))
-                .ok_or_else(|| ConvertError::field(self.file, self.key(k), format!("expected an unsigned integer, found {}", v.summary()))),
+            Some(v) => v.as_u64().map(|u| Some(u as usize)).ok_or_else(|| {
+                ConvertError::field(
+                    self.file,
+                    self.key(k),
+                    format!("expected an unsigned integer, found {}", v.summary()),
+                )
+            }),
         }
     }
 
     fn usize_req(&self, k: &str) -> Result<usize> {
         match self.usize_opt(k)? {
-            Some(0) => Err(ConvertError::field(self.file, self.key(k), "must be positive")),
+            Some(0) => Err(ConvertError::field(
+                self.file,
+                self.key(k),
+                "must be positive",
+            )),
             Some(v) => Ok(v),
             None => Err(ConvertError::field(self.file, self.key(k), "missing")),
         }
@@ -65,10 +74,13 @@ impl Meta<'_> {
     fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| ConvertError::field(self.file, self.key(k), format!("expected a number, found {}", v.summary()))),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                ConvertError::field(
+                    self.file,
+                    self.key(k),
+                    format!("expected a number, found {}", v.summary()),
+                )
+            }),
         }
     }
 }
@@ -76,13 +88,16 @@ impl Meta<'_> {
 /// The architecture described by the GGUF metadata and tensor shapes.
 pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     let (g, file) = (&gf.gguf, gf.path.as_path());
-    let arch = g
-        .architecture()
-        .ok_or_else(|| ConvertError::field(file, "general.architecture", "missing or not a string"))?;
+    let arch = g.architecture().ok_or_else(|| {
+        ConvertError::field(file, "general.architecture", "missing or not a string")
+    })?;
     if !ARCHITECTURES.contains(&arch) {
         return Err(ConvertError::unsupported(
             file,
-            format!("GGUF architecture '{arch}' is not supported (supported: {})", ARCHITECTURES.join(", ")),
+            format!(
+                "GGUF architecture '{arch}' is not supported (supported: {})",
+                ARCHITECTURES.join(", ")
+            ),
         ));
     }
     let m = Meta { g, file, arch };
@@ -90,7 +105,11 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     let heads = m.usize_req("attention.head_count")?;
     let kv_heads = m.usize_opt("attention.head_count_kv")?.unwrap_or(heads);
     if kv_heads == 0 || heads % kv_heads != 0 {
-        return Err(ConvertError::field(file, m.key("attention.head_count_kv"), format!("{kv_heads} does not divide head_count {heads}")));
+        return Err(ConvertError::field(
+            file,
+            m.key("attention.head_count_kv"),
+            format!("{kv_heads} does not divide head_count {heads}"),
+        ));
     }
     let head_dim = match m.usize_opt("attention.key_length")? {
         Some(d) if d > 0 => d,
@@ -98,14 +117,22 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     };
     let rope_dims = m.usize_opt("rope.dimension_count")?.unwrap_or(head_dim);
     if rope_dims == 0 || rope_dims > head_dim || rope_dims % 2 != 0 {
-        return Err(ConvertError::field(file, m.key("rope.dimension_count"), format!("{rope_dims} is not an even number ≤ head_dim {head_dim}")));
+        return Err(ConvertError::field(
+            file,
+            m.key("rope.dimension_count"),
+            format!("{rope_dims} is not an even number ≤ head_dim {head_dim}"),
+        ));
     }
     let embd = g
         .tensor("token_embd.weight")
         .ok_or_else(|| ConvertError::tensor(file, "token_embd.weight", "missing"))?;
     let shape = embd.shape();
     if shape.len() != 2 || shape[1] as usize != hidden {
-        return Err(ConvertError::tensor(file, "token_embd.weight", format!("shape {shape:?} is not [vocab, {hidden}]")));
+        return Err(ConvertError::tensor(
+            file,
+            "token_embd.weight",
+            format!("shape {shape:?} is not [vocab, {hidden}]"),
+        ));
     }
     let vocab = shape[0] as usize;
     let num_layers = m.usize_req("block_count")?;
@@ -128,8 +155,17 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
         num_kv_heads: kv_heads,
         head_dim,
         vocab_size: vocab,
-        layer_types: vec![if sliding_window.is_some() { LayerType::SlidingAttention } else { LayerType::FullAttention }; num_layers],
-        rms_norm_eps: m.f64_opt("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+        layer_types: vec![
+            if sliding_window.is_some() {
+                LayerType::SlidingAttention
+            } else {
+                LayerType::FullAttention
+            };
+            num_layers
+        ],
+        rms_norm_eps: m
+            .f64_opt("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5),
         norm_style: NormStyle::Qwen,
         rope_theta,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
@@ -145,36 +181,59 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
 /// `rope.scaling.*` keys → the Hugging Face `rope_scaling` dict. A `rope_freqs.weight` tensor
 /// (how llama.cpp stores Llama 3 scaling) is accepted when it equals the factors of the standard
 /// Llama 3 parameters (low 1, high 4, original context 8192, factor = its largest value).
-fn rope_scaling(m: &Meta, gf: &GgufFile, head_dim: usize, theta: f64) -> Result<Option<Map<String, Json>>> {
+fn rope_scaling(
+    m: &Meta,
+    gf: &GgufFile,
+    head_dim: usize,
+    theta: f64,
+) -> Result<Option<Map<String, Json>>> {
     let mut s = Map::new();
     let ty = match m.get("rope.scaling.type") {
         None => None,
-        Some(v) => Some(v.as_str().ok_or_else(|| ConvertError::field(m.file, m.key("rope.scaling.type"), "expected a string"))?),
+        Some(v) => Some(v.as_str().ok_or_else(|| {
+            ConvertError::field(m.file, m.key("rope.scaling.type"), "expected a string")
+        })?),
     };
     match ty {
         None | Some("none") => {}
         Some(t @ ("linear" | "yarn")) => {
             s.insert("rope_type".into(), t.into());
-            let factor = m.f64_opt("rope.scaling.factor")?.ok_or_else(|| ConvertError::field(m.file, m.key("rope.scaling.factor"), "missing"))?;
+            let factor = m.f64_opt("rope.scaling.factor")?.ok_or_else(|| {
+                ConvertError::field(m.file, m.key("rope.scaling.factor"), "missing")
+            })?;
             s.insert("factor".into(), factor.into());
             if t == "yarn" {
                 if let Some(o) = m.usize_opt("rope.scaling.original_context_length")? {
                     s.insert("original_max_position_embeddings".into(), o.into());
                 }
-                for (k, hf) in [("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow"), ("rope.scaling.attn_factor", "attention_factor")] {
+                for (k, hf) in [
+                    ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                    ("rope.scaling.yarn_beta_slow", "beta_slow"),
+                    ("rope.scaling.attn_factor", "attention_factor"),
+                ] {
                     if let Some(v) = m.f64_opt(k)? {
                         s.insert(hf.into(), v.into());
                     }
                 }
             }
         }
-        Some(other) => return Err(ConvertError::unsupported(m.file, format!("RoPE scaling type '{other}' is not supported"))),
+        Some(other) => {
+            return Err(ConvertError::unsupported(
+                m.file,
+                format!("RoPE scaling type '{other}' is not supported"),
+            ))
+        }
     }
     if let Some(t) = gf.gguf.tensor("rope_freqs.weight") {
         if !s.is_empty() {
-            return Err(ConvertError::unsupported(m.file, "both rope.scaling.type and rope_freqs.weight are present"));
+            return Err(ConvertError::unsupported(
+                m.file,
+                "both rope.scaling.type and rope_freqs.weight are present",
+            ));
         }
-        let factors = gf.dequantize(t).map_err(|e| ConvertError::tensor(m.file, "rope_freqs.weight", e))?;
+        let factors = gf
+            .dequantize(t)
+            .map_err(|e| ConvertError::tensor(m.file, "rope_freqs.weight", e))?;
         let llama3 = fit_llama3(&factors, head_dim, theta).ok_or_else(|| {
             ConvertError::tensor(m.file, "rope_freqs.weight", "per-frequency RoPE factors that are not standard Llama 3 scaling are not supported; convert the Hugging Face checkpoint instead")
         })?;
@@ -206,7 +265,10 @@ fn fit_llama3(factors: &[f32], head_dim: usize, theta: f64) -> Option<Map<String
     let (low, high, orig) = (1.0, 4.0, 8192.0);
     let want = llama3_factors(head_dim, theta, factor, low, high, orig);
     let ok = want.len() == factors.len()
-        && want.iter().zip(factors).all(|(w, &f)| ((w - f as f64) / w).abs() < 1e-5);
+        && want
+            .iter()
+            .zip(factors)
+            .all(|(w, &f)| ((w - f as f64) / w).abs() < 1e-5);
     ok.then(|| {
         let v = json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                        "high_freq_factor": high, "original_max_position_embeddings": orig as u64});
@@ -229,10 +291,17 @@ pub fn default_dtype(ty: GgmlType, shape: &[usize]) -> Dtype {
 
 fn header_quant(dtypes: &[Dtype]) -> QuantType {
     let most = |d: Dtype| dtypes.iter().filter(|&&x| x == d).count();
-    let best = [Dtype::Q8Row, Dtype::Q8_2f, Dtype::Q4Tiled, Dtype::F16, Dtype::Bf16, Dtype::F32]
-        .into_iter()
-        .max_by_key(|&d| most(d))
-        .unwrap_or(Dtype::F32);
+    let best = [
+        Dtype::Q8Row,
+        Dtype::Q8_2f,
+        Dtype::Q4Tiled,
+        Dtype::F16,
+        Dtype::Bf16,
+        Dtype::F32,
+    ]
+    .into_iter()
+    .max_by_key(|&d| most(d))
+    .unwrap_or(Dtype::F32);
     match best {
         Dtype::Q8Row => QuantType::Q8Row,
         Dtype::Q8_2f => QuantType::Q8_2f,
@@ -247,12 +316,18 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
     let file = GgufFile::open(path)?;
     let g = &file.gguf;
     let arch = arch_from_gguf(&file)?;
-    let tok = tokenizer::rebuild(g).map_err(|source| ConvertError::GgufTokenizer { file: path.into(), source })?;
+    let tok = tokenizer::rebuild(g).map_err(|cause| ConvertError::GgufTokenizer {
+        file: path.into(),
+        cause,
+    })?;
     if tok.n_tokens > arch.vocab_size {
         return Err(ConvertError::tensor(
             path,
             "token_embd.weight",
-            format!("{} rows for a vocabulary of {} tokens", arch.vocab_size, tok.n_tokens),
+            format!(
+                "{} rows for a vocabulary of {} tokens",
+                arch.vocab_size, tok.n_tokens
+            ),
         ));
     }
     let permute = arch.arch_name == "llama";
@@ -274,27 +349,56 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
             continue;
         }
         let hf = names::hf_name(&t.name).ok_or_else(|| {
-            ConvertError::tensor(path, &t.name, format!("no Hugging Face counterpart known for architecture '{}'", arch.arch_name))
+            ConvertError::tensor(
+                path,
+                &t.name,
+                format!(
+                    "no Hugging Face counterpart known for architecture '{}'",
+                    arch.arch_name
+                ),
+            )
         })?;
         if !t.ty.can_dequantize() {
-            return Err(ConvertError::tensor(path, &t.name, format!("GGUF tensor type {} is not supported", t.ty)));
+            return Err(ConvertError::tensor(
+                path,
+                &t.name,
+                format!("GGUF tensor type {} is not supported", t.ty),
+            ));
         }
         let shape: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
         let dtype = match opts.quant {
             Some(q) => q.dtype_for(&shape),
             None => default_dtype(t.ty, &shape),
         };
-        let heads = if permute { names::permuted_heads(&t.name, arch.num_attention_heads, arch.num_kv_heads) } else { None };
+        let heads = if permute {
+            names::permuted_heads(&t.name, arch.num_attention_heads, arch.num_kv_heads)
+        } else {
+            None
+        };
         if let Some(h) = heads {
             if shape[0] != h * arch.head_dim {
-                return Err(ConvertError::tensor(path, &t.name, format!("{} rows, expected {h} heads × {}", shape[0], arch.head_dim)));
+                return Err(ConvertError::tensor(
+                    path,
+                    &t.name,
+                    format!("{} rows, expected {h} heads × {}", shape[0], arch.head_dim),
+                ));
             }
         }
-        plan.push(Item { info: t, hf, shape, dtype, heads });
+        plan.push(Item {
+            info: t,
+            hf,
+            shape,
+            dtype,
+            heads,
+        });
     }
     plan.sort_by_key(|it| crate::hf::model_order(&it.hf));
 
-    let dtypes: Vec<Dtype> = plan.iter().filter(|i| i.shape.len() >= 2).map(|i| i.dtype).collect();
+    let dtypes: Vec<Dtype> = plan
+        .iter()
+        .filter(|i| i.shape.len() >= 2)
+        .map(|i| i.dtype)
+        .collect();
     let mut header = Header::new(arch.clone(), header_quant(&dtypes));
     let mut tc_extra = Map::new();
     tc_extra.insert("add_bos_token".into(), tok.add_bos.into());
@@ -332,7 +436,11 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
     for it in &plan {
         let data = file.tensor_bytes(it.info);
         let (_, cols) = rows_cols(&it.shape);
-        let row_bytes = it.info.ty.nbytes(cols as u64).expect("validated by the parser") as usize;
+        let row_bytes = it
+            .info
+            .ty
+            .nbytes(cols as u64)
+            .expect("validated by the parser") as usize;
         let ty = it.info.ty;
         let hd = arch.head_dim;
         let rows_fn = |r0: usize, r1: usize, out: &mut [f32]| -> std::result::Result<(), String> {
@@ -356,12 +464,25 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
                 }
             }
         };
-        let s = write_tensor(&mut w, path, &it.hf, it.dtype, &it.shape, opts.measure_error, &rows_fn)?;
+        let s = write_tensor(
+            &mut w,
+            path,
+            &it.hf,
+            it.dtype,
+            &it.shape,
+            opts.measure_error,
+            &rows_fn,
+        )?;
         stats.add(s);
         per_tensor.push((it.hf.clone(), it.dtype, s));
         opts.progress.tensor_done(&it.hf, it.info.n_elements());
     }
     let output = w.finish()?;
     opts.progress.finish();
-    Ok(Report { output, tensors: per_tensor, total: stats, notes })
+    Ok(Report {
+        output,
+        tensors: per_tensor,
+        total: stats,
+        notes,
+    })
 }

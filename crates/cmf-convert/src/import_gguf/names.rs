@@ -70,8 +70,14 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(hf_name("blk.12.attn_q.bias").as_deref(), Some("model.layers.12.self_attn.q_proj.bias"));
-        assert_eq!(hf_name("blk.0.ffn_down.weight").as_deref(), Some("model.layers.0.mlp.down_proj.weight"));
+        assert_eq!(
+            hf_name("blk.12.attn_q.bias").as_deref(),
+            Some("model.layers.12.self_attn.q_proj.bias")
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_down.weight").as_deref(),
+            Some("model.layers.0.mlp.down_proj.weight")
+        );
         assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
         assert_eq!(hf_name("rope_freqs.weight"), None);
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
@@ -93,7 +99,9 @@ mod tests {
                 }
             }
         }
-        let back: Vec<usize> = (0..hf.len()).map(|r| gguf[unpermuted_source_row(r, hd)]).collect();
+        let back: Vec<usize> = (0..hf.len())
+            .map(|r| gguf[unpermuted_source_row(r, hd)])
+            .collect();
         assert_eq!(back, hf);
     }
 }

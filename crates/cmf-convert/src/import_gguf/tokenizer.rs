@@ -60,14 +60,27 @@ struct PreTokenizer {
 }
 
 fn pre_tokenizer_for(pre: &str) -> Option<PreTokenizer> {
-    let p = |regexes, ignore_merges, add_bos_default| Some(PreTokenizer { regexes, ignore_merges, add_bos_default });
+    let p = |regexes, ignore_merges, add_bos_default| {
+        Some(PreTokenizer {
+            regexes,
+            ignore_merges,
+            add_bos_default,
+        })
+    };
     match pre {
         "" | "default" => p(
-            &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", "[0-9][0-9][0-9]"],
+            &[
+                r"[\p{P}\$\+<=>\^~\|]+",
+                GPT2_REGEX,
+                r"\p{N}+",
+                "[0-9][0-9][0-9]",
+            ],
             false,
             false,
         ),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => p(&[LLAMA3_REGEX], true, true),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => {
+            p(&[LLAMA3_REGEX], true, true)
+        }
         "gpt-2" | "phi-2" | "roberta-bpe" | "mpt" | "olmo" => p(&[GPT2_REGEX], false, false),
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => p(&[QWEN2_REGEX], false, false),
         "qwen35" => p(&[QWEN35_REGEX], false, false),
@@ -106,13 +119,25 @@ pub struct TokenizerError {
 }
 
 fn err(key: &str, message: impl Into<String>) -> TokenizerError {
-    TokenizerError { key: key.into(), message: message.into() }
+    TokenizerError {
+        key: key.into(),
+        message: message.into(),
+    }
 }
 
 fn string_array<'a>(g: &'a Gguf, key: &str) -> Result<Vec<&'a str>, TokenizerError> {
     match g.get(key).and_then(Value::as_array) {
-        Some((ValueType::String, items)) => Ok(items.iter().map(|v| v.as_str().expect("typed array")).collect()),
-        Some((t, _)) => Err(err(key, format!("expected an array of strings, found an array of {}", t.name()))),
+        Some((ValueType::String, items)) => Ok(items
+            .iter()
+            .map(|v| v.as_str().expect("typed array"))
+            .collect()),
+        Some((t, _)) => Err(err(
+            key,
+            format!(
+                "expected an array of strings, found an array of {}",
+                t.name()
+            ),
+        )),
         None => Err(err(key, "missing")),
     }
 }
@@ -125,15 +150,24 @@ fn optional_id(g: &Gguf, key: &str, n_vocab: usize) -> Result<Option<u32>, Token
     }
     match v.as_u64() {
         Some(id) if (id as usize) < n_vocab => Ok(Some(id as u32)),
-        Some(id) => Err(err(key, format!("token id {id} is outside the vocabulary of {n_vocab}"))),
-        None => Err(err(key, format!("expected a token id, found {}", v.summary()))),
+        Some(id) => Err(err(
+            key,
+            format!("token id {id} is outside the vocabulary of {n_vocab}"),
+        )),
+        None => Err(err(
+            key,
+            format!("expected a token id, found {}", v.summary()),
+        )),
     }
 }
 
 fn optional_bool(g: &Gguf, key: &str) -> Result<Option<bool>, TokenizerError> {
     match g.get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| err(key, format!("expected a bool, found {}", v.summary()))),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| err(key, format!("expected a bool, found {}", v.summary()))),
     }
 }
 
@@ -155,8 +189,12 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
     let types: Vec<i32> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
         None => vec![TOKEN_NORMAL; n],
         Some((_, items)) => {
-            let t: Option<Vec<i32>> = items.iter().map(|v| v.as_int().and_then(|i| i32::try_from(i).ok())).collect();
-            let t = t.ok_or_else(|| err("tokenizer.ggml.token_type", "expected an array of integers"))?;
+            let t: Option<Vec<i32>> = items
+                .iter()
+                .map(|v| v.as_int().and_then(|i| i32::try_from(i).ok()))
+                .collect();
+            let t =
+                t.ok_or_else(|| err("tokenizer.ggml.token_type", "expected an array of integers"))?;
             if t.len() != n {
                 return Err(err(
                     "tokenizer.ggml.token_type",
@@ -174,7 +212,10 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
     let add_eos = optional_bool(g, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let pre = match g.get("tokenizer.ggml.pre") {
         None => String::new(),
-        Some(v) => v.as_str().ok_or_else(|| err("tokenizer.ggml.pre", "expected a string"))?.to_owned(),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| err("tokenizer.ggml.pre", "expected a string"))?
+            .to_owned(),
     };
 
     let (model_json, normalizer, pre_tokenizer, decoder, add_bos_default) = match model.as_str() {
@@ -196,15 +237,26 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
                 "vocab": vocab_map(&tokens, |_| true), "merges": merges,
             });
             let decoder = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-            (model, Json::Null, json!({"type": "Sequence", "pretokenizers": steps}), decoder, spec.add_bos_default)
+            (
+                model,
+                Json::Null,
+                json!({"type": "Sequence", "pretokenizers": steps}),
+                decoder,
+                spec.add_bos_default,
+            )
         }
         "llama" => {
-            let add_space_prefix = optional_bool(g, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-            let (model, normalizer, decoder) = sentencepiece_bpe(g, &tokens, &types, unk, add_space_prefix)?;
+            let add_space_prefix =
+                optional_bool(g, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+            let (model, normalizer, decoder) =
+                sentencepiece_bpe(g, &tokens, &types, unk, add_space_prefix)?;
             (model, normalizer, Json::Null, decoder, true)
         }
         other => {
-            return Err(err(model_key, format!("tokenizer model '{other}' is not supported (supported: gpt2, llama)")));
+            return Err(err(
+                model_key,
+                format!("tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
+            ));
         }
     };
     let add_bos = add_bos_key.unwrap_or(add_bos_default) && bos.is_some();
@@ -224,7 +276,11 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
         }));
     }
 
-    let post_processor = post_processor(&tokens, if add_bos { bos } else { None }, if add_eos { eos } else { None });
+    let post_processor = post_processor(
+        &tokens,
+        if add_bos { bos } else { None },
+        if add_eos { eos } else { None },
+    );
 
     let json = json!({
         "version": "1.0",
@@ -254,7 +310,11 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
 
     let chat_template = match g.get("tokenizer.chat_template") {
         None => None,
-        Some(v) => Some(v.as_str().ok_or_else(|| err("tokenizer.chat_template", "expected a string"))?.to_owned()),
+        Some(v) => Some(
+            v.as_str()
+                .ok_or_else(|| err("tokenizer.chat_template", "expected a string"))?
+                .to_owned(),
+        ),
     };
     Ok(RebuiltTokenizer {
         json,
@@ -289,10 +349,18 @@ fn merges(g: &Gguf) -> Result<Vec<Json>, TokenizerError> {
         .enumerate()
         .map(|(i, m)| {
             // Byte offsets, as std::string::find: a space byte is always a char boundary.
-            let pos = m.as_bytes().iter().skip(1).position(|&b| b == b' ').map(|p| p + 1);
+            let pos = m
+                .as_bytes()
+                .iter()
+                .skip(1)
+                .position(|&b| b == b' ')
+                .map(|p| p + 1);
             match pos {
                 Some(p) => Ok(json!([&m[..p], &m[p + 1..]])),
-                None => Err(err(key, format!("merge #{i} {m:?} has no separating space"))),
+                None => Err(err(
+                    key,
+                    format!("merge #{i} {m:?} has no separating space"),
+                )),
             }
         })
         .collect()
@@ -341,12 +409,23 @@ fn sentencepiece_bpe(
 ) -> Result<(Json, Json, Json), TokenizerError> {
     let key = "tokenizer.ggml.scores";
     let scores: Vec<f32> = match g.get(key).and_then(Value::as_array) {
-        Some((ValueType::F32, items)) => items.iter().map(|v| v.as_f64().expect("typed array") as f32).collect(),
-        Some((t, _)) => return Err(err(key, format!("expected an array of float32, found {}", t.name()))),
+        Some((ValueType::F32, items)) => items
+            .iter()
+            .map(|v| v.as_f64().expect("typed array") as f32)
+            .collect(),
+        Some((t, _)) => {
+            return Err(err(
+                key,
+                format!("expected an array of float32, found {}", t.name()),
+            ))
+        }
         None => return Err(err(key, "missing (needed to derive SentencePiece merges)")),
     };
     if scores.len() != tokens.len() {
-        return Err(err(key, format!("has {} entries for {} tokens", scores.len(), tokens.len())));
+        return Err(err(
+            key,
+            format!("has {} entries for {} tokens", scores.len(), tokens.len()),
+        ));
     }
     // Only normal (and user-defined) pieces take part in merging; byte and control tokens do not
     // (llama.cpp's `llm_tokenizer_spm` looks pieces up by text, and byte/control texts such as
@@ -370,7 +449,10 @@ fn sentencepiece_bpe(
         }
     }
     merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    let merges: Vec<Json> = merges.into_iter().map(|(_, _, _, l, r)| json!([l, r])).collect();
+    let merges: Vec<Json> = merges
+        .into_iter()
+        .map(|(_, _, _, l, r)| json!([l, r]))
+        .collect();
     let vocab = vocab_map(tokens, |_| true);
     let unk_token = unk.map(|u| tokens[u as usize]);
     let has_bytes = types.contains(&TOKEN_BYTE);
@@ -392,5 +474,9 @@ fn sentencepiece_bpe(
     if add_space_prefix {
         dec.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
     }
-    Ok((model, json!({"type": "Sequence", "normalizers": norm}), json!({"type": "Sequence", "decoders": dec})))
+    Ok((
+        model,
+        json!({"type": "Sequence", "normalizers": norm}),
+        json!({"type": "Sequence", "decoders": dec}),
+    ))
 }

@@ -58,7 +58,13 @@ pub struct SynthArgs<'a> {
 }
 
 /// Writes `spec` to `output` with `opts.quant` (default q8) and `seed`.
-pub fn write(spec: SynthSpec, preset: &str, output: &Path, seed: u64, opts: &Options) -> Result<Report> {
+pub fn write(
+    spec: SynthSpec,
+    preset: &str,
+    output: &Path,
+    seed: u64,
+    opts: &Options,
+) -> Result<Report> {
     let quant = opts.quant.unwrap_or(Quant::Q8);
     let mut header = spec.header;
     header.quant_type = quant.header_quant_type();
@@ -74,7 +80,11 @@ pub fn write(spec: SynthSpec, preset: &str, output: &Path, seed: u64, opts: &Opt
     if let Some(t) = spec.tokenizer_json {
         w.set_vocab(t);
     }
-    let total: u64 = spec.tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
+    let total: u64 = spec
+        .tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
     opts.progress.start(total);
     let mut stats = TensorStats::default();
     let mut per_tensor = Vec::with_capacity(spec.tensors.len());
@@ -83,34 +93,58 @@ pub fn write(spec: SynthSpec, preset: &str, output: &Path, seed: u64, opts: &Opt
         let dtype = quant.dtype_for(&t.shape);
         let (_, cols) = rows_cols(&t.shape);
         let name_hash = rng::hash_str(&t.name);
-        let s = write_tensor(&mut w, source, &t.name, dtype, &t.shape, opts.measure_error, &|r0, r1, out| {
-            match t.init {
-                Init::Const(v) => out.fill(v),
-                Init::Normal { std } => {
-                    for (k, row) in out.chunks_exact_mut(cols).enumerate() {
-                        rng::normal_row(seed, name_hash, (r0 + k) as u64, std, row);
+        let s = write_tensor(
+            &mut w,
+            source,
+            &t.name,
+            dtype,
+            &t.shape,
+            opts.measure_error,
+            &|r0, r1, out| {
+                match t.init {
+                    Init::Const(v) => out.fill(v),
+                    Init::Normal { std } => {
+                        for (k, row) in out.chunks_exact_mut(cols).enumerate() {
+                            rng::normal_row(seed, name_hash, (r0 + k) as u64, std, row);
+                        }
                     }
                 }
-            }
-            debug_assert_eq!(out.len(), (r1 - r0) * cols);
-            Ok(())
-        })?;
+                debug_assert_eq!(out.len(), (r1 - r0) * cols);
+                Ok(())
+            },
+        )?;
         stats.add(s);
         per_tensor.push((t.name.clone(), dtype, s));
-        opts.progress.tensor_done(&t.name, t.shape.iter().product::<usize>() as u64);
+        opts.progress
+            .tensor_done(&t.name, t.shape.iter().product::<usize>() as u64);
     }
     let output = w.finish()?;
     opts.progress.finish();
-    Ok(Report { output, tensors: per_tensor, total: stats, notes: vec![] })
+    Ok(Report {
+        output,
+        tensors: per_tensor,
+        total: stats,
+        notes: vec![],
+    })
 }
 
 /// Looks up `preset`, builds it and writes it.
-pub fn synth(preset: &str, output: &Path, seed: u64, args: &SynthArgs, opts: &Options) -> Result<Report> {
+pub fn synth(
+    preset: &str,
+    output: &Path,
+    seed: u64,
+    args: &SynthArgs,
+    opts: &Options,
+) -> Result<Report> {
     let p = find_preset(preset).ok_or_else(|| ConvertError::Option {
         flag: "--preset".into(),
         message: format!(
             "unknown preset '{preset}' (known: {})",
-            PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     })?;
     let spec = (p.build)(args)?;

@@ -14,11 +14,31 @@ pub struct Preset {
 
 /// Add a family here (e.g. `z-image-turbo`): `build` returns its header, tokenizer and tensors.
 pub const PRESETS: &[Preset] = &[
-    Preset { name: "tiny", description: "2-layer llama, hidden 64, vocab 512 (tests)", build: |a| llm(a, &TINY) },
-    Preset { name: "smollm2-135m", description: "SmolLM2-135M geometry (llama)", build: |a| llm(a, &SMOLLM2_135M) },
-    Preset { name: "qwen3-0.6b", description: "Qwen3-0.6B geometry", build: |a| llm(a, &QWEN3_0_6B) },
-    Preset { name: "qwen3-8b", description: "Qwen3-8B geometry", build: |a| llm(a, &QWEN3_8B) },
-    Preset { name: "llama3-8b", description: "Llama-3.1-8B geometry", build: |a| llm(a, &LLAMA3_8B) },
+    Preset {
+        name: "tiny",
+        description: "2-layer llama, hidden 64, vocab 512 (tests)",
+        build: |a| llm(a, &TINY),
+    },
+    Preset {
+        name: "smollm2-135m",
+        description: "SmolLM2-135M geometry (llama)",
+        build: |a| llm(a, &SMOLLM2_135M),
+    },
+    Preset {
+        name: "qwen3-0.6b",
+        description: "Qwen3-0.6B geometry",
+        build: |a| llm(a, &QWEN3_0_6B),
+    },
+    Preset {
+        name: "qwen3-8b",
+        description: "Qwen3-8B geometry",
+        build: |a| llm(a, &QWEN3_8B),
+    },
+    Preset {
+        name: "llama3-8b",
+        description: "Llama-3.1-8B geometry",
+        build: |a| llm(a, &LLAMA3_8B),
+    },
 ];
 
 pub fn find_preset(name: &str) -> Option<&'static Preset> {
@@ -123,8 +143,17 @@ const STD: f32 = 0.02;
 pub fn llm_tensors(g: &LlmGeometry) -> Vec<SynthTensor> {
     let t = |name: String, shape: Vec<usize>, init| SynthTensor { name, shape, init };
     let normal = Init::Normal { std: STD };
-    let (h, q, kv, hd) = (g.hidden, g.heads * g.head_dim, g.kv_heads * g.head_dim, g.head_dim);
-    let mut v = vec![t("model.embed_tokens.weight".into(), vec![g.vocab, h], normal)];
+    let (h, q, kv, hd) = (
+        g.hidden,
+        g.heads * g.head_dim,
+        g.kv_heads * g.head_dim,
+        g.head_dim,
+    );
+    let mut v = vec![t(
+        "model.embed_tokens.weight".into(),
+        vec![g.vocab, h],
+        normal,
+    )];
     for i in 0..g.layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         v.push(t(p("input_layernorm.weight"), vec![h], Init::Const(1.0)));
@@ -136,10 +165,22 @@ pub fn llm_tensors(g: &LlmGeometry) -> Vec<SynthTensor> {
             v.push(t(p("self_attn.k_norm.weight"), vec![hd], Init::Const(1.0)));
         }
         v.push(t(p("self_attn.o_proj.weight"), vec![h, q], normal));
-        v.push(t(p("post_attention_layernorm.weight"), vec![h], Init::Const(1.0)));
-        v.push(t(p("mlp.gate_proj.weight"), vec![g.intermediate, h], normal));
+        v.push(t(
+            p("post_attention_layernorm.weight"),
+            vec![h],
+            Init::Const(1.0),
+        ));
+        v.push(t(
+            p("mlp.gate_proj.weight"),
+            vec![g.intermediate, h],
+            normal,
+        ));
         v.push(t(p("mlp.up_proj.weight"), vec![g.intermediate, h], normal));
-        v.push(t(p("mlp.down_proj.weight"), vec![h, g.intermediate], normal));
+        v.push(t(
+            p("mlp.down_proj.weight"),
+            vec![h, g.intermediate],
+            normal,
+        ));
     }
     v.push(t("model.norm.weight".into(), vec![h], Init::Const(1.0)));
     if !g.tied {
@@ -185,7 +226,11 @@ fn llm(args: &SynthArgs, g: &LlmGeometry) -> Result<SynthSpec> {
         pad_token_id: tok.pad_token_id,
         extra: Map::new(),
     });
-    Ok(SynthSpec { header, tokenizer_json: Some(tok.json), tensors: llm_tensors(g) })
+    Ok(SynthSpec {
+        header,
+        tokenizer_json: Some(tok.json),
+        tensors: llm_tensors(g),
+    })
 }
 
 #[cfg(test)]
@@ -195,7 +240,12 @@ mod tests {
     /// Parameter counts of the real models (their model cards / safetensors totals).
     #[test]
     fn geometries_have_the_published_parameter_counts() {
-        let count = |g: &LlmGeometry| llm_tensors(g).iter().map(|t| t.shape.iter().product::<usize>()).sum::<usize>();
+        let count = |g: &LlmGeometry| {
+            llm_tensors(g)
+                .iter()
+                .map(|t| t.shape.iter().product::<usize>())
+                .sum::<usize>()
+        };
         assert_eq!(count(&SMOLLM2_135M), 134_515_008);
         assert_eq!(count(&QWEN3_0_6B), 596_049_920);
         assert_eq!(count(&QWEN3_8B), 8_190_735_360);

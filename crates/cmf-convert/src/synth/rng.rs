@@ -3,7 +3,9 @@
 
 /// FNV-1a of a tensor name, mixed into the row seeds.
 pub fn hash_str(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3)
+    })
 }
 
 fn splitmix64(x: &mut u64) -> u64 {
@@ -19,7 +21,12 @@ pub struct Xoshiro([u64; 4]);
 
 impl Xoshiro {
     pub fn seeded(mut seed: u64) -> Xoshiro {
-        Xoshiro([splitmix64(&mut seed), splitmix64(&mut seed), splitmix64(&mut seed), splitmix64(&mut seed)])
+        Xoshiro([
+            splitmix64(&mut seed),
+            splitmix64(&mut seed),
+            splitmix64(&mut seed),
+            splitmix64(&mut seed),
+        ])
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -43,7 +50,9 @@ impl Xoshiro {
 
 /// Fills `row` with N(0, std²) values from the generator of (seed, tensor, row).
 pub fn normal_row(seed: u64, tensor_hash: u64, row: u64, std: f32, out: &mut [f32]) {
-    let mut g = Xoshiro::seeded(seed ^ tensor_hash.rotate_left(17) ^ row.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    let mut g = Xoshiro::seeded(
+        seed ^ tensor_hash.rotate_left(17) ^ row.wrapping_mul(0xD1B5_4A32_D192_ED03),
+    );
     for pair in out.chunks_mut(2) {
         let r = (-2.0 * g.unit_open().ln()).sqrt();
         let theta = std::f64::consts::TAU * g.unit_open();

@@ -28,7 +28,9 @@ pub struct SynthTokenizer {
 
 /// GPT-2's `bytes_to_unicode`: printable bytes map to themselves, the others to U+0100 onwards.
 pub fn byte_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
@@ -48,7 +50,9 @@ pub fn generated(vocab: usize) -> Result<SynthTokenizer> {
     if vocab < SPECIALS.len() + 256 {
         return Err(ConvertError::Option {
             flag: "--preset".into(),
-            message: format!("vocab_size {vocab} is smaller than the 259 tokens of a byte-level tokenizer"),
+            message: format!(
+                "vocab_size {vocab} is smaller than the 259 tokens of a byte-level tokenizer"
+            ),
         });
     }
     let b2u = byte_to_unicode();
@@ -58,7 +62,11 @@ pub fn generated(vocab: usize) -> Result<SynthTokenizer> {
     // Printable ASCII in the byte-level alphabet, most useful first.
     let mut alphabet: Vec<char> = vec![b2u[b' ' as usize]];
     alphabet.extend(('a'..='z').chain('A'..='Z').chain('0'..='9'));
-    alphabet.extend((0x21u8..=0x7E).map(|b| b as char).filter(|c| !c.is_ascii_alphanumeric()));
+    alphabet.extend(
+        (0x21u8..=0x7E)
+            .map(|b| b as char)
+            .filter(|c| !c.is_ascii_alphanumeric()),
+    );
     let mut merges: Vec<Value> = Vec::new();
     let mut level: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
     'fill: while tokens.len() < vocab {
@@ -79,7 +87,11 @@ pub fn generated(vocab: usize) -> Result<SynthTokenizer> {
         }
         level = next_level;
     }
-    let vocab_map: Map<String, Value> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))).collect();
+    let vocab_map: Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
     let added: Vec<Value> = SPECIALS
         .iter()
         .enumerate()
@@ -103,13 +115,31 @@ pub fn generated(vocab: usize) -> Result<SynthTokenizer> {
 /// A supplied `tokenizer.json`, checked to fit `vocab` embedding rows.
 pub fn supplied(path: &Path, vocab: usize) -> Result<SynthTokenizer> {
     let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
-    let doc: Value = serde_json::from_slice(&bytes).map_err(|source| ConvertError::Json { path: path.into(), source })?;
+    let doc: Value = serde_json::from_slice(&bytes).map_err(|cause| ConvertError::Json {
+        path: path.into(),
+        cause,
+    })?;
     let mut ids: Vec<(String, u64)> = Vec::new();
-    if let Some(v) = doc.get("model").and_then(|m| m.get("vocab")).and_then(Value::as_object) {
-        ids.extend(v.iter().filter_map(|(k, id)| Some((k.clone(), id.as_u64()?))));
+    if let Some(v) = doc
+        .get("model")
+        .and_then(|m| m.get("vocab"))
+        .and_then(Value::as_object)
+    {
+        ids.extend(
+            v.iter()
+                .filter_map(|(k, id)| Some((k.clone(), id.as_u64()?))),
+        );
     }
-    for t in doc.get("added_tokens").and_then(Value::as_array).into_iter().flatten() {
-        if let (Some(c), Some(id)) = (t.get("content").and_then(Value::as_str), t.get("id").and_then(Value::as_u64)) {
+    for t in doc
+        .get("added_tokens")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let (Some(c), Some(id)) = (
+            t.get("content").and_then(Value::as_str),
+            t.get("id").and_then(Value::as_u64),
+        ) {
             ids.push((c.to_owned(), id));
         }
     }
@@ -118,11 +148,22 @@ pub fn supplied(path: &Path, vocab: usize) -> Result<SynthTokenizer> {
     }
     let max = ids.iter().map(|(_, id)| *id).max().unwrap_or(0);
     if max as usize >= vocab {
-        return Err(ConvertError::field(path, "model.vocab", format!("token id {max} does not fit the preset's vocab_size {vocab}")));
+        return Err(ConvertError::field(
+            path,
+            "model.vocab",
+            format!("token id {max} does not fit the preset's vocab_size {vocab}"),
+        ));
     }
     let find = |s: &str| ids.iter().find(|(t, _)| t == s).map(|(_, id)| *id as u32);
-    let eos: Vec<u32> = ["<|im_end|>", "<|endoftext|>"].iter().filter_map(|s| find(s)).collect();
-    Ok(SynthTokenizer { json: bytes, eos_token_ids: eos, pad_token_id: find("<|endoftext|>") })
+    let eos: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
+        .iter()
+        .filter_map(|s| find(s))
+        .collect();
+    Ok(SynthTokenizer {
+        json: bytes,
+        eos_token_ids: eos,
+        pad_token_id: find("<|endoftext|>"),
+    })
 }
 
 pub fn for_vocab(vocab: usize, supplied_path: Option<&Path>) -> Result<SynthTokenizer> {
