@@ -73,7 +73,7 @@ impl RowEncoder {
             });
         }
         let row_codec = matches!(self.dtype, Dtype::Q8Row | Dtype::Q4Tiled | Dtype::Q4Tp);
-        if row_codec && self.cols > 0 && values.len() % self.cols != 0 {
+        if row_codec && self.cols > 0 && !values.len().is_multiple_of(self.cols) {
             return Err(CodecError::PartialRow {
                 dtype: self.dtype,
                 cols: self.cols,
