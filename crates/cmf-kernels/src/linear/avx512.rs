@@ -218,7 +218,7 @@ unsafe fn q4_row_dot<const KIND: u8>(
         acc0 = q4_quad_step::<KIND>(row, c, 4, xq, dl, cl, sc, acc0);
         c += 1;
     }
-    if gpr % 4 != 0 {
+    if !gpr.is_multiple_of(4) {
         acc1 = q4_quad_step::<KIND>(row, c, gpr % 4, xq, dl, cl, sc, acc1);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
