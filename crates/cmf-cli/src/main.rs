@@ -19,8 +19,10 @@ struct Cli {
 enum Command {
     Info(commands::info::Args),
     Imagine(commands::imagine::Args),
-    Convert(commands::convert::Args),
     Verify(commands::verify::Args),
+    Convert(commands::convert::Args),
+    ImportGguf(commands::import_gguf::Args),
+    Synth(commands::synth::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,8 @@ fn main() -> ExitCode {
         Command::Imagine(args) => commands::imagine::run(args),
         Command::Convert(args) => commands::convert::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::ImportGguf(args) => commands::import_gguf::run(args),
+        Command::Synth(args) => commands::synth::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,7 +3,9 @@
 pub mod convert;
 pub mod convert_zimage;
 pub mod imagine;
+pub mod import_gguf;
 pub mod info;
+pub mod synth;
 pub mod verify;
 
 /// `1.23 GB`-style size (decimal units, as disk tools print them).
