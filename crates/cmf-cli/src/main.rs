@@ -19,6 +19,9 @@ struct Cli {
 enum Command {
     Info(commands::info::Args),
     Verify(commands::verify::Args),
+    Run(commands::run::Args),
+    Bench(commands::bench::Args),
+    Ppl(commands::ppl::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +40,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Ppl(args) => commands::ppl::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,10 @@
 //! One module per subcommand: `Args` (clap derive) and `run(args) -> anyhow::Result<()>`.
 
+pub mod bench;
 pub mod info;
+mod llm_opts;
+pub mod ppl;
+pub mod run;
 pub mod verify;
 
 /// `1.23 GB`-style size (decimal units, as disk tools print them).

@@ -14,9 +14,21 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize, limit: usize, dtype: KvDtype) -> KvCache {
-        let layers = (0..num_layers).map(|_| cmf_kernels::KvCache::new(dtype, limit, kv_heads, head_dim)).collect();
-        KvCache { len: 0, limit, layers }
+    pub fn new(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        limit: usize,
+        dtype: KvDtype,
+    ) -> KvCache {
+        let layers = (0..num_layers)
+            .map(|_| cmf_kernels::KvCache::new(dtype, limit, kv_heads, head_dim))
+            .collect();
+        KvCache {
+            len: 0,
+            limit,
+            layers,
+        }
     }
 
     pub fn len(&self) -> usize {

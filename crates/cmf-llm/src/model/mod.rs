@@ -21,8 +21,8 @@ pub mod rope;
 pub mod weights;
 
 use crate::error::{LlmError, Result};
-use cmf_kernels::{AttnParams, KvDtype};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
+use cmf_kernels::{AttnParams, KvDtype};
 pub use config::{Family, ModelConfig};
 pub use kv_cache::KvCache;
 pub use load::CmfSource;
@@ -123,7 +123,10 @@ impl<'a> Model<'a> {
 
     fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> State {
         let c = &self.config;
-        State { kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype), buf: Buffers::default() }
+        State {
+            kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype),
+            buf: Buffers::default(),
+        }
     }
 
     /// Runs `tokens` after what `st` holds and returns the logits of the last one ([vocab]).
