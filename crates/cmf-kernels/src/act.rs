@@ -25,12 +25,13 @@ pub(crate) enum Order {
     Natural,
     /// Per 32-block: the 16 even elements, then the 16 odd ones (low nibbles, then high).
     EvenOdd,
-    /// Per pair of 32-blocks (b0, b1): b0 even, b1 even, b0 odd, b1 odd (16 each) — the lane order
-    /// of the AVX-512 q4 kernels (rows are padded to 64, so every block has a partner).
-    PairEvenOdd,
+    /// Per four 32-blocks (b0..b3): the 16 even elements of b0, b1, b2, b3, then their 16 odd
+    /// elements — the order of 64 nibble bytes split into low and high halves (AVX-512 q4
+    /// matvec). Rows are padded to 128 for this order.
+    QuadEvenOdd,
 }
 
-/// Quantized activation rows: `n` rows of `kp` int8 values (cols rounded up to 64, zero padded).
+/// Quantized activation rows: `n` rows of `kp` int8 values (cols rounded up to 64 or 128, zero padded).
 pub(crate) struct QAct {
     pub kp: usize,
     /// Blocks per row (kp / 32).
@@ -52,8 +53,9 @@ impl QAct {
 }
 
 /// Padded row length for `cols` inputs.
-pub(crate) fn padded(cols: usize) -> usize {
-    cols.div_ceil(64) * 64
+pub(crate) fn padded(cols: usize, order: Order) -> usize {
+    let unit = if order == Order::QuadEvenOdd { 128 } else { 64 };
+    cols.div_ceil(unit) * unit
 }
 
 /// Index in the permuted row of input `i` (i < kp).
@@ -63,15 +65,14 @@ fn dest(order: Order, i: usize) -> usize {
     match order {
         Order::Natural => i,
         Order::EvenOdd => b * GROUP + (j % 2) * 16 + j / 2,
-        // Rows are padded to 64, so blocks always come in pairs.
-        Order::PairEvenOdd => (b / 2) * 64 + (j % 2) * 32 + (b % 2) * 16 + j / 2,
+        Order::QuadEvenOdd => (b / 4) * 128 + (j % 2) * 64 + (b % 4) * 16 + j / 2,
     }
 }
 
 /// Quantizes `n` rows of `cols` inputs. `offset` is the weight offset the kernel compensates
 /// (128 for q8 codecs fed as w+128, 8 for q4 nibbles, 0 when unused).
 pub(crate) fn quantize(x: &[f32], n: usize, cols: usize, order: Order, offset: f32) -> QAct {
-    let kp = padded(cols);
+    let kp = padded(cols, order);
     let nb = kp / GROUP;
     let mut a = QAct {
         kp,
@@ -145,30 +146,50 @@ fn quantize_row(
     }
 }
 
-/// Per-lane tables for the AVX-512 matvec kernels, whose i32 lanes each sum 4 consecutive bytes
-/// of the (permuted) row: `dl[l]` is the scale of the block lane `l` belongs to, `cl[l]` is
-/// `offset · d · Σq` over the lane's 4 inputs.
+/// Per-lane tables for the AVX-512 matvec kernels, whose 16 i32 lanes each sum 4 consecutive
+/// bytes of a 64-byte chunk of the (permuted) row: `dl[l]` is the scale of the block lane `l`
+/// belongs to, `cl[l]` is `offset · d · Σq` over the inputs the lane sums.
+///
+/// `Natural` (q8): lane l of chunk c covers inputs 64c + 4l .. +4.
+/// `QuadEvenOdd` (q4): the kernel adds the even-element and odd-element products of a group
+/// before converting, so lane l of quad c covers positions 128c + 4l .. +4 and 128c + 64 + 4l .. +4,
+/// both in group 4c + l/4; the tables have 16 entries per 128 inputs.
 pub(crate) struct LaneTables {
     pub dl: Vec<f32>,
     pub cl: Vec<f32>,
 }
 
 pub(crate) fn lane_tables(a: &QAct, t: usize, order: Order, offset: f32) -> LaneTables {
-    let lanes = a.kp / 4;
-    let mut dl = vec![0f32; lanes];
-    let mut cl = vec![0f32; lanes];
     let row = a.row(t);
-    // Invert the permutation lane by lane: which block does permuted position p come from?
-    let mut block_of = vec![0usize; a.kp];
-    for i in 0..a.kp {
-        block_of[dest(order, i)] = i / GROUP;
-    }
-    for l in 0..lanes {
-        let b = block_of[4 * l];
-        let db = a.d[t * a.nb + b];
-        let sum: i32 = row[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum();
-        dl[l] = db;
-        cl[l] = offset * db * sum as f32;
+    let d = &a.d[t * a.nb..(t + 1) * a.nb];
+    let lane_sum = |p: usize| -> i32 { row[p..p + 4].iter().map(|&q| q as i32).sum() };
+    let (mut dl, mut cl) = (Vec::new(), Vec::new());
+    match order {
+        Order::QuadEvenOdd => {
+            for c in 0..a.kp / 128 {
+                for l in 0..16 {
+                    let db = d[4 * c + l / 4];
+                    dl.push(db);
+                    cl.push(
+                        offset
+                            * db
+                            * (lane_sum(128 * c + 4 * l) + lane_sum(128 * c + 64 + 4 * l)) as f32,
+                    );
+                }
+            }
+        }
+        _ => {
+            assert_eq!(
+                order,
+                Order::Natural,
+                "lane tables exist for Natural and QuadEvenOdd rows"
+            );
+            for l in 0..a.kp / 4 {
+                let db = d[l / 8];
+                dl.push(db);
+                cl.push(offset * db * lane_sum(4 * l) as f32);
+            }
+        }
     }
     LaneTables { dl, cl }
 }
@@ -179,15 +200,15 @@ mod tests {
 
     #[test]
     fn orders_are_permutations_within_blocks() {
-        for nb in [2usize, 4, 6] {
-            for order in [Order::Natural, Order::EvenOdd, Order::PairEvenOdd] {
+        for nb in [4usize, 8, 12] {
+            for order in [Order::Natural, Order::EvenOdd, Order::QuadEvenOdd] {
                 let mut seen = vec![false; nb * GROUP];
                 for i in 0..nb * GROUP {
                     let p = dest(order, i);
                     assert!(!seen[p], "{order:?} nb {nb}: {i} collides");
                     seen[p] = true;
-                    // A permuted position stays inside its own block, or its own pair of blocks.
-                    assert_eq!(p / 64, i / 64);
+                    // A permuted position stays inside its own padding unit.
+                    assert_eq!(p / 128, i / 128);
                 }
             }
         }

@@ -54,7 +54,7 @@ impl FloatW<'_> {
                     .iter_mut()
                     .zip(self.data[r * c * 2..(r + 1) * c * 2].chunks_exact(2))
                 {
-                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    *o = crate::codec::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
                 }
             }
             Dtype::Bf16 => {
@@ -98,7 +98,7 @@ fn plan<'a>(w: &Weight<'a>) -> Plan<'a> {
 /// The activation order each ISA's q4 kernels expect.
 fn q4_order(isa: Isa) -> Order {
     match isa {
-        Isa::Avx512 => Order::PairEvenOdd,
+        Isa::Avx512 => Order::QuadEvenOdd,
         Isa::Avx2 | Isa::Portable => Order::EvenOdd,
     }
 }
