@@ -361,21 +361,33 @@ fn actq(_args: &Args) {
     let (rows, cols) = (1024usize, 3072usize);
     let mut seed = 1u64;
     let mut uni = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((seed >> 40) as f64 / (1u64 << 24) as f64) - 0.5
     };
-    let w: Vec<f64> = (0..rows * cols).map(|_| (0..4).map(|_| uni()).sum::<f64>()).collect();
+    let w: Vec<f64> = (0..rows * cols)
+        .map(|_| (0..4).map(|_| uni()).sum::<f64>())
+        .collect();
     let quant = |x: &[f64], block: usize| -> Vec<f64> {
         x.chunks(block)
             .flat_map(|b| {
                 let d = b.iter().fold(0f64, |m, v| m.max(v.abs())) / 127.0;
-                b.iter().map(move |v| if d > 0.0 { (v / d).round() * d } else { 0.0 }).collect::<Vec<_>>()
+                b.iter()
+                    .map(move |v| if d > 0.0 { (v / d).round() * d } else { 0.0 })
+                    .collect::<Vec<_>>()
             })
             .collect()
     };
     println!("## input quantization error (relative RMS of y = W·x, 1024×3072, f64 reference)");
-    for (name, outlier) in [("gaussian-like x", 1.0f64), ("x with 1% outlier channels ×20", 20.0), ("x with 1% outlier channels ×100", 100.0)] {
-        let x: Vec<f64> = (0..cols).map(|i| (0..4).map(|_| uni()).sum::<f64>() * if i % 97 == 5 { outlier } else { 1.0 }).collect();
+    for (name, outlier) in [
+        ("gaussian-like x", 1.0f64),
+        ("x with 1% outlier channels ×20", 20.0),
+        ("x with 1% outlier channels ×100", 100.0),
+    ] {
+        let x: Vec<f64> = (0..cols)
+            .map(|i| (0..4).map(|_| uni()).sum::<f64>() * if i % 97 == 5 { outlier } else { 1.0 })
+            .collect();
         let err = |xq: &[f64]| {
             let (mut num, mut den) = (0f64, 0f64);
             for r in 0..rows {
@@ -387,7 +399,11 @@ fn actq(_args: &Args) {
             }
             (num / den).sqrt()
         };
-        println!("{name:34} per-32 blocks {:.2e}   per-row {:.2e}", err(&quant(&x, 32)), err(&quant(&x, cols)));
+        println!(
+            "{name:34} per-32 blocks {:.2e}   per-row {:.2e}",
+            err(&quant(&x, 32)),
+            err(&quant(&x, cols))
+        );
     }
 }
 
