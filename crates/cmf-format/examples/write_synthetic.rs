@@ -13,9 +13,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     }
     let total: u64 = args[2].parse()?;
-    let dtype = Dtype::from_name(args.get(3).map(String::as_str).unwrap_or("q4_tiled")).ok_or("unknown dtype")?;
+    let dtype = Dtype::from_name(args.get(3).map(String::as_str).unwrap_or("q4_tiled"))
+        .ok_or("unknown dtype")?;
     let (rows, cols) = (4096usize, 4096usize);
-    let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     let bytes = codec::encode(dtype, &[rows, cols], &values)?;
     let n = total.div_ceil(bytes.len() as u64) as usize;
     let per_layer = 7;
@@ -34,12 +37,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Arch::default()
     };
     let mut w = CmfWriter::create(&args[1], Header::new(arch, QuantType::Q4Block))?;
-    let names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let names = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
     for i in 0..n {
-        let name = format!("model.layers.{}.{}.weight", i / per_layer, names[i % per_layer]);
+        let name = format!(
+            "model.layers.{}.{}.weight",
+            i / per_layer,
+            names[i % per_layer]
+        );
         w.add_tensor(&name, dtype, &[rows, cols], &bytes)?;
     }
     let path = w.finish()?;
-    println!("{} tensors of {} {rows}x{cols} -> {}", n, dtype, path.display());
+    println!(
+        "{} tensors of {} {rows}x{cols} -> {}",
+        n,
+        dtype,
+        path.display()
+    );
     Ok(())
 }

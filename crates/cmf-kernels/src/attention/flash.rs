@@ -72,7 +72,7 @@ fn prepare_body<F: Fma>(
         widen(kv.k, at, &mut tmp);
         for (d, v) in tmp.iter().enumerate() {
             // SAFETY: column j of Kᵀ and row j of V belong to this task (keys j0..j1).
-            unsafe { *kt.0.add(d * lenp + j) = *v };
+            unsafe { *kt.ptr().add(d * lenp + j) = *v };
         }
         widen(kv.v, at, unsafe { vb.slice(j * hdp, hd) });
     }
