@@ -24,6 +24,9 @@ struct Cli {
 enum Command {
     Info(commands::info::Args),
     Verify(commands::verify::Args),
+    Convert(commands::convert::Args),
+    ImportGguf(commands::import_gguf::Args),
+    Synth(commands::synth::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::Convert(args) => commands::convert::run(args),
+        Command::ImportGguf(args) => commands::import_gguf::run(args),
+        Command::Synth(args) => commands::synth::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,9 @@
 //! One module per subcommand: `Args` (clap derive) and `run(args) -> anyhow::Result<()>`.
 
+pub mod convert;
+pub mod import_gguf;
 pub mod info;
+pub mod synth;
 pub mod verify;
 
 /// `1.23 GB`-style size (decimal units, as disk tools print them).

@@ -80,21 +80,7 @@ impl<'a> Kv<'a> {
     }
 }
 
-#[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
-    // Normal and subnormal halves: move the bits into an f32 and rescale by 2^112
-    // (exact); infinities and NaNs: set the f32 exponent to all ones.
-    let h = h as u32;
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7FFF;
-    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
-    let bits = if em >= 0x7C00 {
-        (em << 13) | 0x7F80_0000
-    } else {
-        v.to_bits()
-    };
-    f32::from_bits(bits | sign)
-}
+pub(crate) use crate::codec::f16_to_f32 as f16_bits_to_f32;
 
 #[inline(always)]
 pub(crate) fn bf16_bits_to_f32(h: u16) -> f32 {
@@ -211,23 +197,6 @@ impl KvCache {
             k: self.k.slice(n),
             v: self.v.slice(n),
             len,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn f16_decode_matches_half_for_every_bit_pattern() {
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            let got = f16_bits_to_f32(h);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got} vs {want}"
-            );
         }
     }
 }
