@@ -27,6 +27,9 @@ enum Command {
     Convert(commands::convert::Args),
     ImportGguf(commands::import_gguf::Args),
     Synth(commands::synth::Args),
+    Run(commands::run::Args),
+    Bench(commands::bench::Args),
+    Ppl(commands::ppl::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,9 @@ fn main() -> ExitCode {
         Command::Convert(args) => commands::convert::run(args),
         Command::ImportGguf(args) => commands::import_gguf::run(args),
         Command::Synth(args) => commands::synth::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Ppl(args) => commands::ppl::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
