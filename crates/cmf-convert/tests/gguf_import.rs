@@ -262,3 +262,37 @@ fn bad_gguf_errors_name_the_file() {
     assert!(e.contains("cut.gguf") && e.contains("truncated"), "{e}");
     assert!(!out.exists());
 }
+
+/// SentencePiece BPE with byte fallback: a vocab-only GGUF written by llama.cpp's converter from a
+/// trained `tokenizer.model` (scripts/make_spm_tokenizer_fixture.py), and llama-tokenize's ids.
+#[test]
+fn sentencepiece_tokenizer_matches_llama_cpp() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    let g = cmf_convert::gguf::GgufFile::open(&dir.join("spm-vocab.gguf")).unwrap();
+    let rebuilt = import_gguf::tokenizer::rebuild(&g.gguf).unwrap();
+    assert_eq!(
+        (
+            rebuilt.model.as_str(),
+            rebuilt.add_bos,
+            rebuilt.bos_token_id
+        ),
+        ("llama", true, Some(1))
+    );
+    let tok =
+        tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&rebuilt.json).unwrap()).unwrap();
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("spm-tokenize.json")).unwrap()).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{text:?}");
+    }
+}
