@@ -1,6 +1,6 @@
 //! Kernel microbenchmarks.
 //!
-//! cargo run --release -p cmf-kernels --example kbench -- [mem|matvec|matmul|attn|all] [--threads N]
+//! cargo run --release -p cmf-kernels --example kbench -- [mem|matvec|matmul|attn|actq|all] [--threads N]
 //!     [--isa portable|avx2|avx512] [--codecs q8_row,q4_tiled,...] [--n 512] [--secs 1.0]
 //!
 //! - mem: read bandwidth of a 512 MiB buffer (the ceiling for decode), 1 and N threads.
@@ -9,6 +9,7 @@
 //!   the weights come from DRAM as they do in a real decode step (`--hot`: one copy, to measure
 //!   the kernels' own speed on cache-resident weights).
 //! - matmul: GFLOP/s (2·n·rows·cols per call) at n = 512.
+//! - actq: error of per-32-block vs per-row int8 input quantization.
 //! - attn: decode attention per layer at ctx 512/4096 per KV element type; joint attention GFLOP/s.
 //!
 //! Times are the best of repeated runs (the machine is shared; the best run is the least disturbed).
@@ -354,6 +355,58 @@ fn attn(args: &Args) {
     }
 }
 
+/// Error of int8 input quantization, per 32-block (the kernels' scheme) vs one scale per row, on
+/// a 1024×3072 matrix of Gaussian-like weights: relative RMS error of y against f64.
+fn actq(_args: &Args) {
+    let (rows, cols) = (1024usize, 3072usize);
+    let mut seed = 1u64;
+    let mut uni = move || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 40) as f64 / (1u64 << 24) as f64) - 0.5
+    };
+    let w: Vec<f64> = (0..rows * cols)
+        .map(|_| (0..4).map(|_| uni()).sum::<f64>())
+        .collect();
+    let quant = |x: &[f64], block: usize| -> Vec<f64> {
+        x.chunks(block)
+            .flat_map(|b| {
+                let d = b.iter().fold(0f64, |m, v| m.max(v.abs())) / 127.0;
+                b.iter()
+                    .map(move |v| if d > 0.0 { (v / d).round() * d } else { 0.0 })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    println!("## input quantization error (relative RMS of y = W·x, 1024×3072, f64 reference)");
+    for (name, outlier) in [
+        ("gaussian-like x", 1.0f64),
+        ("x with 1% outlier channels ×20", 20.0),
+        ("x with 1% outlier channels ×100", 100.0),
+    ] {
+        let x: Vec<f64> = (0..cols)
+            .map(|i| (0..4).map(|_| uni()).sum::<f64>() * if i % 97 == 5 { outlier } else { 1.0 })
+            .collect();
+        let err = |xq: &[f64]| {
+            let (mut num, mut den) = (0f64, 0f64);
+            for r in 0..rows {
+                let row = &w[r * cols..(r + 1) * cols];
+                let y: f64 = row.iter().zip(&x).map(|(a, b)| a * b).sum();
+                let yq: f64 = row.iter().zip(xq).map(|(a, b)| a * b).sum();
+                num += (y - yq).powi(2);
+                den += y * y;
+            }
+            (num / den).sqrt()
+        };
+        println!(
+            "{name:34} per-32 blocks {:.2e}   per-row {:.2e}",
+            err(&quant(&x, 32)),
+            err(&quant(&x, cols))
+        );
+    }
+}
+
 fn main() {
     let args = parse();
     println!(
@@ -366,6 +419,7 @@ fn main() {
         "matvec" => matvec(&args),
         "matmul" => matmul(&args),
         "attn" => attn(&args),
+        "actq" => actq(&args),
         "all" => {
             mem(&args);
             matvec(&args);

@@ -17,6 +17,8 @@
 //! the activation once than to re-interleave nibbles for every row.
 
 use crate::codec::GROUP;
+use crate::cpu::Isa;
+use crate::simd::{multiversion, Fma};
 
 /// The order quantized inputs are stored in, within each block (or pair of blocks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +73,14 @@ fn dest(order: Order, i: usize) -> usize {
 
 /// Quantizes `n` rows of `cols` inputs. `offset` is the weight offset the kernel compensates
 /// (128 for q8 codecs fed as w+128, 8 for q4 nibbles, 0 when unused).
-pub(crate) fn quantize(x: &[f32], n: usize, cols: usize, order: Order, offset: f32) -> QAct {
+pub(crate) fn quantize(
+    isa: Isa,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    order: Order,
+    offset: f32,
+) -> QAct {
     let kp = padded(cols, order);
     let nb = kp / GROUP;
     let mut a = QAct {
@@ -100,13 +109,35 @@ pub(crate) fn quantize(x: &[f32], n: usize, cols: usize, order: Order, offset: f
                     s.slice(t * nb, nb),
                 )
             };
-            quantize_row(&x[t * cols..(t + 1) * cols], order, offset, qs, d, c, s);
+            let xr = &x[t * cols..(t + 1) * cols];
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512 {
+                // SAFETY: the CPU runs AVX-512 (isa is supported); slices sized by `quantize`.
+                unsafe { quantize_row_avx512(xr, order, offset, qs, d, c, s) };
+                continue;
+            }
+            quantize_row_with(isa, xr, order, offset, qs, d, c, s);
         }
     });
     a
 }
 
-fn quantize_row(
+/// (d, 1/d) of a block from its max |x|. A zero block has d = 0. A block holding NaN or ±∞ gets
+/// d = NaN and zero codes, so the outputs it touches come out NaN instead of silently finite.
+#[inline(always)]
+fn block_scale(amax: f32) -> (f32, f32) {
+    if amax > 0.0 && amax.is_finite() {
+        (amax / 127.0, 127.0 / amax)
+    } else if amax == 0.0 {
+        (0.0, 0.0)
+    } else {
+        (f32::NAN, 0.0)
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_row_body<F: Fma>(
     x: &[f32],
     order: Order,
     offset: f32,
@@ -115,29 +146,130 @@ fn quantize_row(
     c: &mut [f32],
     s: &mut [i32],
 ) {
+    // Fixed 32-wide loops with lane-wise max and sums, so the body vectorizes (including the
+    // rounding: `round_ties_even` is one instruction where SSE4.1/AVX exist).
     let nb = d.len();
-    let mut buf = [0i8; GROUP];
     for b in 0..nb {
+        let mut xb = [0f32; GROUP];
         let lo = (b * GROUP).min(x.len());
         let hi = ((b + 1) * GROUP).min(x.len());
-        let xb = &x[lo..hi];
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (db, inv) = if amax > 0.0 && amax.is_finite() {
-            (amax / 127.0, 127.0 / amax)
-        } else {
-            (0.0, 0.0)
-        };
-        let mut sum = 0i32;
-        buf.fill(0);
-        for (q, v) in buf.iter_mut().zip(xb) {
-            *q = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-            sum += *q as i32;
+        xb[..hi - lo].copy_from_slice(&x[lo..hi]);
+        let mut m = [0f32; GROUP];
+        for j in 0..GROUP {
+            let a = xb[j].abs();
+            m[j] = if a > m[j] { a } else { m[j] };
         }
+        let mut amax = m.iter().fold(0f32, |acc, &v| if v > acc { v } else { acc });
+        if xb.iter().fold(false, |bad, v| bad | !v.is_finite()) {
+            amax = f32::NAN;
+        }
+        let (db, inv) = block_scale(amax);
+        let mut q = [0i32; GROUP];
+        for j in 0..GROUP {
+            // |x·inv| ≤ 127 up to rounding, so the clamp only guards that rounding.
+            q[j] = (xb[j] * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
+        }
+        let sum: i32 = q.iter().sum();
         if order == Order::Natural {
-            qs[b * GROUP..(b + 1) * GROUP].copy_from_slice(&buf);
+            for (o, v) in qs[b * GROUP..(b + 1) * GROUP].iter_mut().zip(&q) {
+                *o = *v as i8;
+            }
         } else {
-            for (j, q) in buf.iter().enumerate() {
-                qs[dest(order, b * GROUP + j)] = *q;
+            for (j, v) in q.iter().enumerate() {
+                qs[dest(order, b * GROUP + j)] = *v as i8;
+            }
+        }
+        d[b] = db;
+        s[b] = sum;
+        c[b] = offset * db * sum as f32;
+    }
+}
+multiversion!(fn quantize_row / quantize_row_with = quantize_row_body;
+    (x: &[f32], order: Order, offset: f32, qs: &mut [i8], d: &mut [f32], c: &mut [f32], s: &mut [i32]));
+
+/// `quantize_row` with AVX-512: 32 inputs per step, the even/odd split done with two-register
+/// permutes, bytes written with saturating narrowing stores. Same results as the portable body
+/// (`vcvtps2dq` rounds half to even, like `round_ties_even`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn quantize_row_avx512(
+    x: &[f32],
+    order: Order,
+    offset: f32,
+    qs: &mut [i8],
+    d: &mut [f32],
+    c: &mut [f32],
+    s: &mut [i32],
+) {
+    use std::arch::x86_64::*;
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
+    let out = qs.as_mut_ptr();
+    for b in 0..d.len() {
+        let lo = (b * GROUP).min(x.len());
+        let n = ((b + 1) * GROUP).min(x.len()) - lo;
+        let m0 = if n >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << n) - 1) as u16
+        };
+        let m1 = if n >= 32 {
+            0xFFFF
+        } else if n <= 16 {
+            0
+        } else {
+            ((1u32 << (n - 16)) - 1) as u16
+        };
+        let v0 = _mm512_maskz_loadu_ps(m0, x.as_ptr().add(lo));
+        let v1 = _mm512_maskz_loadu_ps(m1, x.as_ptr().wrapping_add(lo + 16));
+        let a = _mm512_max_ps(
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask)),
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask)),
+        );
+        // NaN and ±∞ (fpclass 0x99) make the whole block's scale NaN.
+        let bad = _mm512_fpclass_ps_mask::<0x99>(v0) | _mm512_fpclass_ps_mask::<0x99>(v1);
+        let amax = if bad != 0 {
+            f32::NAN
+        } else {
+            _mm512_reduce_max_ps(a)
+        };
+        let (db, inv) = block_scale(amax);
+        let (q0, q1) = if inv > 0.0 {
+            let iv = _mm512_set1_ps(inv);
+            (
+                _mm512_cvtps_epi32(_mm512_mul_ps(v0, iv)),
+                _mm512_cvtps_epi32(_mm512_mul_ps(v1, iv)),
+            )
+        } else {
+            (_mm512_setzero_si512(), _mm512_setzero_si512())
+        };
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        match order {
+            Order::Natural => {
+                _mm_storeu_si128(
+                    out.add(b * GROUP) as *mut __m128i,
+                    _mm512_cvtsepi32_epi8(q0),
+                );
+                _mm_storeu_si128(
+                    out.add(b * GROUP + 16) as *mut __m128i,
+                    _mm512_cvtsepi32_epi8(q1),
+                );
+            }
+            Order::EvenOdd | Order::QuadEvenOdd => {
+                let (pe, po) = if order == Order::EvenOdd {
+                    (b * GROUP, b * GROUP + 16)
+                } else {
+                    (
+                        (b / 4) * 128 + (b % 4) * 16,
+                        (b / 4) * 128 + 64 + (b % 4) * 16,
+                    )
+                };
+                let qe = _mm512_permutex2var_epi32(q0, even, q1);
+                let qo = _mm512_permutex2var_epi32(q0, odd, q1);
+                _mm_storeu_si128(out.add(pe) as *mut __m128i, _mm512_cvtsepi32_epi8(qe));
+                _mm_storeu_si128(out.add(po) as *mut __m128i, _mm512_cvtsepi32_epi8(qo));
             }
         }
         d[b] = db;
@@ -219,7 +351,7 @@ mod tests {
         let x: Vec<f32> = (0..100)
             .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.31 + if i == 40 { 50.0 } else { 0.0 })
             .collect();
-        let a = quantize(&x, 1, 100, Order::Natural, 0.0);
+        let a = quantize(Isa::Portable, &x, 1, 100, Order::Natural, 0.0);
         assert_eq!(a.kp, 128);
         for (i, v) in x.iter().enumerate() {
             let d = a.d[i / 32];

@@ -178,7 +178,7 @@ pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
         Plan::Q8(q) => {
             let folded = fold_columns(&q, x, 1, cols);
             let x = folded.as_deref().unwrap_or(x);
-            let a = act::quantize(x, 1, cols, Order::Natural, 128.0);
+            let a = act::quantize(isa, x, 1, cols, Order::Natural, 128.0);
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => {
@@ -197,7 +197,7 @@ pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
         }
         Plan::Q4(q) => {
             let order = q4_order(isa);
-            let a = act::quantize(x, 1, cols, order, 8.0);
+            let a = act::quantize(isa, x, 1, cols, order, 8.0);
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx512 => {
@@ -270,6 +270,7 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
         Plan::Q8(q) => {
             let folded = fold_columns(&q, x, n, cols);
             let a = act::quantize(
+                isa,
                 folded.as_deref().unwrap_or(x),
                 n,
                 cols,
@@ -282,7 +283,7 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
             })
         }
         Plan::Q4(q) => {
-            let a = act::quantize(x, n, cols, Order::EvenOdd, 8.0);
+            let a = act::quantize(isa, x, n, cols, Order::EvenOdd, 8.0);
             pool::for_each_task(tasks, |i| {
                 let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
                 portable::q4_matmul(&q, &a, n, r0, r1, yp, rows)
