@@ -6,11 +6,14 @@
 //! - [`chat`]: tokenizer, chat templates, streaming detokenization, multi-turn sessions.
 //! - [`sampling`]: logits → next token (greedy, temperature, top-k/p, min-p, penalties, seed).
 //! - [`generate`]: the prefill/decode loop with stop conditions and timings.
+//! - [`bench`], [`perplexity`]: llama-bench's pp/tg contract and llama-perplexity's method.
 
+pub mod bench;
 pub mod chat;
 pub mod error;
 pub mod generate;
 pub mod model;
+pub mod perplexity;
 pub mod sampling;
 
 pub use error::{LlmError, Result};
