@@ -185,7 +185,7 @@ fn task_body<F: Fma>(
         2 * BK * hd
     };
     let mut guard = crate::pool::Scratch::new(scratch);
-    let (mut kb, mut vb) = guard.get().split_at_mut(scratch / 2);
+    let (kb, vb) = guard.get().split_at_mut(scratch / 2);
     let stride = kv.token_stride(p.n_kv_heads, hd);
     let mut j0 = lo;
     while j0 < hi {
@@ -199,8 +199,8 @@ fn task_body<F: Fma>(
         }
         // K and V rows of this block: f32 caches are read in place (row stride `stride`), the
         // 16-bit ones widened into contiguous buffers (row stride hd).
-        let (kp, kst) = rows_f32::<F>(kv.k, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, &mut kb);
-        let (vp, vst) = rows_f32::<F>(kv.v, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, &mut vb);
+        let (kp, kst) = rows_f32::<F>(kv.k, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, kb);
+        let (vp, vst) = rows_f32::<F>(kv.v, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, vb);
         let (kb_rows, vb_rows) = (&kp[..(n - 1) * kst + hd], &vp[..(n - 1) * vst + hd]);
         for r in 0..rows {
             let (rlo, rhi) = range[r];

@@ -1,6 +1,7 @@
 //! Hand-written inner loops of the decode schedule for AVX-512 and AVX2 (LLVM does not keep the
 //! portable versions' accumulator arrays in registers). Called only from instances compiled with
 //! those features (`Fma::AVX512` / `Fma::X86_SIMD`).
+#![allow(clippy::needless_range_loop)] // register tiles read clearest with explicit indices
 
 use std::arch::x86_64::*;
 
@@ -87,7 +88,7 @@ pub(super) unsafe fn add_pv_avx512(
     let mut d0 = 0;
     while d0 < hd {
         let w = (hd - d0).min(128);
-        let last: __mmask16 = if w % 16 == 0 {
+        let last: __mmask16 = if w.is_multiple_of(16) {
             0xFFFF
         } else {
             ((1u32 << (w % 16)) - 1) as u16
