@@ -7,6 +7,8 @@
 //!
 //! One 32-byte vector is exactly one 32-block, so the block scale is a broadcast.
 
+#![allow(clippy::needless_range_loop)] // register tiles read clearest with explicit indices
+
 use std::arch::x86_64::*;
 
 use crate::act::QAct;
