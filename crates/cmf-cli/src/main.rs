@@ -18,6 +18,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Info(commands::info::Args),
+    Imagine(commands::imagine::Args),
     Verify(commands::verify::Args),
     Convert(commands::convert::Args),
     ImportGguf(commands::import_gguf::Args),
@@ -42,8 +43,9 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
-        Command::Verify(args) => commands::verify::run(args),
+        Command::Imagine(args) => commands::imagine::run(args),
         Command::Convert(args) => commands::convert::run(args),
+        Command::Verify(args) => commands::verify::run(args),
         Command::ImportGguf(args) => commands::import_gguf::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Run(args) => commands::run::run(args),

@@ -1,5 +1,7 @@
 //! `cmf convert --model DIR --quant q8 --output F`: a Hugging Face checkpoint directory
 //! (config.json, safetensors, tokenizer files) → one CMF file. See docs/convert.md.
+//! `cmf convert --zimage DIR --output F`: a diffusers Z-Image tree → one pack (`convert_zimage`,
+//! docs/zimage.md).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -15,8 +17,11 @@ use crate::exit::UsageError;
 #[derive(clap::Args)]
 pub struct Args {
     /// Directory with config.json, model.safetensors (or a sharded index) and tokenizer.json.
-    #[arg(long)]
-    model: PathBuf,
+    #[arg(long, required_unless_present = "zimage", conflicts_with = "zimage")]
+    model: Option<PathBuf>,
+    /// A diffusers Z-Image / Z-Image-Turbo directory (`ZImagePipeline`) instead of `--model`.
+    #[arg(long, value_name = "DIR")]
+    zimage: Option<PathBuf>,
     /// Codec for weight matrices: q8 (q8_row), q8_2f, q4 (q4_tiled), f16, bf16, f32.
     /// Norms and biases always stay f32.
     #[arg(long, default_value = "q8")]
@@ -27,9 +32,16 @@ pub struct Args {
     /// Decode every encoded tensor again and print the error against the source values.
     #[arg(long)]
     measure_error: bool,
+    #[command(flatten)]
+    zimage_args: super::convert_zimage::ZimageArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = match (&args.model, &args.zimage) {
+        (_, Some(dir)) => return super::convert_zimage::run(dir, &args.output, &args.zimage_args),
+        (Some(m), None) => m,
+        (None, None) => return Err(UsageError("pass --model DIR or --zimage DIR".into()).into()),
+    };
     let quant = parse_quant(&args.quant)?;
     let start = Instant::now();
     let bar = Bar::new();
@@ -38,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         measure_error: args.measure_error,
         progress: &bar,
     };
-    let report = cmf_convert::hf::convert(&args.model, &args.output, &opts).map_err(into_anyhow)?;
+    let report = cmf_convert::hf::convert(model, &args.output, &opts).map_err(into_anyhow)?;
     print_report(&report, start, args.measure_error);
     Ok(())
 }

@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod convert;
+pub mod convert_zimage;
+pub mod imagine;
 pub mod import_gguf;
 pub mod info;
 mod llm_opts;
