@@ -268,11 +268,18 @@ fn attn(args: &Args) {
         args.isa
     );
     let (heads, kvh, hd) = (16usize, 8usize, 128usize);
-    for ctx in [512usize, 4096] {
+    let ctxs: Vec<usize> = std::env::var("CMF_KBENCH_CTX")
+        .map(|v| v.split(',').map(|c| c.parse().expect("ctx")).collect())
+        .unwrap_or(vec![512, 4096]);
+    for &ctx in &ctxs {
         for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
             // Enough layers' caches to exceed the L3 cache, used in turn (as a real decode step does).
             let bytes = 2 * ctx * kvh * hd * dtype.bytes();
-            let layers = (4 * (32usize << 20)).div_ceil(bytes).clamp(1, 28);
+            let layers = if args.hot {
+                1
+            } else {
+                (4 * (32usize << 20)).div_ceil(bytes).clamp(1, 28)
+            };
             let kv_row: Vec<f32> = (0..ctx * kvh * hd)
                 .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
                 .collect();
@@ -317,7 +324,15 @@ fn attn(args: &Args) {
         "## joint attention (isa {}), Z-Image: 30 heads, head_dim 128, non-causal, f32",
         args.isa
     );
-    for n in [1024usize, 4096] {
+    let joint: Vec<usize> = std::env::var("CMF_KBENCH_JOINT")
+        .map(|v| {
+            v.split(',')
+                .filter(|c| !c.is_empty())
+                .map(|c| c.parse().expect("tokens"))
+                .collect()
+        })
+        .unwrap_or(vec![1024, 4096]);
+    for &n in &joint {
         let (heads, hd) = (30usize, 128usize);
         let x: Vec<f32> = (0..n * heads * hd)
             .map(|i| ((i % 11) as f32 - 5.0) * 0.05)

@@ -61,21 +61,61 @@ impl KvSlice<'_> {
     }
 }
 
-/// Keys and values the attention reads: `len` tokens of `[n_kv_heads, head_dim]` each.
+/// How token j of kv head h is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    /// `[len, n_kv_heads, head_dim]`: what a K or V projection produces.
+    TokenMajor,
+    /// `[n_kv_heads, capacity, head_dim]`: the cache layout, so that decode streams each head's
+    /// keys sequentially.
+    HeadMajor { capacity: usize },
+}
+
+/// Keys and values the attention reads: `len` tokens of `n_kv_heads × head_dim` each.
 #[derive(Clone, Copy, Debug)]
 pub struct Kv<'a> {
     pub k: KvSlice<'a>,
     pub v: KvSlice<'a>,
     pub len: usize,
+    pub layout: KvLayout,
 }
 
 impl<'a> Kv<'a> {
-    /// Plain f32 keys and values (`len` = k.len() / (n_kv_heads·head_dim), checked by the kernel).
+    /// Plain f32 keys and values, token-major `[len, n_kv_heads, head_dim]`.
     pub fn f32(k: &'a [f32], v: &'a [f32], len: usize) -> Kv<'a> {
         Kv {
             k: KvSlice::F32(k),
             v: KvSlice::F32(v),
             len,
+            layout: KvLayout::TokenMajor,
+        }
+    }
+
+    /// Element offset of (token j, kv head h) and the distance between consecutive tokens.
+    #[inline(always)]
+    pub(crate) fn at(&self, j: usize, h: usize, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => (j * n_kv + h) * hd,
+            KvLayout::HeadMajor { capacity } => (h * capacity + j) * hd,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn token_stride(&self, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => n_kv * hd,
+            KvLayout::HeadMajor { .. } => hd,
+        }
+    }
+
+    /// Elements the slices must hold for `len` tokens.
+    pub(crate) fn needed(&self, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => self.len * n_kv * hd,
+            KvLayout::HeadMajor { capacity } if self.len > 0 => {
+                ((n_kv - 1) * capacity + self.len) * hd
+            }
+            KvLayout::HeadMajor { .. } => 0,
         }
     }
 }
@@ -110,6 +150,7 @@ impl Store {
         }
     }
 
+    /// Writes `src` at element `at`.
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
@@ -133,7 +174,8 @@ impl Store {
     }
 }
 
-/// One layer's keys and values, `[capacity, n_kv_heads, head_dim]` each, allocated up front.
+/// One layer's keys and values, `[n_kv_heads, capacity, head_dim]` each (head-major: decode reads
+/// each head's keys as one sequential stream), allocated up front.
 pub struct KvCache {
     dtype: KvDtype,
     capacity: usize,
@@ -181,8 +223,14 @@ impl KvCache {
             "KvCache::write: positions {pos}.. exceed capacity {}",
             self.capacity
         );
-        self.k.write(pos * row, k);
-        self.v.write(pos * row, v);
+        let (hd, cap) = (self.head_dim, self.capacity);
+        for (t, (kt, vt)) in k.chunks(row).zip(v.chunks(row)).enumerate() {
+            for h in 0..self.n_kv_heads {
+                let at = (h * cap + pos + t) * hd;
+                self.k.write(at, &kt[h * hd..(h + 1) * hd]);
+                self.v.write(at, &vt[h * hd..(h + 1) * hd]);
+            }
+        }
     }
 
     /// The first `len` positions, for the attention kernels.
@@ -192,11 +240,14 @@ impl KvCache {
             "KvCache::view: {len} > capacity {}",
             self.capacity
         );
-        let n = len * self.n_kv_heads * self.head_dim;
+        let n = self.capacity * self.n_kv_heads * self.head_dim;
         Kv {
             k: self.k.slice(n),
             v: self.v.slice(n),
             len,
+            layout: KvLayout::HeadMajor {
+                capacity: self.capacity,
+            },
         }
     }
 }

@@ -62,19 +62,20 @@ pub(crate) unsafe fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32
     }
 }
 
-/// q8 rows against one quantized input row, four rows at a time.
+/// q8 rows against quantized input row `t` (whose lane tables are `lanes`), four rows at a time.
 /// `c_total` = 128·Σ_b d_b·Σq_b (the offset correction, the same for every row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
 pub(crate) unsafe fn q8_matvec(
     q: &Q8,
     a: &QAct,
+    t: usize,
     lanes: &LaneTables,
     c_total: f32,
     r0: usize,
     y: &mut [f32],
 ) {
     let cols = q.cols;
-    let xq = a.qs.as_ptr();
+    let xq = a.qs.as_ptr().add(t * a.kp);
     let dl = lanes.dl.as_ptr();
     let full = cols / 64;
     let tail = cols % 64;
@@ -258,13 +259,20 @@ unsafe fn q4tp_row_scales(q: &Q4, r: usize, codes: &mut [u8], out: &mut [f32]) {
     }
 }
 
-/// q4 rows (cols % 32 == 0) against one `QuadEvenOdd` input row. Per four groups: one 64-byte
+/// q4 rows (cols % 32 == 0) against `QuadEvenOdd` input row `t` (lane tables `lanes`). Per four groups: one 64-byte
 /// nibble load (four 16-byte loads for q4_tiled), low and high halves through two `vpdpbusd`
 /// into the same lanes, then `s_w·(d_x·I − c_x)` per lane.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
-pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, lanes: &LaneTables, r0: usize, y: &mut [f32]) {
+pub(crate) unsafe fn q4_matvec(
+    q: &Q4,
+    a: &QAct,
+    t: usize,
+    lanes: &LaneTables,
+    r0: usize,
+    y: &mut [f32],
+) {
     let gpr = q.gpr;
-    let xq = a.qs.as_ptr();
+    let xq = a.qs.as_ptr().add(t * a.kp);
     let (dl, cl) = (lanes.dl.as_ptr(), lanes.cl.as_ptr());
     match q.kind {
         Q4Kind::Block => {

@@ -18,7 +18,7 @@ use crate::cpu::Isa;
 use crate::pool::{self, SendPtr};
 use crate::sgemm::sgemm;
 
-use super::{avx512, fold_columns, FloatW, WeightPlan};
+use super::{avx512, fold_columns, FloatW, Plan as WeightPlan};
 
 pub(crate) const PANEL: usize = 32;
 
