@@ -25,6 +25,14 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// A copy that treats special-token text (`<|im_start|>`) as ordinary text, as llama.cpp's
+    /// `--no-parse-special` and transformers' `split_special_tokens=True` do.
+    pub fn special_tokens_as_text(&self) -> Tokenizer {
+        let mut inner = self.inner.clone();
+        inner.set_encode_special_tokens(true);
+        Tokenizer { inner }
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
