@@ -97,13 +97,20 @@ pub fn conv2d_with(
             }
         });
         crate::linear::matmul_with(isa, weight, &cols[..n * kk], n, &mut y[..n * c_out]);
-        // [pixels, c_out] → [c_out, pixels] plus bias.
-        pool::for_each_task(c_out, |co| {
-            let b = bias.map_or(0.0, |b| b[co]);
-            // SAFETY: channel co's rows y0..y0+rows belong to this task.
-            let dst = unsafe { op.slice(co * h * w + y0 * w, n) };
-            for (p, o) in dst.iter_mut().enumerate() {
-                *o = y[p * c_out + co] + b;
+        // [pixels, c_out] → [c_out, pixels] plus bias, TR channels per task: each cache line of
+        // `y` (16 channels of one pixel) is read once instead of once per channel.
+        const TR: usize = 16;
+        pool::for_each_task(c_out.div_ceil(TR), |blk| {
+            let (c0, c1) = (blk * TR, ((blk + 1) * TR).min(c_out));
+            // SAFETY: channels c0..c1, rows y0..y0+rows, belong to this task.
+            let mut dst: Vec<&mut [f32]> =
+                (c0..c1).map(|co| unsafe { op.slice(co * h * w + y0 * w, n) }).collect();
+            let b: Vec<f32> = (c0..c1).map(|co| bias.map_or(0.0, |b| b[co])).collect();
+            for p in 0..n {
+                let src = &y[p * c_out + c0..p * c_out + c1];
+                for ((d, &v), &bb) in dst.iter_mut().zip(src).zip(&b) {
+                    d[p] = v + bb;
+                }
             }
         });
         y0 += rows;

@@ -275,14 +275,29 @@ pub enum Event {
     },
 }
 
-/// Seconds per stage.
+/// Seconds per stage: wall clock, and the process's CPU time (user + system, all threads), which
+/// on a shared machine says how much work a stage was when the wall clock includes waiting.
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
     pub text_encoder: f64,
+    pub text_encoder_cpu: f64,
     pub dit_load: f64,
     pub steps: Vec<f64>,
+    pub steps_cpu: Vec<f64>,
     pub vae: f64,
+    pub vae_cpu: f64,
     pub total: f64,
+}
+
+/// CPU seconds used by this process so far (user + system, every thread).
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 pub struct Generated {
@@ -314,6 +329,7 @@ pub fn generate(
 
     // ── text encoder ──
     let t0 = Instant::now();
+    let c0 = cpu_seconds();
     let (cap, ncap) = {
         let te = pack.text_encoder()?;
         let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
@@ -336,6 +352,7 @@ pub fn generate(
     };
     release(pack, "te.");
     tm.text_encoder = t0.elapsed().as_secs_f64();
+    tm.text_encoder_cpu = cpu_seconds() - c0;
     events(Event::TextEncoded {
         secs: tm.text_encoder,
     });
@@ -368,6 +385,7 @@ pub fn generate(
     let sched = Schedule::new(plan.steps, plan.shift);
     for i in 0..plan.steps {
         let ts = Instant::now();
+        let cs = cpu_seconds();
         let t = sched.model_t[i];
         // diffusers: CFG is off at steps whose t_norm = (1000 − t)/1000 exceeds cfg_truncation.
         let cfg_now = plan.cfg() && !(plan.cfg_truncation <= 1.0 && t > plan.cfg_truncation);
@@ -392,6 +410,7 @@ pub fn generate(
         sched.step(i, &mut lat, &pred);
         let secs = ts.elapsed().as_secs_f64();
         tm.steps.push(secs);
+        tm.steps_cpu.push(cpu_seconds() - cs);
         events(Event::Step {
             i: i + 1,
             n: plan.steps,
@@ -410,11 +429,13 @@ pub fn generate(
 
     // ── VAE ──
     let t0 = Instant::now();
+    let c0 = cpu_seconds();
     let vae = pack.vae()?;
     let rgb = vae.decode_to_rgb(&lat, lh, lw)?;
     drop(vae);
     release(pack, "vae.");
     tm.vae = t0.elapsed().as_secs_f64();
+    tm.vae_cpu = cpu_seconds() - c0;
     events(Event::Decoded { secs: tm.vae });
     tm.total = t_all.elapsed().as_secs_f64();
     Ok(Generated {

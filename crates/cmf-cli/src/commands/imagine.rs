@@ -136,6 +136,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     sorted.sort_by(f64::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     println!("{}: {}x{}", args.output.display(), out.width, out.height);
+    let steps_cpu: f64 = tm.steps_cpu.iter().sum();
     println!(
         "timing: text encoder {:.2} s, conditioning {:.2} s, {} steps {:.2} s (median {:.2} s/step), VAE {:.2} s, total {:.2} s{}",
         tm.text_encoder,
@@ -146,6 +147,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tm.vae,
         t_all.elapsed().as_secs_f64(),
         peak_rss().map(|kb| format!(", peak RSS {:.2} GiB", kb as f64 / (1 << 20) as f64)).unwrap_or_default()
+    );
+    println!(
+        "cpu time: text encoder {:.2} s, steps {:.2} s ({:.2} s/step), VAE {:.2} s, total {:.2} s",
+        tm.text_encoder_cpu,
+        steps_cpu,
+        steps_cpu / tm.steps_cpu.len().max(1) as f64,
+        tm.vae_cpu,
+        cmf_zimage::pipeline::cpu_seconds()
     );
     Ok(())
 }
