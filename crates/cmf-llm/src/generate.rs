@@ -28,6 +28,8 @@ pub enum FinishReason {
     Length,
     /// The sequence reached the state's token limit.
     ContextFull,
+    /// The caller's cancellation check said stop (see [`generate_cancellable`]).
+    Cancelled,
 }
 
 #[derive(Debug, Clone)]
@@ -66,26 +68,49 @@ pub fn generate(
     cfg: &GenerationConfig,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
+    let never = || false;
+    generate_cancellable(model, st, tokenizer, prompt, history, cfg, on_text, &never)
+}
+
+/// [`generate`] that also ends, with [`FinishReason::Cancelled`], as soon as `cancelled()`
+/// returns true. It is asked before the prefill and before every decode step, so a server can
+/// drop the work of a client that went away within one token. A cancelled run emits nothing more
+/// (held-back text is dropped) and leaves `st` / `history` consistent with each other.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cancellable(
+    model: &Model,
+    st: &mut State,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    cfg: &GenerationConfig,
+    on_text: &mut dyn FnMut(&str),
+    cancelled: &dyn Fn() -> bool,
+) -> Result<GenerationStats> {
     let mut sampler = Sampler::new(cfg.sampling.clone());
     let mut stops = StopMatcher::new(&cfg.stop_strings);
     // The last prompt ids give the decoder the left context of the first generated token.
     let context = &prompt[prompt.len().saturating_sub(4)..];
     let mut decoder = tokenizer.text_decoder(context, true);
 
-    let t0 = Instant::now();
-    let mut logits = model.prefill(st, prompt)?.to_vec();
-    let prefill_time = t0.elapsed();
-    history.extend_from_slice(prompt);
-
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
         generated_tokens: 0,
-        prefill_time,
+        prefill_time: Duration::ZERO,
         decode_steps: 0,
         decode_time: Duration::ZERO,
         time_to_first_token: Duration::ZERO,
         finish: FinishReason::Length,
     };
+    if cancelled() {
+        stats.finish = FinishReason::Cancelled;
+        return Ok(stats);
+    }
+    let t0 = Instant::now();
+    let mut logits = model.prefill(st, prompt)?.to_vec();
+    stats.prefill_time = t0.elapsed();
+    history.extend_from_slice(prompt);
+
     let mut emit = |text: &str, stops: &mut StopMatcher| -> bool {
         let (out, hit) = stops.push(text);
         if !out.is_empty() {
@@ -113,6 +138,10 @@ pub fn generate(
         if st.len() >= st.kv.limit() {
             stats.finish = FinishReason::ContextFull;
             break;
+        }
+        if cancelled() {
+            stats.finish = FinishReason::Cancelled;
+            return Ok(stats);
         }
         let t = Instant::now();
         logits.copy_from_slice(model.decode(st, token)?);

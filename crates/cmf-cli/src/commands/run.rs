@@ -253,6 +253,7 @@ fn finish(s: &GenerationStats, cfg: &GenerationConfig) {
         FinishReason::Stop => "stop string",
         FinishReason::Length => "max tokens",
         FinishReason::ContextFull => "context full",
+        FinishReason::Cancelled => "cancelled",
     };
     let seed = if cfg.sampling.temperature > 0.0 {
         format!(" | seed {}", cfg.sampling.seed)
