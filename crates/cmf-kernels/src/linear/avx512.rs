@@ -6,6 +6,8 @@
 //! - q4: nibbles are already unsigned (q ∈ 0..15); the input is stored in `QuadEvenOdd` order so
 //!   64 nibble bytes (four groups) line up with it after a mask (low nibbles) and a shift (high).
 
+#![allow(clippy::needless_range_loop)] // register tiles read clearest with explicit indices
+
 use std::arch::x86_64::*;
 
 use crate::act::{LaneTables, QAct};
@@ -136,7 +138,7 @@ pub(crate) unsafe fn q8_matvec(
     y: &mut [f32],
 ) {
     let cols = q.cols;
-    let xq = a.qs.as_ptr().add(t * a.kp) as *const i8;
+    let xq = a.qs.as_ptr().add(t * a.kp);
     let dl = lanes.dl.as_ptr();
     let (full, tail) = (cols / 64, cols % 64);
     for (i, yr) in y.iter_mut().enumerate() {
