@@ -55,8 +55,8 @@ fn splits_agree_mistral_sliding_window() {
 }
 
 /// The f16 KV cache (the CLI default) against the exact f32 one on the fixtures' 48-token prompt
-/// + 24 greedy steps: measured worst relative logit difference 3.3e-4 to 8.1e-4 (qwen3-tiny);
-/// bound 2e-3.
+/// and 24 greedy steps: measured worst relative logit difference 3.3e-4 to 8.1e-4
+/// (qwen3-tiny); bound 2e-3.
 #[test]
 fn f16_kv_cache_close_to_f32() {
     for name in FIXTURES {
