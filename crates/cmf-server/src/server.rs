@@ -79,8 +79,8 @@ async fn serve(
         .await
 }
 
-/// Loads the model, listens, calls `on_listening` with the address, and serves until Ctrl-C
-/// (a second Ctrl-C exits at once). For `cmf serve`.
+/// Loads the model, listens, calls `on_listening` with the address, and serves until Ctrl-C or
+/// SIGTERM (then a Ctrl-C exits at once). For `cmf serve`.
 pub fn run_until_ctrl_c(
     cfg: ServerConfig,
     on_listening: impl FnOnce(SocketAddr, &crate::worker::ModelInfo),
@@ -94,7 +94,7 @@ pub fn run_until_ctrl_c(
             .map_err(|e| StartError::Other(e.to_string()))?;
         on_listening(addr, &state.engine.info);
         let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
             eprintln!("shutting down: finishing the answers in flight (Ctrl-C again to quit now)");
             tokio::spawn(async {
                 let _ = tokio::signal::ctrl_c().await;
@@ -105,6 +105,22 @@ pub fn run_until_ctrl_c(
             .await
             .map_err(|e| StartError::Other(format!("server error: {e}")))
     })
+}
+
+/// Ctrl-C, or (Unix) SIGTERM as service managers send it.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// A server on a background thread (tests, benchmarks): stopped by [`RunningServer::stop`] or drop.
