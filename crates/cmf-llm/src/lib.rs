@@ -14,6 +14,7 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod perplexity;
+pub mod profile;
 pub mod sampling;
 
 pub use error::{LlmError, Result};

@@ -57,6 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         repetitions: args.reps,
         kv_dtype,
     };
+    cmf_llm::profile::reset();
     let results = bench::run(&model, &cfg, &mut |test, rep| {
         eprint!("\r{test}: {rep}/{}   ", args.reps)
     })?;
@@ -107,6 +108,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 r.stddev()
             );
         }
+    }
+    if let Some(table) = cmf_llm::profile::report() {
+        eprintln!("{table}");
     }
     Ok(())
 }
