@@ -3,8 +3,8 @@
 //! budget or the context limit.
 
 use crate::chat::Tokenizer;
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::model::{Model, State};
 use crate::sampling::{Sampler, SamplingParams};
 use std::time::{Duration, Instant};
 
@@ -54,12 +54,11 @@ impl GenerationStats {
     }
 }
 
-/// Runs `prompt` (tokens not yet in `st`) and generates. `history` holds the ids already in the
+/// Runs `prompt` (tokens not yet in the engine's cache) and generates. `history` holds the ids already in the
 /// cache (for the penalties' window) and is extended with the prompt and every generated id
 /// that enters the cache. `on_text` receives text pieces as they become complete.
 pub fn generate(
-    model: &Model,
-    st: &mut State,
+    engine: &mut dyn Engine,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     history: &mut Vec<u32>,
@@ -73,7 +72,7 @@ pub fn generate(
     let mut decoder = tokenizer.text_decoder(context, true);
 
     let t0 = Instant::now();
-    let mut logits = model.prefill(st, prompt)?.to_vec();
+    let mut logits = engine.prefill(prompt)?.to_vec();
     let prefill_time = t0.elapsed();
     history.extend_from_slice(prompt);
 
@@ -110,12 +109,12 @@ pub fn generate(
         if stats.generated_tokens == cfg.max_tokens {
             break;
         }
-        if st.len() >= st.kv.limit() {
+        if engine.len() >= engine.limit() {
             stats.finish = FinishReason::ContextFull;
             break;
         }
         let t = Instant::now();
-        logits.copy_from_slice(model.decode(st, token)?);
+        logits.copy_from_slice(engine.decode(token)?);
         stats.decode_time += t.elapsed();
         stats.decode_steps += 1;
         history.push(token);
