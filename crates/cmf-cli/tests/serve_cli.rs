@@ -24,7 +24,11 @@ fn tiny_model(dir: &Path) -> PathBuf {
         .arg(&out)
         .output()
         .unwrap();
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
     out
 }
 
@@ -109,7 +113,10 @@ fn serve_answers_and_stops_on_sigterm() {
     if st.is_none() {
         let _ = child.kill();
     }
-    assert!(st.is_some_and(|s| s.success()), "exit after SIGTERM: {st:?}");
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
 }
 
 #[test]

@@ -45,10 +45,11 @@ fn parse_args() -> Args {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
-        let val = it
-            .next()
-            .unwrap_or_else(|| panic!("{flag} needs a value"));
-        let num = || -> usize { val.parse().unwrap_or_else(|_| panic!("{flag} {val}: not a number")) };
+        let val = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let num = || -> usize {
+            val.parse()
+                .unwrap_or_else(|_| panic!("{flag} {val}: not a number"))
+        };
         match flag.as_str() {
             "--port" => a.addr.set_port(num() as u16),
             "--addr" => a.addr = val.parse().expect("--addr: ip:port"),
@@ -59,7 +60,10 @@ fn parse_args() -> Args {
             _ => panic!("unknown flag {flag}"),
         }
     }
-    assert!(a.addr.ip().is_loopback(), "loadgen only talks to loopback addresses");
+    assert!(
+        a.addr.ip().is_loopback(),
+        "loadgen only talks to loopback addresses"
+    );
     a
 }
 
@@ -121,7 +125,8 @@ fn main() {
     let threads: Vec<_> = (0..a.clients)
         .map(|c| {
             let (sent, samples, errors) = (sent.clone(), samples.clone(), errors.clone());
-            let (addr, requests, max_tokens, limit) = (a.addr, a.requests, a.max_tokens, a.time_limit);
+            let (addr, requests, max_tokens, limit) =
+                (a.addr, a.requests, a.max_tokens, a.time_limit);
             std::thread::spawn(move || loop {
                 let n = sent.fetch_add(1, Ordering::SeqCst);
                 if n >= requests || start.elapsed() > limit {

@@ -17,8 +17,9 @@ use crate::error::ApiError;
 use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
 use cmf_llm::chat::TextAssets;
+use cmf_llm::engine::CpuEngine;
 use cmf_llm::generate::{generate_cancellable, FinishReason, GenerationConfig, GenerationStats};
-use cmf_llm::{Model, ModelConfig, State};
+use cmf_llm::{Model, ModelConfig};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -243,7 +244,7 @@ impl Worker {
         let _ = ready.send(Ok(()));
         drop(ready);
         // One state for all requests, cleared before each (its buffers stay allocated).
-        let mut st = model.new_state_with(self.ctx, self.kv_dtype);
+        let mut engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
         while let Some(job) = rx.blocking_recv() {
             if job.events.is_closed() {
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -252,12 +253,12 @@ impl Worker {
             self.stats.busy.store(true, Ordering::Relaxed);
             // A panic in one request must not take the server down: it is reported to that
             // client, and the next request starts from a fresh state.
-            st.clear();
+            engine.state.clear();
             let result =
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&model, &mut st, &job)));
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&mut engine, &job)));
             self.stats.busy.store(false, Ordering::Relaxed);
             if result.is_err() {
-                st = model.new_state_with(self.ctx, self.kv_dtype);
+                engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
             }
             let event = match result {
                 Ok(Ok(stats)) => {
@@ -281,12 +282,7 @@ impl Worker {
         }
     }
 
-    fn run_job(
-        &self,
-        model: &Model,
-        st: &mut State,
-        job: &Job,
-    ) -> cmf_llm::Result<GenerationStats> {
+    fn run_job(&self, engine: &mut CpuEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
         let events = &job.events;
         let mut on_text = |t: &str| {
             let _ = events.send(Event::Text(t.to_string()));
@@ -298,8 +294,7 @@ impl Worker {
             events.is_closed()
         };
         generate_cancellable(
-            model,
-            st,
+            engine,
             &self.assets.tokenizer,
             &job.ids,
             &mut Vec::new(),

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cmf_format::CmfModel;
 use cmf_llm::chat::{ChatSession, TextAssets};
+use cmf_llm::engine::CpuEngine;
 use cmf_llm::generate::{generate, FinishReason, GenerationConfig, GenerationStats};
 use cmf_llm::sampling::SamplingParams;
 use cmf_llm::Model;
@@ -151,10 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if ids.is_empty() {
                 return Err(UsageError("the prompt is empty".into()).into());
             }
-            let mut st = model.new_state_with(ctx, kv_type);
+            let mut engine = CpuEngine::new(&model, ctx, kv_type);
             let stats = generate(
-                &model,
-                &mut st,
+                &mut engine,
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),
@@ -221,10 +221,9 @@ fn interactive(
         };
         let result = if args.raw {
             let ids = assets.tokenizer.encode(&line, true)?;
-            let mut st = model.new_state_with(ctx, kv_type);
+            let mut engine = CpuEngine::new(model, ctx, kv_type);
             generate(
-                model,
-                &mut st,
+                &mut engine,
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),

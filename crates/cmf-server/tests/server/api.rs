@@ -546,11 +546,10 @@ fn generate_cancellable_stops_between_tokens() {
     // comes after token k was sampled).
     for cancel_at in [1usize, 2, 6] {
         let calls = Cell::new(0usize);
-        let mut st = model.new_state_with(256, cmf_kernels::KvDtype::F16);
+        let mut engine = cmf_llm::engine::CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F16);
         let mut text = String::new();
         let stats = generate_cancellable(
-            &model,
-            &mut st,
+            &mut engine,
             &assets.tokenizer,
             &ids,
             &mut Vec::new(),
@@ -570,7 +569,7 @@ fn generate_cancellable_stops_between_tokens() {
         } else {
             ids.len() + cancel_at - 2
         };
-        assert_eq!(st.len(), cached);
+        assert_eq!(engine.state.len(), cached);
         assert!(full.starts_with(&text), "{text:?} vs {full:?}");
     }
 }

@@ -58,14 +58,14 @@ pub fn reference(ids: &[u32], cfg: &GenerationConfig) -> (String, GenerationStat
     let file = CmfModel::open(model_path()).unwrap();
     let model = Model::load(&file).unwrap();
     let assets = TextAssets::from_cmf(&file).unwrap();
-    let mut st = model.new_state_with(
+    let mut engine = cmf_llm::engine::CpuEngine::new(
+        &model,
         model.config.max_position_embeddings,
         cmf_kernels::KvDtype::F16,
     );
     let mut text = String::new();
     let stats = generate(
-        &model,
-        &mut st,
+        &mut engine,
         &assets.tokenizer,
         ids,
         &mut Vec::new(),
