@@ -30,10 +30,12 @@ pub struct DecodeWs {
     pub cand_i: DBuf,
     /// i32 [4]: token (the embedding's input), position, sampled token, spare.
     pub io: DBuf,
+    /// i32 [NKV]: finished split blocks per kv head (decode attention's merge; self-resetting).
+    pub count: DBuf,
 }
 
 impl DecodeWs {
-    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 10] {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 11] {
         [
             4 * s.hidden,
             4 * (s.q_dim() + 2 * s.kv_dim()),
@@ -45,6 +47,7 @@ impl DecodeWs {
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             16,
+            4 * s.num_kv_heads,
         ]
     }
 
@@ -65,6 +68,7 @@ impl DecodeWs {
             cand_v: dev.alloc_zeroed(z[7])?,
             cand_i: dev.alloc_zeroed(z[8])?,
             io: dev.alloc_zeroed(z[9])?,
+            count: dev.alloc_zeroed(z[10])?,
         })
     }
 
