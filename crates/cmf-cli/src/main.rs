@@ -1,1 +1,48 @@
-fn main() {}
+//! `cmf`: the command-line front end. This file only registers subcommands (one module each
+//! under `commands/`) and turns their errors into messages and exit codes (see `exit`).
+
+mod commands;
+mod exit;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cmf", version, about = "CMF v2 models: inspect, verify, run")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Info(commands::info::Args),
+    Verify(commands::verify::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help / --version print to stdout and succeed; real usage errors exit 2.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        Command::Info(args) => commands::info::run(args),
+        Command::Verify(args) => commands::verify::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::code_for(&e))
+        }
+    }
+}

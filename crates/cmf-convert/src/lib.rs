@@ -2,3 +2,4 @@
 //! `synth` presets for benchmarks.
 
 pub mod gguf;
+pub mod zimage;

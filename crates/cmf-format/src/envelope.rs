@@ -216,6 +216,13 @@ impl Envelope {
             )
             .at(12));
         }
+        if required_features & features::TENSOR_DIR == 0 {
+            return Err(Fault::malformed(
+                "required_features",
+                "bit 0 (TENSOR_DIR) is clear; every CMF v2 file has a tensor directory",
+            )
+            .at(12));
+        }
         let mut env = Envelope {
             flags: u32_at(head, 8),
             required_features,
@@ -265,6 +272,31 @@ impl Envelope {
                 }
             }
             env.sections[s as usize] = span;
+        }
+        // Sections are disjoint byte ranges; an overlap means an offset or length is corrupt.
+        let present: Vec<(Section, Span)> = Section::ALL
+            .into_iter()
+            .map(|s| (s, env.section(s)))
+            .filter(|(_, sp)| sp.is_present())
+            .collect();
+        for (i, &(a, sa)) in present.iter().enumerate() {
+            for &(b, sb) in &present[i + 1..] {
+                if sa.off < sb.end() && sb.off < sa.end() {
+                    return Err(Fault::malformed(
+                        b.len_field(),
+                        format!(
+                            "{} section [{}, +{}) overlaps the {} section [{}, +{})",
+                            b.name(),
+                            sb.off,
+                            sb.len,
+                            a.name(),
+                            sa.off,
+                            sa.len
+                        ),
+                    )
+                    .at(b.envelope_offset() + 8));
+                }
+            }
         }
         let data = env.section(Section::Data);
         if data.is_present() && !data.off.is_multiple_of(DATA_ALIGN) {
@@ -345,5 +377,13 @@ mod tests {
         let mut e = sample();
         e.set_section(Section::Directory, Span::new(138, 0));
         assert_eq!(field(&e.encode(), 4160), "dir_len");
+        let mut e = sample();
+        e.set_section(Section::Vocab, Span::new(4100, 10));
+        let f = Envelope::parse(&e.encode(), 4160).unwrap_err();
+        assert_eq!(f.field, "vocab_len");
+        assert!(f.message.contains("overlaps the data section"), "{f}");
+        let mut e = sample();
+        e.required_features = 0;
+        assert_eq!(field(&e.encode(), 4160), "required_features");
     }
 }

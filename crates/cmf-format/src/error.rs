@@ -9,12 +9,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The operating system refused a read, write, rename or map.
-    #[error("{}: {op}: {source}", path.display())]
+    /// (The cause is part of the message, not a separate `source()`, so that printing the
+    /// error chain does not repeat it.)
+    #[error("{}: {op}: {cause}", path.display())]
     Io {
         path: PathBuf,
         op: &'static str,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file is not a valid CMF v2 file, or uses something this reader does not implement.
     #[error("{}: {fault}", path.display())]
@@ -44,7 +45,7 @@ impl Error {
         Error::Io {
             path: path.into(),
             op,
-            source,
+            cause: source,
         }
     }
 

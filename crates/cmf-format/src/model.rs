@@ -71,10 +71,10 @@ impl CmfModel {
             } else {
                 let p = shard_path(&base, no, info.count);
                 CmfFile::open(&p).map_err(|e| match e {
-                    Error::Io { path, source, .. } => Error::Io {
+                    Error::Io { path, cause, .. } => Error::Io {
                         path,
                         op: "open sibling shard",
-                        source,
+                        cause,
                     },
                     other => other,
                 })?

@@ -11,7 +11,7 @@ use memmap2::Mmap;
 use crate::codec::{self, CodecError};
 use crate::directory::{self, Directory, Entry};
 use crate::dtype::Dtype;
-use crate::envelope::{Envelope, Section, ENVELOPE_LEN};
+use crate::envelope::{features, Envelope, Section, ENVELOPE_LEN};
 use crate::error::{Error, Fault, Result};
 use crate::hash::hash64;
 use crate::header::Header;
@@ -25,10 +25,26 @@ use crate::verify::{self, VerifyReport};
 /// file over the old one, which leaves this mapping intact).
 pub struct CmfFile {
     path: PathBuf,
-    map: Mmap,
+    map: Backing,
     envelope: Envelope,
     header: Header,
     dir: Directory,
+}
+
+/// The file's bytes: normally a read-only map, or a buffer for [`CmfFile::from_bytes`].
+enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
 }
 
 /// One tensor, borrowed from the mapped file.
@@ -110,34 +126,64 @@ impl CmfFile {
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
         if file_len < ENVELOPE_LEN as u64 {
-            return Err(Envelope::parse(&[], file_len)
-                .expect_err("short file")
-                .in_file(&path));
+            // Too short to be anything; also avoids mapping an empty file.
+            return Self::from_backing(path, Backing::Owned(Vec::new()));
         }
         // SAFETY: the mapping is read-only; the file must not be truncated while mapped (see the
         // type's documentation), which is the standard contract of mmap-based readers.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
-        let envelope =
-            Envelope::parse(&map[..ENVELOPE_LEN], file_len).map_err(|f| f.in_file(&path))?;
+        Self::from_backing(path, Backing::Map(map))
+    }
+
+    /// Validates a file held in memory (`name` is used in error messages). Same checks as
+    /// [`open`](Self::open); used by the fuzz target and for small embedded models.
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<CmfFile> {
+        Self::from_backing(name.into(), Backing::Owned(bytes))
+    }
+
+    fn from_backing(path: PathBuf, map: Backing) -> Result<CmfFile> {
+        let bytes: &[u8] = &map;
+        let file_len = bytes.len() as u64;
+        let envelope = Envelope::parse(bytes, file_len).map_err(|f| f.in_file(&path))?;
         for s in [Section::Masks, Section::Index] {
             if envelope.section(s).is_present() {
-                return Err(Fault::unsupported(
-                    if s == Section::Masks { "masks_len" } else { "index_len" },
-                    format!("file has a {} section (task masks / sparse index), which this reader does not implement", s.name()),
-                )
-                .at(s.envelope_offset() + 8)
-                .in_file(&path));
+                let field = if s == Section::Masks {
+                    "masks_len"
+                } else {
+                    "index_len"
+                };
+                let msg = format!(
+                    "file has a {} section (task masks / sparse index), which this reader does not implement",
+                    s.name()
+                );
+                return Err(Fault::unsupported(field, msg)
+                    .at(s.envelope_offset() + 8)
+                    .in_file(&path));
             }
         }
         let header =
-            parse_header(&map, envelope.section(Section::Header)).map_err(|f| f.in_file(&path))?;
+            parse_header(bytes, envelope.section(Section::Header)).map_err(|f| f.in_file(&path))?;
         let dir_span = envelope.section(Section::Directory);
         let dir = directory::parse(
-            &map[dir_span.range()],
+            &bytes[dir_span.range()],
             dir_span.off,
             envelope.section(Section::Data).len,
         )
         .map_err(|f| f.in_file(&path))?;
+        // q8_2f needs the QUANT_2F bit, so that readers without the codec refuse the file.
+        if envelope.required_features & features::QUANT_2F == 0 {
+            if let Some(e) = dir.entries.iter().find(|e| e.dtype == Dtype::Q8_2f) {
+                return Err(Fault::malformed(
+                    "required_features",
+                    format!(
+                        "bit 2 (QUANT_2F) is clear but tensor '{}' is q8_2f",
+                        dir.name(e)
+                    ),
+                )
+                .at(12)
+                .in_file(&path));
+            }
+        }
         Ok(CmfFile {
             path,
             map,

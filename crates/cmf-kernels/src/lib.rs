@@ -9,6 +9,7 @@
 //! ([`set_num_threads`]). `reference` holds the plain scalar versions every fast kernel is tested
 //! against. Numerics and measured speed: `docs/kernels.md`.
 
+pub mod attention;
 pub mod cpu;
 pub mod reference;
 
@@ -18,10 +19,12 @@ mod act;
 mod codec;
 mod linear;
 mod pool;
+mod sgemm;
 mod simd;
 
 use cmf_format::Dtype;
 
+pub use attention::{attention, attention_decode, AttnParams, Kv, KvCache, KvDtype, KvSlice};
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};

@@ -88,6 +88,11 @@ unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
+    /// The pointer (a method, so closures capture the `Send` wrapper rather than the raw field).
+    pub(crate) fn ptr(&self) -> *mut T {
+        self.0
+    }
+
     /// # Safety
     /// `start..start+len` must lie inside the allocation and no other task may touch it meanwhile.
     #[allow(clippy::mut_from_ref)]

@@ -261,3 +261,67 @@ pub fn rope(x: &mut [f32], head_dim: usize, angles: &[f64], interleaved: bool) {
         }
     }
 }
+
+/// Attention, naively: q `[nq, n_heads, hd]`, k/v `[len, n_kv, hd]` f32, f64 softmax. Causal query
+/// t sits at position `q_pos0 + t`; the window keeps keys pos − window < k ≤ pos.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    len: usize,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    scale: f32,
+    causal: bool,
+    q_pos0: usize,
+    window: Option<usize>,
+    key_mask: Option<&[bool]>,
+    out: &mut [f32],
+) {
+    let nq = q.len() / (n_heads * hd);
+    let group = n_heads / n_kv;
+    for t in 0..nq {
+        for h in 0..n_heads {
+            let kvh = h / group;
+            let qv = &q[(t * n_heads + h) * hd..][..hd];
+            let pos = q_pos0 + t;
+            let visible = |j: usize| {
+                let c = !causal || j <= pos;
+                let w = match (causal, window) {
+                    (true, Some(w)) => j + w > pos,
+                    _ => true,
+                };
+                c && w && key_mask.is_none_or(|m| m[j])
+            };
+            let scores: Vec<f64> = (0..len)
+                .map(|j| {
+                    if !visible(j) {
+                        return f64::NEG_INFINITY;
+                    }
+                    let kv = &k[(j * n_kv + kvh) * hd..][..hd];
+                    qv.iter()
+                        .zip(kv)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let o = &mut out[(t * n_heads + h) * hd..][..hd];
+            if m == f64::NEG_INFINITY {
+                o.fill(0.0);
+                continue;
+            }
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let l: f64 = w.iter().sum();
+            for (d, od) in o.iter_mut().enumerate() {
+                *od = ((0..len)
+                    .map(|j| w[j] * v[(j * n_kv + kvh) * hd + d] as f64)
+                    .sum::<f64>()
+                    / l) as f32;
+            }
+        }
+    }
+}

@@ -41,17 +41,17 @@ pub(crate) type PortableFma = Unfused;
 /// `multiversion!(/// docs
 ///     pub fn name / name_with = body(a: &[f32], b: usize) -> f32);`
 macro_rules! multiversion {
-    ($(#[$meta:meta])* pub fn $name:ident / $with:ident = $body:ident ; ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)?) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident / $with:ident = $body:ident ; ($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)?) => {
         $(#[$meta])*
-        #[allow(clippy::too_many_arguments)]
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        #[allow(clippy::too_many_arguments, dead_code)]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             $with($crate::cpu::active(), $($arg),*)
         }
 
         #[doc(hidden)]
         #[allow(clippy::too_many_arguments)]
         /// The same on a given path (tests and benchmarks); `isa` must be supported by this CPU.
-        pub fn $with(isa: $crate::cpu::Isa, $($arg: $ty),*) $(-> $ret)? {
+        $vis fn $with(isa: $crate::cpu::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")]

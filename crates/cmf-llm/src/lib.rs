@@ -3,9 +3,15 @@
 //!
 //! Layout:
 //! - [`model`]: config from the header, weights bound in place from the mmap, KV cache, forward.
+//! - [`chat`]: tokenizer, chat templates, streaming detokenization, multi-turn sessions.
+//! - [`sampling`]: logits → next token (greedy, temperature, top-k/p, min-p, penalties, seed).
+//! - [`generate`]: the prefill/decode loop with stop conditions and timings.
 
+pub mod chat;
 pub mod error;
+pub mod generate;
 pub mod model;
+pub mod sampling;
 
 pub use error::{LlmError, Result};
 pub use model::{Model, ModelConfig, State, TensorRef, TensorSource};

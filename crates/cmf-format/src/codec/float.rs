@@ -54,13 +54,17 @@ pub(crate) fn encode_f32(values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
-pub(crate) fn encode_f16(values: &[f32], out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub(crate) fn encode_f16(
+    values: &[f32],
+    first: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     out.reserve(values.len() * 2);
     for (i, &v) in values.iter().enumerate() {
         let h = f32_to_f16(v);
         if v.is_finite() && h & 0x7FFF == 0x7C00 {
             return Err(CodecError::OutOfRange {
-                index: i,
+                index: first + i,
                 value: v,
                 limit: "f16 max 65504",
             });
@@ -70,13 +74,17 @@ pub(crate) fn encode_f16(values: &[f32], out: &mut Vec<u8>) -> Result<(), CodecE
     Ok(())
 }
 
-pub(crate) fn encode_bf16(values: &[f32], out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub(crate) fn encode_bf16(
+    values: &[f32],
+    first: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     out.reserve(values.len() * 2);
     for (i, &v) in values.iter().enumerate() {
         let h = f32_to_bf16(v);
         if v.is_finite() && h & 0x7FFF == 0x7F80 {
             return Err(CodecError::OutOfRange {
-                index: i,
+                index: first + i,
                 value: v,
                 limit: "bf16 max 3.39e38",
             });
@@ -134,8 +142,8 @@ mod tests {
             x *= 1.0007;
         }
         let mut v = Vec::new();
-        assert!(encode_f16(&[1.0, 70000.0], &mut v).is_err());
-        assert!(encode_f16(&[65504.0, f32::INFINITY], &mut v).is_ok());
+        assert!(encode_f16(&[1.0, 70000.0], 0, &mut v).is_err());
+        assert!(encode_f16(&[65504.0, f32::INFINITY], 0, &mut v).is_ok());
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub mod float;
 pub mod q4;
 pub mod q4tp;
 pub mod q8;
+pub mod stream;
+
+pub use stream::RowEncoder;
 
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
@@ -65,6 +68,14 @@ pub enum CodecError {
     },
     #[error("u8 tensors hold raw bytes, not numbers: read or write their bytes directly")]
     RawBytes,
+    #[error("{dtype} is encoded row by row: push whole rows of {cols} values (got {got})")]
+    PartialRow {
+        dtype: Dtype,
+        cols: usize,
+        got: usize,
+    },
+    #[error("{dtype} needs the whole tensor at once (column statistics): use codec::encode")]
+    NeedsWholeTensor { dtype: Dtype },
 }
 
 /// Checks `shape` for `dtype` and returns (element count, payload bytes).
@@ -104,31 +115,19 @@ pub fn encode(dtype: Dtype, shape: &[usize], values: &[f32]) -> Result<Vec<u8>, 
             got: values.len(),
         });
     }
-    if dtype.is_quantized() {
+    if dtype == Dtype::Q8_2f {
         if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(CodecError::NonFinite { index, value });
         }
     }
     let mut out = Vec::with_capacity(nbytes);
-    match dtype {
-        Dtype::F32 => float::encode_f32(values, &mut out),
-        Dtype::F16 => float::encode_f16(values, &mut out)?,
-        Dtype::Bf16 => float::encode_bf16(values, &mut out)?,
-        Dtype::U8 => return Err(CodecError::RawBytes),
-        Dtype::Q8Row => {
-            let (rows, cols) = matrix(shape);
-            q8::encode_row(values, rows, cols, &mut out)?
-        }
-        Dtype::Q8_2f => {
-            let (rows, cols) = matrix(shape);
-            q8::encode_2f(values, rows, cols, &mut out)?
-        }
-        Dtype::Q4Block => q4::encode_block(values, &mut out)?,
-        Dtype::Q4Tiled => q4::encode_tiled(values, &mut out)?,
-        Dtype::Q4Tp => {
-            let (rows, cols) = matrix(shape);
-            q4tp::encode(values, rows, cols, &mut out)?
-        }
+    if dtype == Dtype::Q8_2f {
+        let (rows, cols) = matrix(shape);
+        q8::encode_2f(values, rows, cols, &mut out)?;
+    } else {
+        let mut enc = RowEncoder::new(dtype, shape)?;
+        enc.push(values, &mut out)?;
+        enc.finish(&mut out)?;
     }
     debug_assert_eq!(out.len(), nbytes);
     Ok(out)

@@ -18,7 +18,11 @@ use crate::dtype::{Q4_GROUP, Q4_TILE_BYTES};
 
 /// Quantizes one group (≤ 32 values; missing ones count as 0) into 16 nibble bytes and
 /// returns the f16 bits of its scale. `first` is the group's first element index, for errors.
-fn quantize_group(group: &[f32], first: usize, nibbles: &mut [u8]) -> Result<u16, CodecError> {
+pub(crate) fn quantize_group(
+    group: &[f32],
+    first: usize,
+    nibbles: &mut [u8],
+) -> Result<u16, CodecError> {
     let absmax = group.iter().fold(0f32, |m, v| m.max(v.abs()));
     let s = f16_scale(absmax / 7.0);
     if !s.is_finite() {
@@ -41,29 +45,6 @@ fn quantize_group(group: &[f32], first: usize, nibbles: &mut [u8]) -> Result<u16
         *byte = q(2 * k) | (q(2 * k + 1) << 4);
     }
     Ok(f32_to_f16(s))
-}
-
-pub(crate) fn encode_block(values: &[f32], out: &mut Vec<u8>) -> Result<(), CodecError> {
-    let groups = values.len().div_ceil(Q4_GROUP);
-    let mut scales = Vec::with_capacity(groups * 2);
-    let mut nib = [0u8; 16];
-    for (g, group) in values.chunks(Q4_GROUP).enumerate() {
-        let s = quantize_group(group, g * Q4_GROUP, &mut nib)?;
-        out.extend_from_slice(&nib);
-        scales.extend_from_slice(&s.to_le_bytes());
-    }
-    out.extend_from_slice(&scales);
-    Ok(())
-}
-
-pub(crate) fn encode_tiled(values: &[f32], out: &mut Vec<u8>) -> Result<(), CodecError> {
-    let mut nib = [0u8; 16];
-    for (g, group) in values.chunks(Q4_GROUP).enumerate() {
-        let s = quantize_group(group, g * Q4_GROUP, &mut nib)?;
-        out.extend_from_slice(&s.to_le_bytes());
-        out.extend_from_slice(&nib);
-    }
-    Ok(())
 }
 
 #[inline]

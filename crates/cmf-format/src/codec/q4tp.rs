@@ -78,94 +78,81 @@ fn tile_sq_error(tile: &[f32], s: f32) -> f32 {
     tile.iter().map(|&v| (v - quantize(v, s) * s).powi(2)).sum()
 }
 
-pub(crate) fn encode(
-    values: &[f32],
-    rows: usize,
-    cols: usize,
-    out: &mut Vec<u8>,
+/// Encodes one row (`cols` values, a multiple of 32): its nibbles to `nib`, its (f16 lo,
+/// f16 step) to `params`, its 5-bit codes into `row_codes` (zeroed, `code_stride` bytes).
+/// `first` is the row's first element index (for errors).
+pub(crate) fn encode_row(
+    row: &[f32],
+    first: usize,
+    nib: &mut Vec<u8>,
+    params: &mut Vec<u8>,
+    row_codes: &mut [u8],
 ) -> Result<(), CodecError> {
-    let gpr = cols / Q4_GROUP;
-    let stride = code_stride(gpr);
-    let mut params = Vec::with_capacity(rows * 4);
-    let mut codes = vec![0u8; rows * stride];
+    let gpr = row.len() / Q4_GROUP;
     let mut log_scale = vec![0f32; gpr];
     let mut dead = vec![false; gpr];
-    for r in 0..rows {
-        let row = &values[r * cols..(r + 1) * cols];
-        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-        for (g, tile) in row.chunks(Q4_GROUP).enumerate() {
-            let absmax = tile.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = f16_scale(absmax / 7.0);
-            if !s.is_finite() {
-                let (k, &value) = tile
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
-                    .expect("32 values");
-                return Err(CodecError::OutOfRange {
-                    index: r * cols + g * Q4_GROUP + k,
-                    value,
-                    limit: "q4tp: |w| ≤ 65504·7",
-                });
-            }
-            // An all-zero tile decodes to zero at any scale: keeping it out of the span keeps
-            // the floor scale from stretching the ladder of the live tiles.
-            dead[g] = absmax == 0.0;
-            log_scale[g] = s.log2();
-            if !dead[g] {
-                lo = lo.min(log_scale[g]);
-                hi = hi.max(log_scale[g]);
-            }
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    for (g, tile) in row.chunks(Q4_GROUP).enumerate() {
+        let absmax = tile.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = f16_scale(absmax / 7.0);
+        if !s.is_finite() {
+            return Err(super::q8::scale_overflow(
+                tile,
+                first + g * Q4_GROUP,
+                "q4tp: |w| ≤ 65504·7",
+            ));
         }
-        if gpr > 0 && !lo.is_finite() {
-            lo = log_scale[0];
-            hi = lo;
-        }
-        if gpr == 0 {
-            lo = 0.0;
-            hi = 0.0;
-        }
-        let lo_bits = f32_to_f16(lo);
-        let lo_r = f16_to_f32(lo_bits);
-        let mut step_bits = f32_to_f16((hi - lo_r).max(0.0) / MAX_CODE as f32);
-        // Round-to-nearest may land rung 31 just short of the top scale; walk up by ulps.
-        for _ in 0..64 {
-            let st = f16_to_f32(step_bits);
-            if st > 0.0 && lo_r + MAX_CODE as f32 * st >= hi {
-                break;
-            }
-            step_bits += 1;
-        }
-        params.extend_from_slice(&lo_bits.to_le_bytes());
-        params.extend_from_slice(&step_bits.to_le_bytes());
-        let st = f16_to_f32(step_bits);
-        let tab = ladder(lo_bits, step_bits);
-        let row_codes = &mut codes[r * stride..(r + 1) * stride];
-        for (g, tile) in row.chunks(Q4_GROUP).enumerate() {
-            let c = if dead[g] {
-                0
-            } else {
-                let nearest = ((log_scale[g] - lo_r) / st)
-                    .round_ties_even()
-                    .clamp(0.0, MAX_CODE as f32) as usize;
-                let mut best = (tile_sq_error(tile, tab[nearest]), nearest);
-                let (first, last) = (nearest.saturating_sub(2), (nearest + 1).min(MAX_CODE));
-                for (cand, &scale) in tab.iter().enumerate().take(last + 1).skip(first) {
-                    let err = tile_sq_error(tile, scale);
-                    if err < best.0 || (err == best.0 && cand < best.1) {
-                        best = (err, cand);
-                    }
-                }
-                best.1
-            };
-            put_code(row_codes, g, c);
-            let s = tab[c];
-            let q = |k: usize| (quantize(tile[k], s) as i8 + 8) as u8;
-            out.extend((0..16).map(|k| q(2 * k) | (q(2 * k + 1) << 4)));
+        // An all-zero tile decodes to zero at any scale: keeping it out of the span keeps
+        // the floor scale from stretching the ladder of the live tiles.
+        dead[g] = absmax == 0.0;
+        log_scale[g] = s.log2();
+        if !dead[g] {
+            lo = lo.min(log_scale[g]);
+            hi = hi.max(log_scale[g]);
         }
     }
-    out.extend_from_slice(&params);
-    out.extend_from_slice(&codes);
+    if !lo.is_finite() {
+        // No live tile (or no tile at all).
+        lo = log_scale.first().copied().unwrap_or(0.0);
+        hi = lo;
+    }
+    let lo_bits = f32_to_f16(lo);
+    let lo_r = f16_to_f32(lo_bits);
+    let mut step_bits = f32_to_f16((hi - lo_r).max(0.0) / MAX_CODE as f32);
+    // Round-to-nearest may land rung 31 just short of the top scale; walk up by ulps.
+    for _ in 0..64 {
+        let st = f16_to_f32(step_bits);
+        if st > 0.0 && lo_r + MAX_CODE as f32 * st >= hi {
+            break;
+        }
+        step_bits += 1;
+    }
+    params.extend_from_slice(&lo_bits.to_le_bytes());
+    params.extend_from_slice(&step_bits.to_le_bytes());
+    let st = f16_to_f32(step_bits);
+    let tab = ladder(lo_bits, step_bits);
+    for (g, tile) in row.chunks(Q4_GROUP).enumerate() {
+        let c = if dead[g] {
+            0
+        } else {
+            let nearest = ((log_scale[g] - lo_r) / st)
+                .round_ties_even()
+                .clamp(0.0, MAX_CODE as f32) as usize;
+            let mut best = (tile_sq_error(tile, tab[nearest]), nearest);
+            let (lowest, highest) = (nearest.saturating_sub(2), (nearest + 1).min(MAX_CODE));
+            for (cand, &scale) in tab.iter().enumerate().take(highest + 1).skip(lowest) {
+                let err = tile_sq_error(tile, scale);
+                if err < best.0 || (err == best.0 && cand < best.1) {
+                    best = (err, cand);
+                }
+            }
+            best.1
+        };
+        put_code(row_codes, g, c);
+        let s = tab[c];
+        let q = |k: usize| (quantize(tile[k], s) as i8 + 8) as u8;
+        nib.extend((0..16).map(|k| q(2 * k) | (q(2 * k + 1) << 4)));
+    }
     Ok(())
 }
 

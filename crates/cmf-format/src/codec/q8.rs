@@ -15,40 +15,38 @@
 use super::float::f16_at;
 use super::{f16_scale, f32_to_f16, for_each_unit, CodecError};
 
-fn scale_overflow(values: &[f32], limit: &'static str) -> CodecError {
-    let (index, &value) = values
+/// The error for a row or group whose scale overflows f16: names its largest element.
+pub(crate) fn scale_overflow(values: &[f32], first: usize, limit: &'static str) -> CodecError {
+    let (k, &value) = values
         .iter()
         .enumerate()
         .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
         .expect("non-empty when a scale overflows");
     CodecError::OutOfRange {
-        index,
+        index: first + k,
         value,
         limit,
     }
 }
 
-pub(crate) fn encode_row(
-    values: &[f32],
-    rows: usize,
-    cols: usize,
-    out: &mut Vec<u8>,
+/// Quantizes one q8_row row: codes to `q`, its f16 scale to `scales`. `first` is the row's
+/// first element index (for errors).
+pub(crate) fn quantize_row(
+    row: &[f32],
+    first: usize,
+    q: &mut Vec<u8>,
+    scales: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
-    let mut scales = Vec::with_capacity(rows * 2);
-    for r in 0..rows {
-        let row = &values[r * cols..(r + 1) * cols];
-        let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = f16_scale(absmax / 127.0);
-        if !s.is_finite() {
-            return Err(scale_overflow(values, "q8_row: |w| ≤ 65504·127"));
-        }
-        out.extend(
-            row.iter()
-                .map(|&v| (v / s).round_ties_even().clamp(-128.0, 127.0) as i8 as u8),
-        );
-        scales.extend_from_slice(&f32_to_f16(s).to_le_bytes());
+    let absmax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let s = f16_scale(absmax / 127.0);
+    if !s.is_finite() {
+        return Err(scale_overflow(row, first, "q8_row: |w| ≤ 65504·127"));
     }
-    out.extend_from_slice(&scales);
+    q.extend(
+        row.iter()
+            .map(|&v| (v / s).round_ties_even().clamp(-128.0, 127.0) as i8 as u8),
+    );
+    scales.extend_from_slice(&f32_to_f16(s).to_le_bytes());
     Ok(())
 }
 
@@ -102,7 +100,7 @@ pub(crate) fn encode_2f(
         .map(|&t| f16_scale((t / rows as f64).sqrt().max(1e-12) as f32))
         .collect();
     if col.iter().any(|c| !c.is_finite()) {
-        return Err(scale_overflow(values, "q8_2f: column RMS ≤ 65504"));
+        return Err(scale_overflow(values, 0, "q8_2f: column RMS ≤ 65504"));
     }
     let mut scales = Vec::with_capacity(rows * 2);
     for r in 0..rows {
@@ -113,7 +111,7 @@ pub(crate) fn encode_2f(
             .fold(0f32, |m, (v, c)| m.max((v / c).abs()));
         let s = f16_scale(absmax.max(1e-12) / 127.0);
         if !s.is_finite() {
-            return Err(scale_overflow(values, "q8_2f: |w/col| ≤ 65504·127"));
+            return Err(scale_overflow(row, r * cols, "q8_2f: |w/col| ≤ 65504·127"));
         }
         out.extend(
             row.iter()

@@ -178,3 +178,111 @@ pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, lanes: &LaneTables, r0: usize, 
         *yr = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     }
 }
+
+/// Register tile of the int8 matmul: T input rows × 32 weight rows (two 16-lane halves).
+/// Per 32-block: eight `vpdpbusd` steps into i32, then `s_w·(d_x·I − c_x)` into f32.
+///
+/// # Safety
+/// `pack`/`sc` hold a full panel for `a.nb` blocks; `qs`, `d`, `c` point at the tile's first input
+/// row inside `a`; `y` has T rows at stride `ldy` with the masked lanes writable.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn gemm_tile<const T: usize>(
+    pack: *const u8,
+    sc: *const f32,
+    nb: usize,
+    qs: *const i8,
+    kp: usize,
+    d: *const f32,
+    c: *const f32,
+    y: *mut f32,
+    ldy: usize,
+    m0: __mmask16,
+    m1: __mmask16,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    for b in 0..nb {
+        let mut ai = [[_mm512_setzero_si512(); 2]; T];
+        for kq in b * 8..b * 8 + 8 {
+            let w0 = _mm512_loadu_si512(pack.add(kq * 128) as *const _);
+            let w1 = _mm512_loadu_si512(pack.add(kq * 128 + 64) as *const _);
+            for t in 0..T {
+                let xb = _mm512_set1_epi32(std::ptr::read_unaligned(
+                    qs.add(t * kp + kq * 4) as *const i32
+                ));
+                ai[t][0] = _mm512_dpbusd_epi32(ai[t][0], w0, xb);
+                ai[t][1] = _mm512_dpbusd_epi32(ai[t][1], w1, xb);
+            }
+        }
+        let s0 = _mm512_loadu_ps(sc.add(b * 32));
+        let s1 = _mm512_loadu_ps(sc.add(b * 32 + 16));
+        for t in 0..T {
+            let dv = _mm512_set1_ps(*d.add(t * nb + b));
+            let cv = _mm512_set1_ps(*c.add(t * nb + b));
+            acc[t][0] = _mm512_fmadd_ps(
+                _mm512_fmsub_ps(_mm512_cvtepi32_ps(ai[t][0]), dv, cv),
+                s0,
+                acc[t][0],
+            );
+            acc[t][1] = _mm512_fmadd_ps(
+                _mm512_fmsub_ps(_mm512_cvtepi32_ps(ai[t][1]), dv, cv),
+                s1,
+                acc[t][1],
+            );
+        }
+    }
+    for t in 0..T {
+        _mm512_mask_storeu_ps(y.add(t * ldy), m0, acc[t][0]);
+        _mm512_mask_storeu_ps(y.add(t * ldy + 16), m1, acc[t][1]);
+    }
+}
+
+/// All input rows of `a` against one packed 32-row panel; writes Y[t, 0..nr) at `y + t·ldy`.
+///
+/// # Safety
+/// As [`gemm_tile`], for every input row; the CPU must have AVX-512 VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
+pub(crate) unsafe fn gemm_panel(
+    pack: &[u8],
+    sc: &[f32],
+    a: &QAct,
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+    nr: usize,
+) {
+    const T: usize = 6;
+    let m0: __mmask16 = if nr >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << nr) - 1) as u16
+    };
+    let m1: __mmask16 = if nr >= 32 {
+        0xFFFF
+    } else if nr <= 16 {
+        0
+    } else {
+        ((1u32 << (nr - 16)) - 1) as u16
+    };
+    let (kp, nb) = (a.kp, a.nb);
+    let (pk, s) = (pack.as_ptr(), sc.as_ptr());
+    let mut t = 0;
+    while t < n {
+        let rows = (n - t).min(T);
+        let (qs, d, c, yt) = (
+            a.qs.as_ptr().add(t * kp),
+            a.d.as_ptr().add(t * nb),
+            a.c.as_ptr().add(t * nb),
+            y.add(t * ldy),
+        );
+        match rows {
+            6 => gemm_tile::<6>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+            5 => gemm_tile::<5>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+            4 => gemm_tile::<4>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+            3 => gemm_tile::<3>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+            2 => gemm_tile::<2>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+            _ => gemm_tile::<1>(pk, s, nb, qs, kp, d, c, yt, ldy, m0, m1),
+        }
+        t += rows;
+    }
+}

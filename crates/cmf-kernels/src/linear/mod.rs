@@ -16,6 +16,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod gemm;
 pub(crate) mod portable;
 
 use cmf_format::Dtype;
@@ -69,7 +71,7 @@ impl FloatW<'_> {
 }
 
 /// The shape of a product, resolved once per call.
-enum Plan<'a> {
+pub(crate) enum Plan<'a> {
     Float(FloatW<'a>),
     Q8(Q8<'a>),
     Q4(Q4<'a>),
@@ -248,6 +250,13 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
         return matvec_with(isa, w, x, y);
     }
     let (rows, cols) = (w.rows, w.cols);
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        let p = plan(w);
+        if !matches!(p, Plan::DecodeRows) {
+            return gemm::matmul(isa, &p, rows, cols, x, n, y);
+        }
+    }
     // Portable: row-stationary. Each task owns a range of output columns (weight rows) across all
     // n output rows, so writes go through a raw pointer (disjoint per task).
     let yp = SendPtr(y.as_mut_ptr());
@@ -285,3 +294,5 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
         }),
     }
 }
+
+pub(crate) use Plan as WeightPlan;

@@ -74,7 +74,7 @@ pub(crate) fn float_matmul(
         for t in 0..n {
             let v = dot_f32(&row, &x[t * cols..(t + 1) * cols]);
             // SAFETY: the caller gives this task columns r0..r1 of every output row.
-            unsafe { *y.0.add(t * rows + r) = v };
+            unsafe { *y.ptr().add(t * rows + r) = v };
         }
     }
 }
@@ -120,7 +120,7 @@ pub(crate) fn q8_matmul(
         for t in 0..n {
             let v = s * q8_row_dot(q.row(r), a, t, &mut tail);
             // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.0.add(t * rows + r) = v };
+            unsafe { *y.ptr().add(t * rows + r) = v };
         }
     }
 }
@@ -164,7 +164,7 @@ pub(crate) fn q4_matmul(
         for t in 0..n {
             let v = q4_row_dot(q, r, &scales, a, t);
             // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.0.add(t * rows + r) = v };
+            unsafe { *y.ptr().add(t * rows + r) = v };
         }
     }
 }
@@ -185,7 +185,7 @@ pub(crate) fn decode_rows(
         for t in 0..n {
             let v = dot_f32(&row, &x[t * w.cols..(t + 1) * w.cols]);
             // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.0.add(t * rows + r) = v };
+            unsafe { *y.ptr().add(t * rows + r) = v };
         }
     }
 }

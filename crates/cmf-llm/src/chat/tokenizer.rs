@@ -1,0 +1,140 @@
+//! The Hugging Face tokenizer stored in the file's vocab section (`tokenizer.json` verbatim),
+//! through the `tokenizers` crate (pure Rust: fancy-regex, no onig).
+
+use crate::error::{LlmError, Result};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// Parses `tokenizer.json` bytes.
+    pub fn from_bytes(json: &[u8]) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| LlmError::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Token ids of `text`. `add_special_tokens` runs the post-processor (e.g. a BOS it adds);
+    /// special tokens written in the text are matched either way, as transformers does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| LlmError::Tokenizer(format!("encode: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| LlmError::Tokenizer(format!("decode: {e}")))
+    }
+
+    /// The token strings of `ids` (vocabulary entries, not decoded text).
+    pub fn tokens(&self, ids: &[u32]) -> Vec<Option<String>> {
+        ids.iter().map(|&i| self.inner.id_to_token(i)).collect()
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of `text` when it is a special added token (not an ordinary vocabulary entry).
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, t)| t.special && t.content == text)
+            .map(|(id, _)| id)
+    }
+
+    /// Entries including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// A streaming decoder; `context` are ids already shown (e.g. the end of the prompt) so
+    /// that decoders which strip a leading space on the first token see the real neighbour.
+    pub fn text_decoder(&self, context: &[u32], skip_special_tokens: bool) -> TextDecoder<'_> {
+        TextDecoder {
+            tok: self,
+            ids: context.to_vec(),
+            prefix: 0,
+            read: context.len(),
+            skip_special_tokens,
+        }
+    }
+}
+
+/// Turns a stream of token ids into text pieces, never cutting a UTF-8 character that spans
+/// tokens (byte-level BPE splits multi-byte characters across tokens).
+///
+/// The method is the one transformers' `TextStreamer` and text-generation-inference use: decode
+/// the ids from `prefix` on and emit what extends the text decoded up to `read`, unless it ends
+/// in U+FFFD (an incomplete character; wait for the next token).
+pub struct TextDecoder<'t> {
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+    skip_special_tokens: bool,
+}
+
+impl TextDecoder<'_> {
+    /// Adds one id; returns the text it completes (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let before = self
+            .tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let now = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') {
+            let common = common_prefix_len(&before, &now);
+            let piece = now[common..].to_string();
+            // Keep the window short: the last emitted ids are enough context.
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            if self.prefix > 64 {
+                self.ids.drain(..self.prefix);
+                self.read -= self.prefix;
+                self.prefix = 0;
+            }
+            return Ok(piece);
+        }
+        Ok(String::new())
+    }
+
+    /// Whatever is still held back (an incomplete character at the end of the stream is
+    /// emitted as U+FFFD, as a plain decode would).
+    pub fn flush(&mut self) -> Result<String> {
+        let before = self
+            .tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let now = self
+            .tok
+            .decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        let common = common_prefix_len(&before, &now);
+        Ok(now[common..].to_string())
+    }
+}
+
+/// Byte length of the longest common prefix of `a` and `b` that ends on a char boundary.
+fn common_prefix_len(a: &str, b: &str) -> usize {
+    let mut n = 0;
+    for ((i, ca), cb) in a.char_indices().zip(b.chars()) {
+        if ca != cb {
+            return i;
+        }
+        n = i + ca.len_utf8();
+    }
+    n
+}

@@ -1,0 +1,483 @@
+//! The whole text-to-image run over one pack (`ZImagePipeline.__call__`, diffusers 0.42.1):
+//! prompt(s) → text encoder → caption conditioning → `steps` Euler steps of the DiT (with CFG when
+//! guidance > 0) → VAE decode → RGB. Stages run one after the other and each releases its weights'
+//! pages before the next starts, so the resident set holds one model part at a time.
+//!
+//! CFG (`guidance > 0`, as diffusers decides): the positive and negative items go through the DiT
+//! as one batch of two (one pass over the weights), and `pred = pos + g·(pos − neg)`, optionally
+//! renormalised (`cfg_normalization`) and switched off late in the schedule (`cfg_truncation`).
+
+use crate::noise;
+use crate::scheduler::Schedule;
+use crate::tensors::{Loader, TensorSource};
+use crate::text_encoder::{PromptTokens, TextEncoder};
+use crate::transformer::{DitConfig, DitItem, ZImageDit};
+use crate::vae::{VaeConfig, VaeDecoder};
+use crate::ZimageError;
+use cmf_format::CmfModel;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// `header.arch.arch_name` of a Z-Image pack.
+pub const ARCH_NAME: &str = "z_image";
+/// The JSON blobs every pack carries.
+const BLOBS: [&str; 4] = [
+    "dit.config_json",
+    "te.config_json",
+    "vae.config_json",
+    "zimage.config_json",
+];
+
+/// The per-model defaults stored in `zimage.config_json`; a missing key takes the Turbo value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recipe {
+    pub variant: String,
+    pub steps: usize,
+    pub guidance: f32,
+    pub shift: f32,
+    pub height: usize,
+    pub width: usize,
+    pub cfg_normalization: f32,
+    pub cfg_truncation: f32,
+    pub negative_prompt: String,
+    pub max_sequence_length: usize,
+}
+
+impl Default for Recipe {
+    fn default() -> Self {
+        Recipe {
+            variant: "turbo".into(),
+            steps: 8,
+            guidance: 0.0,
+            shift: 3.0,
+            height: 1024,
+            width: 1024,
+            cfg_normalization: 0.0,
+            cfg_truncation: 1.0,
+            negative_prompt: String::new(),
+            max_sequence_length: 512,
+        }
+    }
+}
+
+impl Recipe {
+    pub fn from_json(v: &serde_json::Value) -> Recipe {
+        let d = Recipe::default();
+        let f = |k: &str, dv: f32| v[k].as_f64().map(|x| x as f32).unwrap_or(dv);
+        let u = |k: &str, dv: usize| v[k].as_u64().map(|x| x as usize).unwrap_or(dv);
+        Recipe {
+            variant: v["variant"].as_str().unwrap_or(&d.variant).to_string(),
+            steps: u("steps", d.steps),
+            guidance: f("guidance", d.guidance),
+            shift: f("shift", d.shift),
+            height: u("height", d.height),
+            width: u("width", d.width),
+            // diffusers accepts a bool here (True = 1.0)
+            cfg_normalization: match &v["cfg_normalization"] {
+                serde_json::Value::Bool(b) => *b as u8 as f32,
+                x => x.as_f64().map(|x| x as f32).unwrap_or(d.cfg_normalization),
+            },
+            cfg_truncation: f("cfg_truncation", d.cfg_truncation),
+            negative_prompt: v["negative_prompt"].as_str().unwrap_or("").to_string(),
+            max_sequence_length: u("max_sequence_length", d.max_sequence_length),
+        }
+    }
+}
+
+/// An opened Z-Image pack.
+pub struct ZimagePack {
+    pub model: CmfModel,
+    pub recipe: Recipe,
+}
+
+impl ZimagePack {
+    pub fn open(path: &Path) -> Result<ZimagePack, ZimageError> {
+        let model = CmfModel::open(path).map_err(|e| ZimageError::NotZimage {
+            origin: path.display().to_string(),
+            why: format!("cannot open as CMF: {e}"),
+        })?;
+        Self::from_model(model)
+    }
+
+    pub fn from_model(model: CmfModel) -> Result<ZimagePack, ZimageError> {
+        let origin = model.path().display().to_string();
+        let arch = &model.header().arch.arch_name;
+        if arch != ARCH_NAME {
+            return Err(ZimageError::NotZimage {
+                origin,
+                why: format!("arch_name is `{arch}`, expected `{ARCH_NAME}`"),
+            });
+        }
+        if let Some(missing) = BLOBS.iter().find(|b| model.tensor(b).is_none()) {
+            return Err(ZimageError::NotZimage {
+                origin,
+                why: format!("the `{missing}` blob is missing"),
+            });
+        }
+        if model.vocab().is_none() {
+            return Err(ZimageError::NotZimage {
+                origin,
+                why: "no tokenizer in the vocab section".into(),
+            });
+        }
+        let recipe = Recipe::from_json(&Loader::new(&model, "").json("zimage.config_json")?);
+        Ok(ZimagePack { model, recipe })
+    }
+
+    fn loader<'a>(&'a self, prefix: &'a str) -> Loader<'a> {
+        Loader::new(&self.model, prefix)
+    }
+
+    pub fn text_encoder(&self) -> Result<TextEncoder<'_>, ZimageError> {
+        let cfg = self.loader("").json("te.config_json")?;
+        let template = self
+            .model
+            .header()
+            .tokenizer_config
+            .as_ref()
+            .and_then(|t| t.chat_template.clone());
+        TextEncoder::load(
+            &self.model,
+            &cfg,
+            self.model.vocab().unwrap_or_default(),
+            template,
+        )
+    }
+
+    pub fn dit(&self) -> Result<ZImageDit<'_>, ZimageError> {
+        let cfg = DitConfig::from_json(
+            &self.loader("").json("dit.config_json")?,
+            &self.model.origin(),
+        )?;
+        ZImageDit::load(&self.loader("dit."), cfg)
+    }
+
+    pub fn vae(&self) -> Result<VaeDecoder<'_>, ZimageError> {
+        let cfg = VaeConfig::from_json(
+            &self.loader("").json("vae.config_json")?,
+            &self.model.origin(),
+        )?;
+        VaeDecoder::load(&self.loader("vae."), cfg)
+    }
+}
+
+/// What to generate. `None` fields take the pack's recipe.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub prompt: String,
+    pub negative_prompt: Option<String>,
+    pub width: Option<usize>,
+    pub height: Option<usize>,
+    pub steps: Option<usize>,
+    pub guidance: Option<f32>,
+    pub seed: u64,
+    /// Initial latents file (`.npy`, `.safetensors` or raw f32); replaces the seeded noise.
+    pub latents: Option<PathBuf>,
+}
+
+/// The request with every default resolved and checked.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub prompt: String,
+    pub negative_prompt: String,
+    pub width: usize,
+    pub height: usize,
+    pub steps: usize,
+    pub guidance: f32,
+    pub shift: f32,
+    pub cfg_normalization: f32,
+    pub cfg_truncation: f32,
+    pub max_tokens: usize,
+    pub seed: u64,
+    pub latents: Option<PathBuf>,
+}
+
+impl Plan {
+    pub fn new(req: &Request, recipe: &Recipe) -> Result<Plan, ZimageError> {
+        let width = req.width.unwrap_or(recipe.width);
+        let height = req.height.unwrap_or(recipe.height);
+        for (flag, v) in [("--width", width), ("--height", height)] {
+            if v == 0 || v % 16 != 0 {
+                return Err(ZimageError::request(
+                    flag,
+                    format!("{v} is not a positive multiple of 16"),
+                ));
+            }
+            if v > 4096 {
+                return Err(ZimageError::request(flag, format!("{v} is above 4096")));
+            }
+        }
+        let steps = req.steps.unwrap_or(recipe.steps);
+        if steps == 0 || steps > 1000 {
+            return Err(ZimageError::request(
+                "--steps",
+                format!("{steps} is not in 1..=1000"),
+            ));
+        }
+        let guidance = req.guidance.unwrap_or(recipe.guidance);
+        if !(guidance.is_finite() && guidance >= 0.0) {
+            return Err(ZimageError::request(
+                "--guidance",
+                format!("{guidance} must be ≥ 0 (0 turns CFG off)"),
+            ));
+        }
+        Ok(Plan {
+            prompt: req.prompt.clone(),
+            negative_prompt: req
+                .negative_prompt
+                .clone()
+                .unwrap_or_else(|| recipe.negative_prompt.clone()),
+            width,
+            height,
+            steps,
+            guidance,
+            shift: recipe.shift,
+            cfg_normalization: recipe.cfg_normalization,
+            cfg_truncation: recipe.cfg_truncation,
+            max_tokens: recipe.max_sequence_length.max(1),
+            seed: req.seed,
+            latents: req.latents.clone(),
+        })
+    }
+
+    /// diffusers runs CFG whenever guidance > 0.
+    pub fn cfg(&self) -> bool {
+        self.guidance > 0.0
+    }
+
+    /// Latent grid `[16, H/8, W/8]`.
+    pub fn latent_hw(&self) -> (usize, usize) {
+        (self.height / 8, self.width / 8)
+    }
+}
+
+/// Progress reports while generating.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The prompt(s) are tokenized; `negative` is set under CFG.
+    Tokenized {
+        positive: PromptTokens,
+        negative: Option<PromptTokens>,
+        max_tokens: usize,
+    },
+    TextEncoded {
+        secs: f64,
+    },
+    /// Step `i` (1-based) of `n` finished in `secs`.
+    Step {
+        i: usize,
+        n: usize,
+        secs: f64,
+        cfg: bool,
+    },
+    Decoded {
+        secs: f64,
+    },
+}
+
+/// Seconds per stage.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    pub text_encoder: f64,
+    pub dit_load: f64,
+    pub steps: Vec<f64>,
+    pub vae: f64,
+    pub total: f64,
+}
+
+pub struct Generated {
+    /// Interleaved RGB, `height × width × 3`.
+    pub rgb: Vec<u8>,
+    pub width: usize,
+    pub height: usize,
+    /// The latents after the last step, `[16, H/8, W/8]`.
+    pub final_latents: Vec<f32>,
+    pub timings: Timings,
+}
+
+/// Runs `plan` on `pack`.
+pub fn generate(
+    pack: &ZimagePack,
+    plan: &Plan,
+    events: &mut dyn FnMut(Event),
+) -> Result<Generated, ZimageError> {
+    let t_all = Instant::now();
+    let mut tm = Timings::default();
+    let (lh, lw) = plan.latent_hw();
+
+    // ── initial latents: checked first, a bad file fails before minutes of work ──
+    let n_lat = 16 * lh * lw;
+    let mut lat = match &plan.latents {
+        Some(p) => noise::read_latents(p, n_lat)?,
+        None => noise::gaussian(n_lat, plan.seed),
+    };
+
+    // ── text encoder ──
+    let t0 = Instant::now();
+    let (cap, ncap) = {
+        let te = pack.text_encoder()?;
+        let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
+        let neg = if plan.cfg() {
+            Some(te.tokenize(&plan.negative_prompt, plan.max_tokens)?)
+        } else {
+            None
+        };
+        events(Event::Tokenized {
+            positive: pos.clone(),
+            negative: neg.clone(),
+            max_tokens: plan.max_tokens,
+        });
+        let cap = (te.encode(&pos.ids)?, pos.ids.len());
+        let ncap = match &neg {
+            Some(n) => Some((te.encode(&n.ids)?, n.ids.len())),
+            None => None,
+        };
+        (cap, ncap)
+    };
+    release(pack, "te.");
+    tm.text_encoder = t0.elapsed().as_secs_f64();
+    events(Event::TextEncoded {
+        secs: tm.text_encoder,
+    });
+
+    // ── DiT ──
+    let t0 = Instant::now();
+    let dit = pack.dit()?;
+    if cap.0.len() != cap.1 * dit.cfg.cap_feat_dim {
+        return Err(ZimageError::Tensor {
+            origin: pack.model.origin(),
+            name: "dit.cap_embedder.0.weight".into(),
+            why: format!(
+                "the text encoder's width does not match cap_feat_dim {}",
+                dit.cfg.cap_feat_dim
+            ),
+        });
+    }
+    for (len, flag) in [
+        (Some(cap.1), "--prompt"),
+        (ncap.as_ref().map(|c| c.1), "--negative-prompt"),
+    ] {
+        if let Some(len) = len {
+            dit.check_geometry(lh, lw, len)
+                .map_err(|why| ZimageError::request(flag, why))?;
+        }
+    }
+    let cond = dit.condition(&cap.0, cap.1);
+    let ncond = ncap.as_ref().map(|(c, n)| dit.condition(c, *n));
+    tm.dit_load = t0.elapsed().as_secs_f64();
+    let sched = Schedule::new(plan.steps, plan.shift);
+    for i in 0..plan.steps {
+        let ts = Instant::now();
+        let t = sched.model_t[i];
+        // diffusers: CFG is off at steps whose t_norm = (1000 − t)/1000 exceeds cfg_truncation.
+        let cfg_now = plan.cfg() && !(plan.cfg_truncation <= 1.0 && t > plan.cfg_truncation);
+        let mut items = vec![DitItem {
+            latents: &lat,
+            cond: &cond,
+            t,
+        }];
+        if cfg_now {
+            items.push(DitItem {
+                latents: &lat,
+                cond: ncond.as_ref().expect("negative conditioning"),
+                t,
+            });
+        }
+        let mut outs = dit.velocity(&items, lh, lw);
+        drop(items);
+        let mut pred = outs.swap_remove(0);
+        if cfg_now {
+            cfg_combine(&mut pred, &outs[0], plan.guidance, plan.cfg_normalization);
+        }
+        sched.step(i, &mut lat, &pred);
+        let secs = ts.elapsed().as_secs_f64();
+        tm.steps.push(secs);
+        events(Event::Step {
+            i: i + 1,
+            n: plan.steps,
+            secs,
+            cfg: cfg_now,
+        });
+    }
+    drop((dit, cond, ncond));
+    release(pack, "dit.");
+    if let Some(i) = lat.iter().position(|v| !v.is_finite()) {
+        return Err(ZimageError::NonFinite {
+            stage: "denoising".into(),
+            why: format!("latent value {i}"),
+        });
+    }
+
+    // ── VAE ──
+    let t0 = Instant::now();
+    let vae = pack.vae()?;
+    let rgb = vae.decode_to_rgb(&lat, lh, lw)?;
+    drop(vae);
+    release(pack, "vae.");
+    tm.vae = t0.elapsed().as_secs_f64();
+    events(Event::Decoded { secs: tm.vae });
+    tm.total = t_all.elapsed().as_secs_f64();
+    Ok(Generated {
+        rgb,
+        width: plan.width,
+        height: plan.height,
+        final_latents: lat,
+        timings: tm,
+    })
+}
+
+/// `pred = pos + g·(pos − neg)` in f32 (diffusers' order); with `norm_clip` c > 0 the whole tensor
+/// is scaled down so that ‖pred‖ ≤ c·‖pos‖.
+pub fn cfg_combine(pos: &mut [f32], neg: &[f32], g: f32, norm_clip: f32) {
+    let norm = |v: &[f32]| {
+        v.iter()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let pos_norm = if norm_clip > 0.0 { norm(pos) } else { 0.0 };
+    for (p, &n) in pos.iter_mut().zip(neg) {
+        *p += g * (*p - n);
+    }
+    if norm_clip > 0.0 {
+        let (new, max) = (norm(pos), pos_norm * norm_clip as f64);
+        if new > max {
+            let f = (max / new) as f32;
+            pos.iter_mut().for_each(|p| *p *= f);
+        }
+    }
+}
+
+/// Drops the resident pages of the tensors under `prefix` (hook for cmf-format's page release).
+fn release(_pack: &ZimagePack, _prefix: &str) {}
+
+/// Writes RGB8 as a PNG: to a temp file beside `path`, then renamed into place.
+pub fn write_png(path: &Path, rgb: &[u8], width: usize, height: usize) -> Result<(), ZimageError> {
+    let err = |why: String| ZimageError::Output {
+        path: path.to_path_buf(),
+        why,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| err("not a file path".into()))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let result = (|| -> Result<(), String> {
+        let f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), width as u32, height as u32);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().map_err(|e| e.to_string())?;
+        w.write_image_data(rgb).map_err(|e| e.to_string())?;
+        w.finish().map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+    })();
+    if let Err(why) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(why));
+    }
+    Ok(())
+}
