@@ -390,6 +390,7 @@ fn chunked_prefill_and_split_attention_at_long_context() {
         max_context: 1024,
         kv: KvPrecision::Auto,
         prefill_chunk: 128,
+        ..Default::default()
     };
     for (attn, pdl) in [
         (AttnKernel::Fa2, true),
@@ -407,6 +408,30 @@ fn chunked_prefill_and_split_attention_at_long_context() {
     let (ep2, ed2, _) = compare_model(&b, &m, &opts, &prompt, 4, AttnKernel::Fa2, true);
     eprintln!("long context bf16, f32 KV (simple attention): prefill {ep2:.2e} decode {ed2:.2e}");
     assert!(ep2 < 6e-2 && ed2 < 6e-2);
+}
+
+#[test]
+fn precise_mode_is_exact_for_bf16_weights() {
+    let Some(b) = backend() else { return };
+    // bf16 weights are exact in f32; with f32 prefill GEMMs and an f32 cache every operation
+    // is f32, so the logits match the reference as closely as an f32 model's.
+    let m = SynthModel::new(
+        tiny_spec(64, Some(20)),
+        Dtype::Bf16,
+        SynthOptions::QWEN3,
+        21,
+    );
+    let prompt: Vec<u32> = (0..41).map(|i| (i * 11 + 5) % 300).collect();
+    let opts = LlmOptions {
+        max_context: 256,
+        prefill_chunk: 32,
+        precise: true,
+        ..Default::default()
+    };
+    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, AttnKernel::Fa2, true);
+    eprintln!("bf16 precise: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
+    assert!(ep < 1e-4 && ed < 1e-4);
+    assert_eq!(mis, 0);
 }
 
 /// Greedy generation as a caller does it: device first, CPU reference after a refusal.

@@ -4,6 +4,7 @@
 
 use crate::chat::Tokenizer;
 use crate::error::Result;
+use crate::gpu::Engine;
 use crate::model::{Model, State};
 use crate::sampling::{Sampler, SamplingParams};
 use std::time::{Duration, Instant};
@@ -66,6 +67,31 @@ pub fn generate(
     cfg: &GenerationConfig,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
+    generate_on(
+        model,
+        &mut Engine::Cpu,
+        st,
+        tokenizer,
+        prompt,
+        history,
+        cfg,
+        on_text,
+    )
+}
+
+/// [`generate`] with the forward passes on `engine` (the GPU when one holds the model; it
+/// falls back to the CPU, rebuilding `st` from `history`, if the device refuses).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_on(
+    model: &Model,
+    engine: &mut Engine,
+    st: &mut State,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    cfg: &GenerationConfig,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationStats> {
     let mut sampler = Sampler::new(cfg.sampling.clone());
     let mut stops = StopMatcher::new(&cfg.stop_strings);
     // The last prompt ids give the decoder the left context of the first generated token.
@@ -73,7 +99,7 @@ pub fn generate(
     let mut decoder = tokenizer.text_decoder(context, true);
 
     let t0 = Instant::now();
-    let mut logits = model.prefill(st, prompt)?.to_vec();
+    let mut step = Some(engine.prefill(model, st, prompt, history)?);
     let prefill_time = t0.elapsed();
     history.extend_from_slice(prompt);
 
@@ -94,7 +120,10 @@ pub fn generate(
         hit
     };
     while stats.generated_tokens < cfg.max_tokens {
-        let token = sampler.sample(&mut logits, history);
+        let token = step
+            .take()
+            .expect("a forward pass precedes each draw")
+            .pick(&mut sampler, history);
         if stats.generated_tokens == 0 {
             stats.time_to_first_token = t0.elapsed();
         }
@@ -110,12 +139,12 @@ pub fn generate(
         if stats.generated_tokens == cfg.max_tokens {
             break;
         }
-        if st.len() >= st.kv.limit() {
+        if engine.len(st) >= engine.limit(st) {
             stats.finish = FinishReason::ContextFull;
             break;
         }
         let t = Instant::now();
-        logits.copy_from_slice(model.decode(st, token)?);
+        step = Some(engine.decode(model, st, token, history, &cfg.sampling)?);
         stats.decode_time += t.elapsed();
         stats.decode_steps += 1;
         history.push(token);

@@ -6,10 +6,12 @@
 //! - [`chat`]: tokenizer, chat templates, streaming detokenization, multi-turn sessions.
 //! - [`sampling`]: logits → next token (greedy, temperature, top-k/p, min-p, penalties, seed).
 //! - [`generate`]: the prefill/decode loop with stop conditions and timings.
+//! - [`gpu`]: the hook that runs that loop's forward passes through cmf-gpu when a device holds the model.
 
 pub mod chat;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod model;
 pub mod sampling;
 

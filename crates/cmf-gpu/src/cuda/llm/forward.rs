@@ -379,12 +379,13 @@ impl CudaLlm {
             .blas
             .as_ref()
             .ok_or_else(|| DevError("cuBLAS is not available".into()))?;
-        let bf16 = w.codec.gemm_in_bf16();
+        let bf16 = w.codec.gemm_in_bf16() && !self.opts.precise;
         let x = if bf16 { x_bf16 } else { x_f32 };
         let k = w.cols;
         let out0 = out + 4 * col0 as u64;
         match w.codec {
-            DevCodec::Bf16 | DevCodec::F32 => {
+            // Used in place when the stored precision is the GEMM's.
+            DevCodec::Bf16 | DevCodec::F32 if bf16 == (w.codec == DevCodec::Bf16) => {
                 blas.gemm(bf16, w.w(), x, out0, w.rows, t, k, ldc, accumulate)
             }
             _ => {
@@ -544,7 +545,7 @@ impl CudaLlm {
                 )
             }
             6 => {
-                let f32_act = !d.down.codec.gemm_in_bf16();
+                let f32_act = self.opts.precise || !d.down.codec.gemm_in_bf16();
                 self.dev.launch(
                     &self.mk.swiglu_rows,
                     grid1(t * i, 256 * 4),

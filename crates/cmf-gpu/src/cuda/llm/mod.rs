@@ -157,11 +157,12 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
             )));
         }
     }
-    let kv_f32 = match opts.kv {
-        KvPrecision::F32 => true,
-        KvPrecision::F16 => false,
-        KvPrecision::Auto => all_float,
-    };
+    let kv_f32 = opts.precise
+        || match opts.kv {
+            KvPrecision::F32 => true,
+            KvPrecision::F16 => false,
+            KvPrecision::Auto => all_float,
+        };
     let kv_elem = if kv_f32 { 4 } else { 2 };
     let kv_layer_bytes = (2 * s.num_kv_heads * opts.max_context * s.head_dim * kv_elem) as u64;
     // Up to about four blocks per SM for decode attention at long contexts (the kernel uses
@@ -206,8 +207,8 @@ pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footp
             weights::device_bytes(&model.lm_head)
         }
         + 4 * model.spec.hidden as u64;
-    let fixed_bytes =
-        DecodeWs::bytes(&model.spec, p.splits) + PrefillWs::bytes(model, opts.prefill_chunk);
+    let fixed_bytes = DecodeWs::bytes(&model.spec, p.splits)
+        + PrefillWs::bytes(model, opts.prefill_chunk, opts.precise);
     Ok(Footprint {
         layer_bytes,
         head_bytes,
@@ -317,7 +318,7 @@ impl CudaLlm {
             chunk_max: p.chunk_max,
             ws,
             pf: None,
-            pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk),
+            pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk, opts.precise),
             pf_start: 0,
             blas,
             graph: None,

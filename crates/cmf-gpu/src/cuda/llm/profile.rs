@@ -31,10 +31,7 @@ impl CudaLlm {
         let all = self.time_ms(iters, || {
             (0..Self::DECODE_STAGES.len()).try_for_each(|st| self.decode_stage(0, st))
         })?;
-        out.push((
-            "decode layer: all stages back to back".into(),
-            1e3 * all,
-        ));
+        out.push(("decode layer: all stages back to back".into(), 1e3 * all));
         let lm = self.time_ms(iters, || {
             self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())
         })?;
