@@ -18,7 +18,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Info(commands::info::Args),
+    Imagine(commands::imagine::Args),
     Verify(commands::verify::Args),
+    Convert(commands::convert::Args),
+    ImportGguf(commands::import_gguf::Args),
+    Synth(commands::synth::Args),
+    Run(commands::run::Args),
+    Bench(commands::bench::Args),
+    Ppl(commands::ppl::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,7 +43,14 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
+        Command::Imagine(args) => commands::imagine::run(args),
+        Command::Convert(args) => commands::convert::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::ImportGguf(args) => commands::import_gguf::run(args),
+        Command::Synth(args) => commands::synth::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Ppl(args) => commands::ppl::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -528,6 +528,11 @@ pub fn convert_zimage(
         layer_types: vec![LayerType::FullAttention; te_keep_layers],
         rms_norm_eps: te_cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6),
         max_position_embeddings: te_geo("max_position_embeddings"),
+        rope_theta: te_cfg["rope_theta"]
+            .as_f64()
+            .or_else(|| te_cfg["rope_parameters"]["rope_theta"].as_f64())
+            .unwrap_or(1e6),
+        tie_word_embeddings: te_cfg["tie_word_embeddings"].as_bool().unwrap_or(false),
         ..Arch::default()
     };
     let quant_type = match opts.dit {

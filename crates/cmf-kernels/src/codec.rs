@@ -3,16 +3,32 @@
 //! `quant.rs` (`q4tp_sections`, `q4tp_code`, `q4tp_ladder`).
 
 use cmf_format::Dtype;
-use half::f16;
 
 use crate::Weight;
 
 /// Elements per q4 group (tile).
 pub const GROUP: usize = 32;
 
-#[inline]
+/// IEEE half bits to f32, exactly, without branches (vectorizable; `half`'s conversion checks for
+/// F16C at run time on every call). Normal and subnormal halves: the bits moved into an f32 and
+/// rescaled by 2^112; infinities and NaNs: the f32 exponent set to all ones.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7FFF;
+    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let bits = if em >= 0x7C00 {
+        (em << 13) | 0x7F80_0000
+    } else {
+        v.to_bits()
+    };
+    f32::from_bits(bits | sign)
+}
+
+#[inline(always)]
 pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
 }
 
 /// An int8 matrix with one f32 scale per row (q8_row; q8_2f after its column field is folded
@@ -134,7 +150,7 @@ impl<'a> Q4<'a> {
             Q4Kind::Tiled => {
                 for (g, o) in out.iter_mut().enumerate() {
                     let t = (r * gpr + g) * 18;
-                    *o = f16::from_le_bytes([self.data[t], self.data[t + 1]]).to_f32();
+                    *o = f16_to_f32(u16::from_le_bytes([self.data[t], self.data[t + 1]]));
                 }
             }
             Q4Kind::Tp => {
@@ -187,4 +203,50 @@ pub(crate) fn q4tp_ladder(params: &[u8], r: usize) -> [f32; 32] {
         t[c] = t[c - 1] * ratio;
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_bit_pattern() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn q4tp_codes_read_lsb_first_across_bytes() {
+        // Codes 0..31 packed 5 bits each, LSB first, written by hand.
+        let codes: Vec<usize> = (0..13).map(|g| (g * 7 + 3) % 32).collect();
+        let mut bytes = vec![0u8; q4tp_code_stride(codes.len())];
+        for (g, &c) in codes.iter().enumerate() {
+            for bit in 0..5 {
+                if c >> bit & 1 == 1 {
+                    let at = g * 5 + bit;
+                    bytes[at / 8] |= 1 << (at % 8);
+                }
+            }
+        }
+        for (g, &c) in codes.iter().enumerate() {
+            assert_eq!(q4tp_code(&bytes, g), c, "group {g}");
+        }
+    }
+
+    #[test]
+    fn q4tp_ladder_is_geometric_from_lo() {
+        let mut params = vec![0u8; 4];
+        params[..2].copy_from_slice(&half::f16::from_f32(-3.0).to_le_bytes());
+        params[2..].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        let t = q4tp_ladder(&params, 0);
+        assert_eq!(t[0], 0.125);
+        assert!((t[4] / t[0] - 2.0).abs() < 1e-6);
+        assert!((t[31] / (0.125 * 2f32.powf(31.0 * 0.25)) - 1.0).abs() < 1e-5);
+    }
 }

@@ -10,6 +10,7 @@
 //! against. Numerics and measured speed: `docs/kernels.md`.
 
 pub mod attention;
+pub mod conv;
 pub mod cpu;
 pub mod reference;
 
@@ -25,6 +26,7 @@ mod simd;
 use cmf_format::Dtype;
 
 pub use attention::{attention, attention_decode, AttnParams, Kv, KvCache, KvDtype, KvSlice};
+pub use conv::conv2d;
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};

@@ -100,3 +100,41 @@ impl<T> SendPtr<T> {
         std::slice::from_raw_parts_mut(self.0.add(start), len)
     }
 }
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `n` floats of this thread's reusable scratch, returned to the thread when dropped (pool threads
+/// live as long as the pool, so per-call buffers stop costing an allocation and a zeroing pass).
+/// The contents are stale: callers write before they read. A guard, not a closure, so that the
+/// kernels using it stay inside their `#[target_feature]` function.
+pub(crate) struct Scratch {
+    buf: Vec<f32>,
+    n: usize,
+}
+
+impl Scratch {
+    pub(crate) fn new(n: usize) -> Scratch {
+        let mut buf = SCRATCH.with(|c| c.take());
+        if buf.len() < n {
+            buf.resize(n, 0.0);
+        }
+        Scratch { buf, n }
+    }
+
+    pub(crate) fn get(&mut self) -> &mut [f32] {
+        &mut self.buf[..self.n]
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        SCRATCH.with(|c| {
+            if c.borrow().len() < buf.len() {
+                *c.borrow_mut() = buf;
+            }
+        });
+    }
+}

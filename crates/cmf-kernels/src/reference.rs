@@ -325,3 +325,41 @@ pub fn attention(
         }
     }
 }
+
+/// Convolution, naively (NCHW, stride 1, "same" padding k/2), f64 sums.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d(
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weight: &[f32],
+    c_out: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let pad = (k / 2) as isize;
+    for co in 0..c_out {
+        for oy in 0..h {
+            for ox in 0..w {
+                let mut s = bias.map_or(0.0, |b| b[co] as f64);
+                for ci in 0..c_in {
+                    for ky in 0..k {
+                        for kx in 0..k {
+                            let (iy, ix) = (
+                                oy as isize + ky as isize - pad,
+                                ox as isize + kx as isize - pad,
+                            );
+                            if iy >= 0 && iy < h as isize && ix >= 0 && ix < w as isize {
+                                let wv = weight[((co * c_in + ci) * k + ky) * k + kx] as f64;
+                                s += wv * x[(ci * h + iy as usize) * w + ix as usize] as f64;
+                            }
+                        }
+                    }
+                }
+                out[(co * h + oy) * w + ox] = s as f32;
+            }
+        }
+    }
+}

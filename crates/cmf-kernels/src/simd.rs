@@ -9,14 +9,42 @@
 //! Bodies are generic over [`Fma`]: `f32::mul_add` is one instruction where FMA exists but a libm
 //! call per element where it does not (x86-64 baseline), so the portable instance uses `a*b + c`.
 
-/// How a body spells a·b + c.
+/// How a body spells a·b + c, and what else the instance may assume.
 pub(crate) trait Fma {
+    /// The instance is compiled for x86-64 AVX2 or AVX-512 (so F16C and FMA exist).
+    const X86_SIMD: bool = false;
+    /// The instance is compiled for AVX-512.
+    const AVX512: bool = false;
     fn fma(a: f32, b: f32, c: f32) -> f32;
 }
 
-/// One fused multiply-add (AVX2/AVX-512 paths, aarch64).
+/// One fused multiply-add (aarch64's portable path).
+#[allow(dead_code)]
 pub(crate) struct Fused;
 impl Fma for Fused {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// One fused multiply-add, inside an AVX2 instance.
+#[allow(dead_code)]
+pub(crate) struct FusedAvx2;
+impl Fma for FusedAvx2 {
+    const X86_SIMD: bool = true;
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// One fused multiply-add, inside an AVX-512 instance.
+#[allow(dead_code)]
+pub(crate) struct FusedAvx512;
+impl Fma for FusedAvx512 {
+    const X86_SIMD: bool = true;
+    const AVX512: bool = true;
     #[inline(always)]
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -56,10 +84,10 @@ macro_rules! multiversion {
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn v512($($arg: $ty),*) $(-> $ret)? { $body::<$crate::simd::Fused>($($arg),*) }
+                unsafe fn v512($($arg: $ty),*) $(-> $ret)? { $body::<$crate::simd::FusedAvx512>($($arg),*) }
                 #[target_feature(enable = "avx2,fma,f16c")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn v256($($arg: $ty),*) $(-> $ret)? { $body::<$crate::simd::Fused>($($arg),*) }
+                unsafe fn v256($($arg: $ty),*) $(-> $ret)? { $body::<$crate::simd::FusedAvx2>($($arg),*) }
                 assert!(isa.supported(), "{isa} is not supported by this CPU");
                 match isa {
                     // SAFETY: the CPU supports the features (asserted above).

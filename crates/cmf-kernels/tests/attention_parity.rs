@@ -5,6 +5,7 @@
 mod common;
 
 use cmf_kernels::attention::attention_with;
+use cmf_kernels::attention::KvLayout;
 use cmf_kernels::{attention_decode, reference, AttnParams, Isa, Kv, KvCache, KvDtype, KvSlice};
 use common::Rng;
 
@@ -71,11 +72,13 @@ fn run_case(rng: &mut Rng, c: &Case) {
                 k: KvSlice::F16(&kb),
                 v: KvSlice::F16(&vbits),
                 len: c.len,
+                layout: KvLayout::TokenMajor,
             },
             KvDtype::Bf16 => Kv {
                 k: KvSlice::Bf16(&kb),
                 v: KvSlice::Bf16(&vbits),
                 len: c.len,
+                layout: KvLayout::TokenMajor,
             },
         };
         let mut want = vec![0f32; q.len()];
@@ -95,7 +98,20 @@ fn run_case(rng: &mut Rng, c: &Case) {
             &mut want,
         );
         let vmax = vr.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // The same keys in a head-major cache (with spare capacity).
+        let mut cache = KvCache::new(dtype, c.len + 5, c.kv_heads, c.hd);
+        cache.write(0, &k, &v);
         for isa in Isa::all_supported() {
+            let mut got = vec![f32::NAN; q.len()];
+            attention_with(isa, &q, cache.view(c.len), &p, mask.as_deref(), &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * vmax,
+                    "{isa} cache {dtype:?} nq={} len={}: [{i}] {g} vs {w}",
+                    c.nq,
+                    c.len
+                );
+            }
             let mut got = vec![f32::NAN; q.len()];
             attention_with(isa, &q, kv, &p, mask.as_deref(), &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {

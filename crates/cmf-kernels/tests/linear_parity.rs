@@ -204,3 +204,37 @@ fn bad_weights_are_refused() {
     assert!(Weight::new(Dtype::U8, 1, 10, &data).is_err());
     assert!(Weight::new(Dtype::Q8Row, 2, 4, &[0u8; 12]).is_ok());
 }
+
+#[test]
+fn non_finite_inputs_propagate() {
+    // A NaN or ∞ input must not vanish in the int8 input quantization: every output it feeds is NaN.
+    let mut rng = Rng(4);
+    for isa in Isa::all_supported() {
+        for dtype in CODECS {
+            let (rows, cols) = (5usize, 96usize);
+            let data = random_weight(&mut rng, dtype, rows, cols);
+            let w = Weight::new(dtype, rows, cols, &data).unwrap();
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut x = rng.vec(2 * cols, 1.0);
+                x[40] = bad;
+                let mut y = vec![0f32; 2 * rows];
+                matmul_with(isa, &w, &x, 2, &mut y);
+                assert!(
+                    y[..rows].iter().all(|v| !v.is_finite()),
+                    "{isa} {dtype} matmul with {bad}: {:?}",
+                    &y[..rows]
+                );
+                assert!(
+                    y[rows..].iter().all(|v| v.is_finite()),
+                    "{isa} {dtype}: the clean row stays finite"
+                );
+                let mut y1 = vec![0f32; rows];
+                matvec_with(isa, &w, &x[..cols], &mut y1);
+                assert!(
+                    y1.iter().all(|v| !v.is_finite()),
+                    "{isa} {dtype} matvec with {bad}: {y1:?}"
+                );
+            }
+        }
+    }
+}

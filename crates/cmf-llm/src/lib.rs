@@ -7,12 +7,15 @@
 //! - [`sampling`]: logits → next token (greedy, temperature, top-k/p, min-p, penalties, seed).
 //! - [`generate`]: the prefill/decode loop with stop conditions and timings.
 //! - [`gpu`]: the hook that runs that loop's forward passes through cmf-gpu when a device holds the model.
+//! - [`bench`], [`perplexity`]: llama-bench's pp/tg contract and llama-perplexity's method.
 
+pub mod bench;
 pub mod chat;
 pub mod error;
 pub mod generate;
 pub mod gpu;
 pub mod model;
+pub mod perplexity;
 pub mod sampling;
 
 pub use error::{LlmError, Result};

@@ -1,6 +1,15 @@
 //! One module per subcommand: `Args` (clap derive) and `run(args) -> anyhow::Result<()>`.
 
+pub mod bench;
+pub mod convert;
+pub mod convert_zimage;
+pub mod imagine;
+pub mod import_gguf;
 pub mod info;
+mod llm_opts;
+pub mod ppl;
+pub mod run;
+pub mod synth;
 pub mod verify;
 
 /// `1.23 GB`-style size (decimal units, as disk tools print them).

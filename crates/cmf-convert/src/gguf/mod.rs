@@ -97,28 +97,28 @@ pub struct GgufFile {
 /// Opening a GGUF file failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("{path}: {source}")]
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{path}: {source}")]
-    Malformed { path: PathBuf, source: GgufError },
+    #[error("{}: {cause}", path.display())]
+    Malformed { path: PathBuf, cause: GgufError },
 }
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile, OpenError> {
-        let io = |source| OpenError::Io {
+        let io = |cause| OpenError::Io {
             path: path.to_owned(),
-            source,
+            cause,
         };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a file truncated under us by another process is outside
         // what any mmap-based reader can defend against, as for the CMF reader.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let gguf = Gguf::parse(&mmap).map_err(|source| OpenError::Malformed {
+        let gguf = Gguf::parse(&mmap).map_err(|cause| OpenError::Malformed {
             path: path.to_owned(),
-            source,
+            cause,
         })?;
         Ok(GgufFile {
             path: path.to_owned(),

@@ -3,7 +3,7 @@
 //! merged with the usual rescaling: m = max m_s, l = Σ l_s·e^(m_s − m), O = Σ O_s·e^(m_s − m).
 //! K/V rows are read once per task and widened 64 at a time into L1-sized buffers.
 
-use super::{exp_sum, mask_block, max_lanes, widen, AttnParams, Kv, RowState};
+use super::{exp_sum, mask_block, max_lanes, widen, AttnParams, Kv, KvLayout, KvSlice, RowState};
 use crate::cpu::Isa;
 use crate::ops::math;
 use crate::pool::{self, SendPtr};
@@ -85,26 +85,65 @@ fn dot<F: Fma>(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + s
 }
 
-/// o[hd] += Σ_j p[j]·v[j, hd], 32 output values at a time held in registers across the keys.
+/// Rows `at + j·stride` (j < n) of a K/V slice as f32: the slice itself for f32 (returned with
+/// its stride), else widened into `buf` (stride hd).
 #[inline(always)]
-fn add_pv<F: Fma>(o: &mut [f32], p: &[f32], v: &[f32], hd: usize) {
-    let mut d0 = 0;
-    while d0 + 32 <= hd {
-        let mut acc: [f32; 32] = o[d0..d0 + 32].try_into().unwrap();
-        for (j, &pj) in p.iter().enumerate() {
-            let vr: &[f32; 32] = v[j * hd + d0..j * hd + d0 + 32].try_into().unwrap();
-            for l in 0..32 {
-                acc[l] = F::fma(pj, vr[l], acc[l]);
+fn rows_f32<'a, F: Fma>(
+    src: KvSlice<'a>,
+    at: usize,
+    n: usize,
+    stride: usize,
+    hd: usize,
+    buf: &'a mut [f32],
+) -> (&'a [f32], usize) {
+    match src {
+        KvSlice::F32(s) => (&s[at..], stride),
+        _ => {
+            for j in 0..n {
+                widen::<F>(src, at + j * stride, &mut buf[j * hd..(j + 1) * hd]);
+            }
+            (&buf[..], hd)
+        }
+    }
+}
+
+/// Software prefetch of `n` rows of `hd` elements, `stride` apart, starting at element `at`.
+#[inline(always)]
+fn prefetch_rows(src: KvSlice, at: usize, n: usize, stride: usize, hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (base, esz) = match src {
+            KvSlice::F32(s) => (s.as_ptr() as *const i8, 4),
+            KvSlice::F16(s) | KvSlice::Bf16(s) => (s.as_ptr() as *const i8, 2),
+        };
+        for j in 0..n {
+            let row = (at + j * stride) * esz;
+            for off in (0..hd * esz).step_by(64) {
+                // SAFETY: prefetch never faults; the address is inside the slice (row < len).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(row + off)) };
             }
         }
-        o[d0..d0 + 32].copy_from_slice(&acc);
-        d0 += 32;
     }
-    for d in d0..hd {
-        o[d] = p
-            .iter()
-            .enumerate()
-            .fold(o[d], |a, (j, &pj)| F::fma(pj, v[j * hd + d], a));
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (src, at, n, stride, hd);
+}
+
+/// o[hd] += Σ_j p[j]·v[j·stride .. +hd] (portable).
+#[inline(always)]
+fn add_pv<F: Fma>(o: &mut [f32], p: &[f32], v: &[f32], stride: usize, hd: usize) {
+    for (j, &pj) in p.iter().enumerate() {
+        for (a, b) in o[..hd].iter_mut().zip(&v[j * stride..j * stride + hd]) {
+            *a = F::fma(pj, *b, *a);
+        }
+    }
+}
+
+/// Scores of one query row against `n` key rows `stride` apart (portable).
+#[inline(always)]
+fn scores<F: Fma>(q: &[f32], k: &[f32], stride: usize, hd: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot::<F>(q, &k[j * stride..j * stride + hd]);
     }
 }
 
@@ -136,34 +175,52 @@ fn task_body<F: Fma>(
     }
     let mut st = vec![RowState::EMPTY; rows];
     let mut o = vec![0f32; rows * hd];
-    let mut kb = vec![0f32; BK * hd];
-    let mut vb = vec![0f32; BK * hd];
     let mut s = vec![0f32; rows * BK];
     let lo = range.iter().map(|r| r.0).min().unwrap_or(k0);
     let hi = range.iter().map(|r| r.1).max().unwrap_or(k0);
+    // Widened K and V blocks (16-bit caches only; f32 is read in place).
+    let scratch = if matches!(kv.k, KvSlice::F32(_)) {
+        0
+    } else {
+        2 * BK * hd
+    };
+    let mut guard = crate::pool::Scratch::new(scratch);
+    let (kb, vb) = guard.get().split_at_mut(scratch / 2);
+    let stride = kv.token_stride(p.n_kv_heads, hd);
     let mut j0 = lo;
     while j0 < hi {
         let n = (hi - j0).min(BK);
-        let stride = p.n_kv_heads * hd;
-        for j in 0..n {
-            widen(
-                kv.k,
-                (j0 + j) * stride + h * hd,
-                &mut kb[j * hd..(j + 1) * hd],
-            );
-            widen(
-                kv.v,
-                (j0 + j) * stride + h * hd,
-                &mut vb[j * hd..(j + 1) * hd],
-            );
+        // Token-major rows are 2-4 KiB apart, which the hardware prefetcher does not follow: ask
+        // for the next block's rows now. (Head-major caches are sequential streams.)
+        if j0 + n < hi && kv.layout == KvLayout::TokenMajor {
+            let m = (hi - j0 - n).min(BK);
+            prefetch_rows(kv.k, kv.at(j0 + n, h, p.n_kv_heads, hd), m, stride, hd);
+            prefetch_rows(kv.v, kv.at(j0 + n, h, p.n_kv_heads, hd), m, stride, hd);
         }
+        // K and V rows of this block: f32 caches are read in place (row stride `stride`), the
+        // 16-bit ones widened into contiguous buffers (row stride hd).
+        let (kp, kst) = rows_f32::<F>(kv.k, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, kb);
+        let (vp, vst) = rows_f32::<F>(kv.v, kv.at(j0, h, p.n_kv_heads, hd), n, stride, hd, vb);
+        let (kb_rows, vb_rows) = (&kp[..(n - 1) * kst + hd], &vp[..(n - 1) * vst + hd]);
         for r in 0..rows {
             let (rlo, rhi) = range[r];
             let srow = &mut s[r * BK..r * BK + n];
             let qr = &qs[r * hd..(r + 1) * hd];
-            for (j, v) in srow.iter_mut().enumerate() {
-                *v = dot::<F>(qr, &kb[j * hd..(j + 1) * hd]);
+            #[cfg(target_arch = "x86_64")]
+            if F::X86_SIMD {
+                // SAFETY: this instance runs with AVX2 (or AVX-512); kb_rows holds n rows at kst.
+                unsafe {
+                    if F::AVX512 {
+                        super::x86::scores_avx512(qr, kb_rows.as_ptr(), kst, hd, srow)
+                    } else {
+                        super::x86::scores_avx2(qr, kb_rows.as_ptr(), kst, hd, srow)
+                    }
+                }
+            } else {
+                scores::<F>(qr, kb_rows, kst, hd, srow);
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            scores::<F>(qr, kb_rows, kst, hd, srow);
             mask_block(srow, j0, rlo, rhi, key_mask);
             let mx = max_lanes(srow);
             if mx == f32::NEG_INFINITY {
@@ -181,7 +238,21 @@ fn task_body<F: Fma>(
             if corr != 1.0 {
                 orow.iter_mut().for_each(|v| *v *= corr);
             }
-            add_pv::<F>(orow, srow, &vb, hd);
+            #[cfg(target_arch = "x86_64")]
+            if F::X86_SIMD {
+                // SAFETY: as above; vb_rows holds n rows at vst.
+                unsafe {
+                    if F::AVX512 {
+                        super::x86::add_pv_avx512(orow, srow, vb_rows.as_ptr(), vst, hd)
+                    } else {
+                        super::x86::add_pv_avx2(orow, srow, vb_rows.as_ptr(), vst, hd)
+                    }
+                }
+            } else {
+                add_pv::<F>(orow, srow, vb_rows, vst, hd);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            add_pv::<F>(orow, srow, vb_rows, vst, hd);
         }
         j0 += n;
     }

@@ -68,13 +68,13 @@ fn prepare_body<F: Fma>(
     let hd = p.head_dim;
     let mut tmp = vec![0f32; hd];
     for j in j0..j1 {
-        let at = (j * p.n_kv_heads + h) * hd;
-        widen(kv.k, at, &mut tmp);
+        let at = kv.at(j, h, p.n_kv_heads, hd);
+        widen::<F>(kv.k, at, &mut tmp);
         for (d, v) in tmp.iter().enumerate() {
             // SAFETY: column j of Kᵀ and row j of V belong to this task (keys j0..j1).
             unsafe { *kt.ptr().add(d * lenp + j) = *v };
         }
-        widen(kv.v, at, unsafe { vb.slice(j * hdp, hd) });
+        widen::<F>(kv.v, at, unsafe { vb.slice(j * hdp, hd) });
     }
 }
 multiversion!(fn prepare / prepare_with = prepare_body;

@@ -61,40 +61,66 @@ impl KvSlice<'_> {
     }
 }
 
-/// Keys and values the attention reads: `len` tokens of `[n_kv_heads, head_dim]` each.
+/// How token j of kv head h is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvLayout {
+    /// `[len, n_kv_heads, head_dim]`: what a K or V projection produces.
+    TokenMajor,
+    /// `[n_kv_heads, capacity, head_dim]`: the cache layout, so that decode streams each head's
+    /// keys sequentially.
+    HeadMajor { capacity: usize },
+}
+
+/// Keys and values the attention reads: `len` tokens of `n_kv_heads × head_dim` each.
 #[derive(Clone, Copy, Debug)]
 pub struct Kv<'a> {
     pub k: KvSlice<'a>,
     pub v: KvSlice<'a>,
     pub len: usize,
+    pub layout: KvLayout,
 }
 
 impl<'a> Kv<'a> {
-    /// Plain f32 keys and values (`len` = k.len() / (n_kv_heads·head_dim), checked by the kernel).
+    /// Plain f32 keys and values, token-major `[len, n_kv_heads, head_dim]`.
     pub fn f32(k: &'a [f32], v: &'a [f32], len: usize) -> Kv<'a> {
         Kv {
             k: KvSlice::F32(k),
             v: KvSlice::F32(v),
             len,
+            layout: KvLayout::TokenMajor,
+        }
+    }
+
+    /// Element offset of (token j, kv head h) and the distance between consecutive tokens.
+    #[inline(always)]
+    pub(crate) fn at(&self, j: usize, h: usize, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => (j * n_kv + h) * hd,
+            KvLayout::HeadMajor { capacity } => (h * capacity + j) * hd,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn token_stride(&self, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => n_kv * hd,
+            KvLayout::HeadMajor { .. } => hd,
+        }
+    }
+
+    /// Elements the slices must hold for `len` tokens.
+    pub(crate) fn needed(&self, n_kv: usize, hd: usize) -> usize {
+        match self.layout {
+            KvLayout::TokenMajor => self.len * n_kv * hd,
+            KvLayout::HeadMajor { capacity } if self.len > 0 => {
+                ((n_kv - 1) * capacity + self.len) * hd
+            }
+            KvLayout::HeadMajor { .. } => 0,
         }
     }
 }
 
-#[inline(always)]
-pub(crate) fn f16_bits_to_f32(h: u16) -> f32 {
-    // Normal and subnormal halves: move the bits into an f32 and rescale by 2^112
-    // (exact); infinities and NaNs: set the f32 exponent to all ones.
-    let h = h as u32;
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7FFF;
-    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
-    let bits = if em >= 0x7C00 {
-        (em << 13) | 0x7F80_0000
-    } else {
-        v.to_bits()
-    };
-    f32::from_bits(bits | sign)
-}
+pub(crate) use crate::codec::f16_to_f32 as f16_bits_to_f32;
 
 #[inline(always)]
 pub(crate) fn bf16_bits_to_f32(h: u16) -> f32 {
@@ -124,6 +150,7 @@ impl Store {
         }
     }
 
+    /// Writes `src` at element `at`.
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
@@ -147,7 +174,8 @@ impl Store {
     }
 }
 
-/// One layer's keys and values, `[capacity, n_kv_heads, head_dim]` each, allocated up front.
+/// One layer's keys and values, `[n_kv_heads, capacity, head_dim]` each (head-major: decode reads
+/// each head's keys as one sequential stream), allocated up front.
 pub struct KvCache {
     dtype: KvDtype,
     capacity: usize,
@@ -195,8 +223,14 @@ impl KvCache {
             "KvCache::write: positions {pos}.. exceed capacity {}",
             self.capacity
         );
-        self.k.write(pos * row, k);
-        self.v.write(pos * row, v);
+        let (hd, cap) = (self.head_dim, self.capacity);
+        for (t, (kt, vt)) in k.chunks(row).zip(v.chunks(row)).enumerate() {
+            for h in 0..self.n_kv_heads {
+                let at = (h * cap + pos + t) * hd;
+                self.k.write(at, &kt[h * hd..(h + 1) * hd]);
+                self.v.write(at, &vt[h * hd..(h + 1) * hd]);
+            }
+        }
     }
 
     /// The first `len` positions, for the attention kernels.
@@ -206,28 +240,14 @@ impl KvCache {
             "KvCache::view: {len} > capacity {}",
             self.capacity
         );
-        let n = len * self.n_kv_heads * self.head_dim;
+        let n = self.capacity * self.n_kv_heads * self.head_dim;
         Kv {
             k: self.k.slice(n),
             v: self.v.slice(n),
             len,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn f16_decode_matches_half_for_every_bit_pattern() {
-        for h in 0..=u16::MAX {
-            let want = half::f16::from_bits(h).to_f32();
-            let got = f16_bits_to_f32(h);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "{h:#06x}: {got} vs {want}"
-            );
+            layout: KvLayout::HeadMajor {
+                capacity: self.capacity,
+            },
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Scaled dot-product attention with grouped-query heads, blockwise with an online softmax
 //! (never an N×N score matrix).
 //!
-//! Shapes: `q[nq, n_heads, head_dim]`, keys/values `[len, n_kv_heads, head_dim]` ([`Kv`]),
+//! Shapes: `q[nq, n_heads, head_dim]`, keys/values `[len, n_kv_heads, head_dim]` or, in a
+//! [`KvCache`], `[n_kv_heads, capacity, head_dim]` ([`Kv`], [`KvLayout`]),
 //! `out[nq, n_heads, head_dim]`. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`
 //! (transformers' `repeat_kv`).
 //!
@@ -15,10 +16,13 @@
 mod decode;
 mod flash;
 pub mod kv;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
-pub use kv::{Kv, KvCache, KvDtype, KvSlice};
+pub use kv::{Kv, KvCache, KvDtype, KvLayout, KvSlice};
 
 use crate::cpu::Isa;
+use crate::simd::Fma;
 
 /// Attention geometry and masking.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +65,14 @@ impl AttnParams {
             "attention: q is not [nq, {h}, {d}]"
         );
         assert_eq!(out.len(), q.len(), "attention: out must have q's shape");
-        let need = kv.len * kvh * d;
+        if let KvLayout::HeadMajor { capacity } = kv.layout {
+            assert!(
+                kv.len <= capacity,
+                "attention: {} keys exceed the cache capacity {capacity}",
+                kv.len
+            );
+        }
+        let need = kv.needed(kvh, d);
         assert!(
             kv.k.len() >= need && kv.v.len() >= need,
             "attention: keys/values hold fewer than {} tokens",
@@ -121,14 +132,30 @@ pub fn attention_decode(q: &[f32], cache: &KvCache, len: usize, p: &AttnParams, 
 
 /// Widens `n` elements of a K/V slice starting at `at` into `dst`.
 #[inline(always)]
-pub(crate) fn widen(src: KvSlice, at: usize, dst: &mut [f32]) {
+pub(crate) fn widen<F: Fma>(src: KvSlice, at: usize, dst: &mut [f32]) {
     let n = dst.len();
     match src {
         KvSlice::F32(s) => dst.copy_from_slice(&s[at..at + n]),
-        KvSlice::F16(s) => dst
-            .iter_mut()
-            .zip(&s[at..at + n])
-            .for_each(|(o, h)| *o = kv::f16_bits_to_f32(*h)),
+        KvSlice::F16(s) => {
+            let s = &s[at..at + n];
+            let mut i = 0;
+            #[cfg(target_arch = "x86_64")]
+            if F::X86_SIMD {
+                use std::arch::x86_64::*;
+                // F16C: eight halves per instruction (this instance runs on AVX2 or AVX-512).
+                while i + 8 <= n {
+                    // SAFETY: i + 8 ≤ n for both slices; F16C is present in this instance.
+                    unsafe {
+                        let h = _mm_loadu_si128(s.as_ptr().add(i) as *const __m128i);
+                        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+                    }
+                    i += 8;
+                }
+            }
+            for (o, h) in dst[i..].iter_mut().zip(&s[i..]) {
+                *o = kv::f16_bits_to_f32(*h);
+            }
+        }
         KvSlice::Bf16(s) => dst
             .iter_mut()
             .zip(&s[at..at + n])

@@ -7,6 +7,8 @@
 //!
 //! One 32-byte vector is exactly one 32-block, so the block scale is a broadcast.
 
+#![allow(clippy::needless_range_loop)] // register tiles read clearest with explicit indices
+
 use std::arch::x86_64::*;
 
 use crate::act::QAct;
@@ -75,9 +77,10 @@ unsafe fn dot_block_q8(w: __m256i, x: __m256i) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
+pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     let cols = q.cols;
-    let xq = a.qs.as_ptr();
+    let xq = a.qs.as_ptr().add(t * a.kp);
+    let ad = &a.d[t * a.nb..(t + 1) * a.nb];
     let full = cols / 32;
     let mut tail = [0u8; 32];
     let mut i = 0;
@@ -88,7 +91,7 @@ pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..full {
             let xv = _mm256_loadu_si256(xq.add(b * 32) as *const __m256i);
-            let d = _mm256_set1_ps(a.d[b]);
+            let d = _mm256_set1_ps(ad[b]);
             for k in 0..4 {
                 let s = dot_block_q8(_mm256_loadu_si256(rp[k].add(b * 32) as *const __m256i), xv);
                 acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[k]);
@@ -96,7 +99,7 @@ pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
         }
         if full * 32 < cols {
             let xv = _mm256_loadu_si256(xq.add(full * 32) as *const __m256i);
-            let d = _mm256_set1_ps(a.d[full]);
+            let d = _mm256_set1_ps(ad[full]);
             for k in 0..nr {
                 tail.fill(0);
                 tail[..cols - full * 32].copy_from_slice(std::slice::from_raw_parts(
@@ -125,10 +128,14 @@ unsafe fn q4_group(p: *const u8) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
+pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     let gpr = q.gpr;
     let stride = q.stride();
-    let xq = a.qs.as_ptr();
+    let xq = a.qs.as_ptr().add(t * a.kp);
+    let (ad, ac) = (
+        &a.d[t * a.nb..(t + 1) * a.nb],
+        &a.c[t * a.nb..(t + 1) * a.nb],
+    );
     let ones = _mm256_set1_epi16(1);
     let mut scales = vec![0f32; gpr];
     for (i, yr) in y.iter_mut().enumerate() {
@@ -149,10 +156,10 @@ pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
             );
             acc0 = _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(s0),
-                _mm256_set1_ps(scales[g] * a.d[g]),
+                _mm256_set1_ps(scales[g] * ad[g]),
                 acc0,
             );
-            corr += scales[g] * a.c[g];
+            corr += scales[g] * ac[g];
             if g + 1 < gpr {
                 let g1 = g + 1;
                 let s1 = _mm256_madd_epi16(
@@ -164,10 +171,10 @@ pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
                 );
                 acc1 = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(s1),
-                    _mm256_set1_ps(scales[g1] * a.d[g1]),
+                    _mm256_set1_ps(scales[g1] * ad[g1]),
                     acc1,
                 );
-                corr += scales[g1] * a.c[g1];
+                corr += scales[g1] * ac[g1];
             }
             g += 2;
         }

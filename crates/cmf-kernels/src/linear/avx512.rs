@@ -3,13 +3,13 @@
 //! The int8 products use `vpdpbusd` (u8 × s8, four products summed per i32 lane):
 //! - q8: weights enter as `w ^ 0x80 = w + 128` (unsigned), the input as s8; the extra
 //!   `128·Σ_b d_b·Σq_b` is the same for every row and is subtracted once at the end.
-//! - q4: nibbles are already unsigned (q ∈ 0..15); the input is stored in `PairEvenOdd` order so
-//!   the two 16-byte nibble runs of a group pair line up with it after a shift and a mask.
+//! - q4: nibbles are already unsigned (q ∈ 0..15); the input is stored in `QuadEvenOdd` order so
+//!   64 nibble bytes (four groups) line up with it after a mask (low nibbles) and a shift (high).
 
 use std::arch::x86_64::*;
 
 use crate::act::{LaneTables, QAct};
-use crate::codec::{Q4Kind, Q4, Q8};
+use crate::codec::{q4tp_code_stride, q4tp_ladder, q4tp_planes, Q4Kind, Q4, Q8};
 use cmf_format::Dtype;
 
 use super::FloatW;
@@ -62,19 +62,20 @@ pub(crate) unsafe fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32
     }
 }
 
-/// q8 rows against one quantized input row, four rows at a time.
+/// q8 rows against quantized input row `t` (whose lane tables are `lanes`), four rows at a time.
 /// `c_total` = 128·Σ_b d_b·Σq_b (the offset correction, the same for every row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
 pub(crate) unsafe fn q8_matvec(
     q: &Q8,
     a: &QAct,
+    t: usize,
     lanes: &LaneTables,
     c_total: f32,
     r0: usize,
     y: &mut [f32],
 ) {
     let cols = q.cols;
-    let xq = a.qs.as_ptr();
+    let xq = a.qs.as_ptr().add(t * a.kp);
     let dl = lanes.dl.as_ptr();
     let full = cols / 64;
     let tail = cols % 64;
@@ -113,69 +114,210 @@ pub(crate) unsafe fn q8_matvec(
     }
 }
 
-/// Two q4 groups (64 weights) as 64 unsigned bytes in `PairEvenOdd` order:
-/// [g0 low nibbles | g1 low | g0 high | g1 high].
+/// Layout of a q4 row for the matvec kernel (const parameter, so the inner loop has no branch
+/// on it).
+const BLOCK: u8 = 0;
+const TILED: u8 = 1;
+const TP: u8 = 2;
+
+/// Four groups' (s0, s1, s2, s3) as f32, spread to [s0×4, s1×4, s2×4, s3×4].
 #[inline(always)]
-unsafe fn q4_pair(kind: Q4Kind, p: *const u8, last_single: bool) -> __m512i {
-    let both: __m256i = if kind == Q4Kind::Tiled {
-        let g0 = _mm_loadu_si128(p as *const __m128i);
-        let g1 = if last_single {
-            _mm_setzero_si128()
-        } else {
-            _mm_loadu_si128(p.add(18) as *const __m128i)
-        };
-        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(g0), g1)
-    } else if last_single {
-        _mm256_maskz_loadu_epi8(0xFFFF, p as *const i8)
-    } else {
-        _mm256_loadu_si256(p as *const __m256i)
-    };
-    let z = _mm512_broadcast_i64x4(both);
-    let z = _mm512_mask_srli_epi16::<4>(z, 0xFFFF_0000, z);
-    _mm512_and_si512(z, _mm512_set1_epi8(0x0F))
+unsafe fn spread4(s: __m128) -> __m512 {
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s))
 }
 
-/// q4 rows (cols % 32 == 0) against one `PairEvenOdd` input row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
-pub(crate) unsafe fn q4_matvec(q: &Q4, a: &QAct, lanes: &LaneTables, r0: usize, y: &mut [f32]) {
-    let gpr = q.gpr;
-    let pairs = gpr.div_ceil(2);
-    let stride = q.stride();
-    let xq = a.qs.as_ptr();
-    let (dl, cl) = (lanes.dl.as_ptr(), lanes.cl.as_ptr());
-    // Group scales of the current row, plus a zero for the phantom partner of an odd last group.
-    let mut scales = vec![0f32; pairs * 2];
-    let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-    for (i, yr) in y.iter_mut().enumerate() {
-        let r = r0 + i;
-        q.row_scales(r, &mut scales);
-        let row = q.data.as_ptr().add(q.row_offset(r));
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        for p in 0..pairs {
-            let single = 2 * p + 1 == gpr;
-            let wv = q4_pair(q.kind, row.add(2 * p * stride), single);
-            let s = _mm512_dpbusd_epi32(
-                _mm512_setzero_si512(),
-                wv,
-                _mm512_loadu_si512(xq.add(p * 64) as *const _),
-            );
-            let t = _mm512_fmsub_ps(
-                _mm512_cvtepi32_ps(s),
-                _mm512_loadu_ps(dl.add(p * 16)),
-                _mm512_loadu_ps(cl.add(p * 16)),
-            );
-            // (s0, s1) into the low 64 bits, then spread to [s0×4, s1×4, s0×4, s1×4].
-            let pair =
-                _mm_castsi128_ps(_mm_loadl_epi64(scales.as_ptr().add(2 * p) as *const __m128i));
-            let sv = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(pair));
-            if p % 2 == 0 {
-                acc0 = _mm512_fmadd_ps(t, sv, acc0);
+/// Σ over four groups (quad `c` of the row): s_w·(d_x·I − c_x) per lane, added to `acc`.
+/// `groups` < 4 only for a row's last quad (the rest read as zero).
+/// Scales: q4_block reads 4 f16 from the scale plane (`sc` = the row's f16 scales), q4_tiled
+/// assembles the 4 tile headers' f16 in a scalar register, q4tp reads the row's f32 scales
+/// decoded ahead of time (`sc` = f32 buffer).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_quad_step<const KIND: u8>(
+    row: *const u8,
+    c: usize,
+    groups: usize,
+    xq: *const i8,
+    dl: *const f32,
+    cl: *const f32,
+    sc: *const u8,
+    acc: __m512,
+) -> __m512 {
+    let mask = _mm512_set1_epi8(0x0F);
+    let (z, scales) = if KIND == TILED {
+        // row points at the first tile's header; nibbles start 2 bytes in.
+        let p = row.add(c * 72);
+        let g = |i: usize| {
+            if i < groups {
+                _mm_loadu_si128(p.add(18 * i + 2) as *const __m128i)
             } else {
-                acc1 = _mm512_fmadd_ps(t, sv, acc1);
+                _mm_setzero_si128()
+            }
+        };
+        let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(g(0)), g(1));
+        let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(g(2)), g(3));
+        let h = |i: usize| {
+            if i < groups {
+                std::ptr::read_unaligned(p.add(18 * i) as *const u16) as u64
+            } else {
+                0
+            }
+        };
+        let bits = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+        (
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi),
+            _mm_cvtph_ps(_mm_cvtsi64_si128(bits as i64)),
+        )
+    } else {
+        let z = if groups >= 4 {
+            _mm512_loadu_si512(row.add(c * 64) as *const _)
+        } else {
+            _mm512_maskz_loadu_epi8((1u64 << (16 * groups)) - 1, row.add(c * 64) as *const i8)
+        };
+        let m = ((1u32 << groups) - 1) as u8;
+        let scales = if KIND == BLOCK {
+            _mm_cvtph_ps(_mm_maskz_loadu_epi16(m, sc.add(8 * c) as *const i16))
+        } else {
+            _mm_maskz_loadu_ps(m, sc.add(16 * c) as *const f32)
+        };
+        (z, scales)
+    };
+    let lo = _mm512_and_si512(z, mask);
+    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(z), mask);
+    let xe = _mm512_loadu_si512(xq.add(128 * c) as *const _);
+    let xo = _mm512_loadu_si512(xq.add(128 * c + 64) as *const _);
+    let s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xe), hi, xo);
+    let t = _mm512_fmsub_ps(
+        _mm512_cvtepi32_ps(s),
+        _mm512_loadu_ps(dl.add(16 * c)),
+        _mm512_loadu_ps(cl.add(16 * c)),
+    );
+    _mm512_fmadd_ps(t, spread4(scales), acc)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn q4_row_dot<const KIND: u8>(
+    row: *const u8,
+    gpr: usize,
+    xq: *const i8,
+    dl: *const f32,
+    cl: *const f32,
+    sc: *const u8,
+) -> f32 {
+    let full = gpr / 4;
+    let mut acc0 = _mm512_setzero_ps();
+    let mut acc1 = _mm512_setzero_ps();
+    let mut c = 0;
+    while c + 2 <= full {
+        acc0 = q4_quad_step::<KIND>(row, c, 4, xq, dl, cl, sc, acc0);
+        acc1 = q4_quad_step::<KIND>(row, c + 1, 4, xq, dl, cl, sc, acc1);
+        c += 2;
+    }
+    if c < full {
+        acc0 = q4_quad_step::<KIND>(row, c, 4, xq, dl, cl, sc, acc0);
+        c += 1;
+    }
+    if !gpr.is_multiple_of(4) {
+        acc1 = q4_quad_step::<KIND>(row, c, gpr % 4, xq, dl, cl, sc, acc1);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+}
+
+/// q4tp row `r`'s group scales: the row's 32-rung ladder (`codec::q4tp_ladder`, bit-exact with
+/// the format's definition), then 16 codes at a time — 16 × 5 bits is 10 whole bytes — shifted
+/// out of two 64-bit words and looked up with one two-register permute. `codes` is scratch of
+/// stride + 16 bytes (so the 8-byte reads never leave it); `out` holds ⌈gpr/16⌉·16 floats.
+#[inline(always)]
+unsafe fn q4tp_row_scales(q: &Q4, r: usize, codes: &mut [u8], out: &mut [f32]) {
+    let gpr = q.gpr;
+    let stride = q4tp_code_stride(gpr);
+    let (params, plane) = q4tp_planes(q.data, q.rows, gpr);
+    let ladder = q4tp_ladder(params, r);
+    codes[..stride].copy_from_slice(&plane[r * stride..(r + 1) * stride]);
+    let (lad_lo, lad_hi) = (
+        _mm512_loadu_ps(ladder.as_ptr()),
+        _mm512_loadu_ps(ladder.as_ptr().add(16)),
+    );
+    let shifts = _mm512_setr_epi64(0, 5, 10, 15, 20, 25, 30, 35);
+    let five = _mm512_set1_epi32(31);
+    for k in 0..gpr.div_ceil(16) {
+        let b = codes.as_ptr().add(10 * k);
+        let w0 = _mm512_set1_epi64(std::ptr::read_unaligned(b as *const i64));
+        let w1 = _mm512_set1_epi64(std::ptr::read_unaligned(b.add(5) as *const i64));
+        let c0 = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(w0, shifts));
+        let c1 = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(w1, shifts));
+        let idx = _mm512_and_si512(
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(c0), c1),
+            five,
+        );
+        _mm512_storeu_ps(
+            out.as_mut_ptr().add(16 * k),
+            _mm512_permutex2var_ps(lad_lo, idx, lad_hi),
+        );
+    }
+}
+
+/// q4 rows (cols % 32 == 0) against `QuadEvenOdd` input row `t` (lane tables `lanes`). Per four groups: one 64-byte
+/// nibble load (four 16-byte loads for q4_tiled), low and high halves through two `vpdpbusd`
+/// into the same lanes, then `s_w·(d_x·I − c_x)` per lane.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
+pub(crate) unsafe fn q4_matvec(
+    q: &Q4,
+    a: &QAct,
+    t: usize,
+    lanes: &LaneTables,
+    r0: usize,
+    y: &mut [f32],
+) {
+    let gpr = q.gpr;
+    let xq = a.qs.as_ptr().add(t * a.kp);
+    let (dl, cl) = (lanes.dl.as_ptr(), lanes.cl.as_ptr());
+    match q.kind {
+        Q4Kind::Block => {
+            let plane = q.data.as_ptr().add(q.rows * gpr * 16);
+            for (i, yr) in y.iter_mut().enumerate() {
+                let r = r0 + i;
+                *yr = q4_row_dot::<BLOCK>(
+                    q.data.as_ptr().add(r * gpr * 16),
+                    gpr,
+                    xq,
+                    dl,
+                    cl,
+                    plane.add(r * gpr * 2),
+                );
             }
         }
-        *yr = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        Q4Kind::Tiled => {
+            for (i, yr) in y.iter_mut().enumerate() {
+                let r = r0 + i;
+                *yr = q4_row_dot::<TILED>(
+                    q.data.as_ptr().add(r * gpr * 18),
+                    gpr,
+                    xq,
+                    dl,
+                    cl,
+                    std::ptr::null(),
+                );
+            }
+        }
+        Q4Kind::Tp => {
+            let mut scales = vec![0f32; gpr.div_ceil(16) * 16];
+            let mut codes = vec![0u8; q4tp_code_stride(gpr) + 16];
+            for (i, yr) in y.iter_mut().enumerate() {
+                let r = r0 + i;
+                q4tp_row_scales(q, r, &mut codes, &mut scales);
+                *yr = q4_row_dot::<TP>(
+                    q.data.as_ptr().add(r * gpr * 16),
+                    gpr,
+                    xq,
+                    dl,
+                    cl,
+                    scales.as_ptr() as *const u8,
+                );
+            }
+        }
     }
 }
 

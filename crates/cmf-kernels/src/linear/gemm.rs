@@ -18,7 +18,7 @@ use crate::cpu::Isa;
 use crate::pool::{self, SendPtr};
 use crate::sgemm::sgemm;
 
-use super::{avx512, fold_columns, FloatW, WeightPlan};
+use super::{avx512, fold_columns, FloatW, Plan as WeightPlan};
 
 pub(crate) const PANEL: usize = 32;
 
@@ -78,6 +78,7 @@ pub(crate) fn matmul(
         (WeightPlan::Q8(q), Isa::Avx512) => {
             let folded = fold_columns(q, x, n, cols);
             let a = act::quantize(
+                isa,
                 folded.as_deref().unwrap_or(x),
                 n,
                 cols,
@@ -89,7 +90,7 @@ pub(crate) fn matmul(
             })
         }
         (WeightPlan::Q4(q), Isa::Avx512) => {
-            let a = act::quantize(x, n, cols, Order::EvenOdd, 8.0);
+            let a = act::quantize(isa, x, n, cols, Order::EvenOdd, 8.0);
             int8_panels(&a, rows, n, y, |r0, pack, sc| pack_q4(q, r0, pack, sc))
         }
         (WeightPlan::Q8(q), _) => float_panels(isa, q, rows, cols, x, n, y),
@@ -197,8 +198,17 @@ fn pack_q8(q: &Q8, rows: usize, r0: usize, kp: usize, pack: &mut [u8], scales: &
     let nb = kp / 32;
     pack.fill(0x80); // w = 0 (+128): padding rows and columns add nothing against zero inputs
     for j in 0..PANEL.min(rows - r0) {
-        for (k, &b) in q.row(r0 + j).iter().enumerate() {
-            put(pack, j, k, b ^ 0x80);
+        let row = q.row(r0 + j);
+        let at = (j / 16) * 64 + (j % 16) * 4;
+        // Four bytes (one k-quad) at a time, flipped to w + 128.
+        let mut quads = row.chunks_exact(4);
+        for (kq, b) in (&mut quads).enumerate() {
+            let v = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) ^ 0x8080_8080;
+            pack[kq * 128 + at..kq * 128 + at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        let done = row.len() - quads.remainder().len();
+        for (i, &b) in quads.remainder().iter().enumerate() {
+            put(pack, j, done + i, b ^ 0x80);
         }
         let s = q.scale(r0 + j);
         for b in 0..nb {
@@ -216,9 +226,15 @@ fn pack_q4(q: &Q4, r0: usize, pack: &mut [u8], scales: &mut [f32]) {
         q.row_scales(r, &mut s);
         for g in 0..q.gpr {
             scales[g * PANEL + j] = s[g];
-            for (i, &byte) in q.nibbles(r, g).iter().enumerate() {
-                put(pack, j, g * 32 + i, byte & 15);
-                put(pack, j, g * 32 + 16 + i, byte >> 4);
+            // Four nibble bytes = one k-quad of low nibbles and one of high nibbles.
+            let at = (j / 16) * 64 + (j % 16) * 4;
+            for (i, b) in q.nibbles(r, g).chunks_exact(4).enumerate() {
+                let v = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let (lo, hi) = ((g * 32) / 4 + i, (g * 32 + 16) / 4 + i);
+                pack[lo * 128 + at..lo * 128 + at + 4]
+                    .copy_from_slice(&(v & 0x0F0F_0F0F).to_le_bytes());
+                pack[hi * 128 + at..hi * 128 + at + 4]
+                    .copy_from_slice(&((v >> 4) & 0x0F0F_0F0F).to_le_bytes());
             }
         }
     }

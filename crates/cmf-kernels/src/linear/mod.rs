@@ -10,7 +10,8 @@
 //!   a decode-row path (exact in f32, slow; no converter writes such matrices for the models).
 //!
 //! Work is split over output rows on the crate's pool. Each ISA module implements the same
-//! kernels; `portable` is the behaviour every other path is tested against (besides `reference`).
+//! matvec kernels (one input row against a range of weight rows); `matmul` runs them row block by
+//! row block for small n and the packed GEMM (`gemm.rs`) for larger n on the SIMD paths.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -22,7 +23,7 @@ pub(crate) mod portable;
 
 use cmf_format::Dtype;
 
-use crate::act::{self, Order};
+use crate::act::{self, Order, QAct};
 use crate::codec::{Q4, Q8};
 use crate::cpu::Isa;
 use crate::pool::{self, SendPtr};
@@ -54,7 +55,7 @@ impl FloatW<'_> {
                     .iter_mut()
                     .zip(self.data[r * c * 2..(r + 1) * c * 2].chunks_exact(2))
                 {
-                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    *o = crate::codec::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
                 }
             }
             Dtype::Bf16 => {
@@ -98,7 +99,7 @@ fn plan<'a>(w: &Weight<'a>) -> Plan<'a> {
 /// The activation order each ISA's q4 kernels expect.
 fn q4_order(isa: Isa) -> Order {
     match isa {
-        Isa::Avx512 => Order::PairEvenOdd,
+        Isa::Avx512 => Order::QuadEvenOdd,
         Isa::Avx2 | Isa::Portable => Order::EvenOdd,
     }
 }
@@ -116,6 +117,102 @@ fn fold_columns(q: &Q8, x: &[f32], n: usize, cols: usize) -> Option<Vec<f32>> {
     Some(out)
 }
 
+/// Input rows prepared for one weight's kernels: quantized once per call (int8 codecs, with the
+/// q8_2f column field folded in and, on AVX-512, per-token lane tables).
+enum Prepared<'x> {
+    Float(&'x [f32]),
+    Q8 {
+        a: QAct,
+        lanes: Vec<act::LaneTables>,
+        c_total: Vec<f32>,
+    },
+    Q4 {
+        a: QAct,
+        lanes: Vec<act::LaneTables>,
+    },
+}
+
+fn prepare<'x>(isa: Isa, plan: &Plan, x: &'x [f32], n: usize, cols: usize) -> Prepared<'x> {
+    match plan {
+        Plan::Float(_) | Plan::DecodeRows => Prepared::Float(x),
+        Plan::Q8(q) => {
+            let folded = fold_columns(q, x, n, cols);
+            let a = act::quantize(
+                isa,
+                folded.as_deref().unwrap_or(x),
+                n,
+                cols,
+                Order::Natural,
+                128.0,
+            );
+            let (mut lanes, mut c_total) = (Vec::new(), Vec::new());
+            if isa == Isa::Avx512 {
+                for t in 0..n {
+                    lanes.push(act::lane_tables(&a, t, Order::Natural, 128.0));
+                    c_total.push(a.c[t * a.nb..(t + 1) * a.nb].iter().sum());
+                }
+            }
+            Prepared::Q8 { a, lanes, c_total }
+        }
+        Plan::Q4(_) => {
+            let order = q4_order(isa);
+            let a = act::quantize(isa, x, n, cols, order, 8.0);
+            let lanes = if isa == Isa::Avx512 {
+                (0..n)
+                    .map(|t| act::lane_tables(&a, t, order, 8.0))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            Prepared::Q4 { a, lanes }
+        }
+    }
+}
+
+/// y[i] = row(r0 + i) · input row t, for i < y.len(): the per-ISA matvec kernels.
+fn run_rows(
+    isa: Isa,
+    w: &Weight,
+    plan: &Plan,
+    prep: &Prepared,
+    t: usize,
+    r0: usize,
+    y: &mut [f32],
+) {
+    let cols = w.cols;
+    match (plan, prep) {
+        (Plan::Float(fw), Prepared::Float(x)) => {
+            let x = &x[t * cols..(t + 1) * cols];
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the dispatcher checked that the CPU runs this path.
+                Isa::Avx512 => unsafe { avx512::float_matvec(fw, x, r0, y) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2::float_matvec(fw, x, r0, y) },
+                _ => portable::float_matvec(fw, x, r0, y),
+            }
+        }
+        (Plan::Q8(q), Prepared::Q8 { a, lanes, c_total }) => match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::q8_matvec(q, a, t, &lanes[t], c_total[t], r0, y) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::q8_matvec(q, a, t, r0, y) },
+            _ => portable::q8_matvec(q, a, t, r0, y),
+        },
+        (Plan::Q4(q), Prepared::Q4 { a, lanes }) => match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::q4_matvec(q, a, t, &lanes[t], r0, y) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::q4_matvec(q, a, t, r0, y) },
+            _ => portable::q4_matvec(q, a, t, r0, y),
+        },
+        (Plan::DecodeRows, Prepared::Float(x)) => {
+            portable::decode_rows_matvec(w, &x[t * cols..(t + 1) * cols], r0, y)
+        }
+        _ => unreachable!("input prepared for another plan"),
+    }
+}
+
 /// Row chunk for matvec tasks: a multiple of 16, about 4 chunks per thread (load balance), but
 /// not so small that pool overhead dominates.
 fn row_chunk(rows: usize, cols: usize) -> usize {
@@ -126,107 +223,13 @@ fn row_chunk(rows: usize, cols: usize) -> usize {
     by_balance.max(by_size).div_ceil(16) * 16
 }
 
-/// Splits `y[rows]` into chunks and runs `f(r0, y_chunk)` on the pool.
-fn split_rows(
-    rows: usize,
-    cols: usize,
-    y: &mut [f32],
-    f: impl Fn(usize, &mut [f32]) + Sync + Send,
-) {
-    let chunk = row_chunk(rows, cols);
-    let tasks = rows.div_ceil(chunk);
-    let yp = SendPtr(y.as_mut_ptr());
-    pool::for_each_task(tasks, |i| {
-        let r0 = i * chunk;
-        let r1 = (r0 + chunk).min(rows);
-        // SAFETY: task i owns y[r0..r1].
-        f(r0, unsafe { yp.slice(r0, r1 - r0) });
-    });
-}
-
-/// y[rows] = W · x[cols] on the given path (`isa` must be supported by this CPU).
-pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
+fn check_shapes(op: &str, w: &Weight, x: &[f32], n: usize, y: &[f32], isa: Isa) {
     w.check()
-        .unwrap_or_else(|e| panic!("cmf-kernels::matvec: {e}"));
-    assert_eq!(
-        x.len(),
-        w.cols,
-        "matvec: x has {} values, the weight has {} columns",
-        x.len(),
-        w.cols
-    );
-    assert_eq!(
-        y.len(),
-        w.rows,
-        "matvec: y has {} values, the weight has {} rows",
-        y.len(),
-        w.rows
-    );
-    assert!(
-        isa.supported(),
-        "matvec: {isa} is not supported by this CPU"
-    );
-    let (rows, cols) = (w.rows, w.cols);
-    match plan(w) {
-        Plan::Float(fw) => split_rows(rows, cols, y, |r0, yc| match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::float_matvec(&fw, x, r0, yc) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::float_matvec(&fw, x, r0, yc) },
-            _ => portable::float_matvec(&fw, x, r0, yc),
-        }),
-        Plan::Q8(q) => {
-            let folded = fold_columns(&q, x, 1, cols);
-            let x = folded.as_deref().unwrap_or(x);
-            let a = act::quantize(x, 1, cols, Order::Natural, 128.0);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => {
-                    let lanes = act::lane_tables(&a, 0, Order::Natural, 128.0);
-                    let c_total: f32 = a.c.iter().sum();
-                    split_rows(rows, cols, y, |r0, yc| unsafe {
-                        avx512::q8_matvec(&q, &a, &lanes, c_total, r0, yc)
-                    })
-                }
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => split_rows(rows, cols, y, |r0, yc| unsafe {
-                    avx2::q8_matvec(&q, &a, r0, yc)
-                }),
-                _ => split_rows(rows, cols, y, |r0, yc| portable::q8_matvec(&q, &a, r0, yc)),
-            }
-        }
-        Plan::Q4(q) => {
-            let order = q4_order(isa);
-            let a = act::quantize(x, 1, cols, order, 8.0);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => {
-                    let lanes = act::lane_tables(&a, 0, order, 8.0);
-                    split_rows(rows, cols, y, |r0, yc| unsafe {
-                        avx512::q4_matvec(&q, &a, &lanes, r0, yc)
-                    })
-                }
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => split_rows(rows, cols, y, |r0, yc| unsafe {
-                    avx2::q4_matvec(&q, &a, r0, yc)
-                }),
-                _ => split_rows(rows, cols, y, |r0, yc| portable::q4_matvec(&q, &a, r0, yc)),
-            }
-        }
-        Plan::DecodeRows => split_rows(rows, cols, y, |r0, yc| {
-            portable::decode_rows_matvec(w, x, r0, yc)
-        }),
-    }
-}
-
-/// Y[n, rows] = X[n, cols] · Wᵀ on the given path.
-pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
-    w.check()
-        .unwrap_or_else(|e| panic!("cmf-kernels::matmul: {e}"));
+        .unwrap_or_else(|e| panic!("cmf-kernels::{op}: {e}"));
     assert_eq!(
         x.len(),
         n * w.cols,
-        "matmul: x has {} values, expected n·cols = {}·{}",
+        "{op}: x has {} values, expected n·cols = {}·{}",
         x.len(),
         n,
         w.cols
@@ -234,65 +237,67 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
     assert_eq!(
         y.len(),
         n * w.rows,
-        "matmul: y has {} values, expected n·rows = {}·{}",
+        "{op}: y has {} values, expected n·rows = {}·{}",
         y.len(),
         n,
         w.rows
     );
-    assert!(
-        isa.supported(),
-        "matmul: {isa} is not supported by this CPU"
-    );
+    assert!(isa.supported(), "{op}: {isa} is not supported by this CPU");
+}
+
+/// y[rows] = W · x[cols] on the given path (`isa` must be supported by this CPU).
+pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
+    check_shapes("matvec", w, x, 1, y, isa);
+    if w.rows == 0 {
+        return;
+    }
+    let plan = plan(w);
+    let prep = prepare(isa, &plan, x, 1, w.cols);
+    let chunk = row_chunk(w.rows, w.cols);
+    let yp = SendPtr(y.as_mut_ptr());
+    pool::for_each_task(w.rows.div_ceil(chunk), |i| {
+        let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(w.rows));
+        // SAFETY: task i owns y[r0..r1].
+        run_rows(isa, w, &plan, &prep, 0, r0, unsafe {
+            yp.slice(r0, r1 - r0)
+        })
+    });
+}
+
+/// Inputs up to this many rows run the matvec kernels (blocked so each weight block is read from
+/// memory once for all rows); more take the packed GEMM on the SIMD paths.
+const SMALL_N: usize = 16;
+
+/// Y[n, rows] = X[n, cols] · Wᵀ on the given path.
+pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
+    check_shapes("matmul", w, x, n, y, isa);
     if n == 0 || w.rows == 0 {
         return;
     }
-    if n == 1 {
-        return matvec_with(isa, w, x, y);
-    }
     let (rows, cols) = (w.rows, w.cols);
+    let plan = plan(w);
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Portable {
-        let p = plan(w);
-        if !matches!(p, Plan::DecodeRows) {
-            return gemm::matmul(isa, &p, rows, cols, x, n, y);
-        }
+    if isa != Isa::Portable && n > SMALL_N && !matches!(plan, Plan::DecodeRows) {
+        return gemm::matmul(isa, &plan, rows, cols, x, n, y);
     }
-    // Portable: row-stationary. Each task owns a range of output columns (weight rows) across all
-    // n output rows, so writes go through a raw pointer (disjoint per task).
+    // Row blocks of ~32 KiB of weights: every input row runs against a block while it is
+    // cache-resident. A task owns rows r0..r1 of every output row (disjoint writes).
+    let prep = prepare(isa, &plan, x, n, cols);
+    let chunk = row_chunk(rows, cols);
+    let block = (32768 / cols.max(1)).clamp(4, chunk);
     let yp = SendPtr(y.as_mut_ptr());
-    let chunk = (rows.div_ceil(pool::num_threads() * 4)).max(8);
-    let tasks = rows.div_ceil(chunk);
-    match plan(w) {
-        Plan::Float(fw) => pool::for_each_task(tasks, |i| {
-            let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-            portable::float_matmul(&fw, x, n, r0, r1, yp, rows)
-        }),
-        Plan::Q8(q) => {
-            let folded = fold_columns(&q, x, n, cols);
-            let a = act::quantize(
-                folded.as_deref().unwrap_or(x),
-                n,
-                cols,
-                Order::Natural,
-                128.0,
-            );
-            pool::for_each_task(tasks, |i| {
-                let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-                portable::q8_matmul(&q, &a, n, r0, r1, yp, rows)
-            })
+    pool::for_each_task(rows.div_ceil(chunk), |i| {
+        let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
+        let mut b0 = r0;
+        while b0 < r1 {
+            let b1 = (b0 + block).min(r1);
+            for t in 0..n {
+                // SAFETY: output row t, columns b0..b1 ⊂ r0..r1, belong to this task.
+                run_rows(isa, w, &plan, &prep, t, b0, unsafe {
+                    yp.slice(t * rows + b0, b1 - b0)
+                });
+            }
+            b0 = b1;
         }
-        Plan::Q4(q) => {
-            let a = act::quantize(x, n, cols, Order::EvenOdd, 8.0);
-            pool::for_each_task(tasks, |i| {
-                let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-                portable::q4_matmul(&q, &a, n, r0, r1, yp, rows)
-            })
-        }
-        Plan::DecodeRows => pool::for_each_task(tasks, |i| {
-            let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-            portable::decode_rows(w, x, n, r0, r1, yp, rows)
-        }),
-    }
+    });
 }
-
-pub(crate) use Plan as WeightPlan;

@@ -4,7 +4,6 @@
 
 use crate::act::QAct;
 use crate::codec::{Q4, Q8};
-use crate::pool::SendPtr;
 use crate::Weight;
 
 use super::FloatW;
@@ -57,28 +56,6 @@ pub(crate) fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32]) {
     }
 }
 
-/// Rows r0..r1 of every output row t: y[t·rows + r].
-pub(crate) fn float_matmul(
-    w: &FloatW,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: SendPtr<f32>,
-    rows: usize,
-) {
-    let cols = w.cols;
-    let mut row = vec![0f32; cols];
-    for r in r0..r1 {
-        w.decode_row(r, &mut row);
-        for t in 0..n {
-            let v = dot_f32(&row, &x[t * cols..(t + 1) * cols]);
-            // SAFETY: the caller gives this task columns r0..r1 of every output row.
-            unsafe { *y.ptr().add(t * rows + r) = v };
-        }
-    }
-}
-
 /// One q8 row against one quantized input row: Σ_b d_b·I_b (before the row scale).
 #[inline]
 fn q8_row_dot(w: &[u8], a: &QAct, t: usize, tail: &mut [u8]) -> f32 {
@@ -97,31 +74,11 @@ fn q8_row_dot(w: &[u8], a: &QAct, t: usize, tail: &mut [u8]) -> f32 {
     acc
 }
 
-pub(crate) fn q8_matvec(q: &Q8, a: &QAct, r0: usize, y: &mut [f32]) {
+pub(crate) fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     let mut tail = [0u8; 32];
     for (i, yr) in y.iter_mut().enumerate() {
         let r = r0 + i;
-        *yr = q.scale(r) * q8_row_dot(q.row(r), a, 0, &mut tail);
-    }
-}
-
-pub(crate) fn q8_matmul(
-    q: &Q8,
-    a: &QAct,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: SendPtr<f32>,
-    rows: usize,
-) {
-    let mut tail = [0u8; 32];
-    for r in r0..r1 {
-        let s = q.scale(r);
-        for t in 0..n {
-            let v = s * q8_row_dot(q.row(r), a, t, &mut tail);
-            // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.ptr().add(t * rows + r) = v };
-        }
+        *yr = q.scale(r) * q8_row_dot(q.row(r), a, t, &mut tail);
     }
 }
 
@@ -141,52 +98,11 @@ fn q4_row_dot(q: &Q4, r: usize, scales: &[f32], a: &QAct, t: usize) -> f32 {
     acc
 }
 
-pub(crate) fn q4_matvec(q: &Q4, a: &QAct, r0: usize, y: &mut [f32]) {
+pub(crate) fn q4_matvec(q: &Q4, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     let mut scales = vec![0f32; q.gpr];
     for (i, yr) in y.iter_mut().enumerate() {
         q.row_scales(r0 + i, &mut scales);
-        *yr = q4_row_dot(q, r0 + i, &scales, a, 0);
-    }
-}
-
-pub(crate) fn q4_matmul(
-    q: &Q4,
-    a: &QAct,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: SendPtr<f32>,
-    rows: usize,
-) {
-    let mut scales = vec![0f32; q.gpr];
-    for r in r0..r1 {
-        q.row_scales(r, &mut scales);
-        for t in 0..n {
-            let v = q4_row_dot(q, r, &scales, a, t);
-            // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.ptr().add(t * rows + r) = v };
-        }
-    }
-}
-
-/// Any codec, by decoding each row to f32 (q4_block with groups straddling rows).
-pub(crate) fn decode_rows(
-    w: &Weight,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: SendPtr<f32>,
-    rows: usize,
-) {
-    let mut row = vec![0f32; w.cols];
-    for r in r0..r1 {
-        crate::reference::decode_row(w, r, &mut row);
-        for t in 0..n {
-            let v = dot_f32(&row, &x[t * w.cols..(t + 1) * w.cols]);
-            // SAFETY: columns r0..r1 of every output row belong to this task.
-            unsafe { *y.ptr().add(t * rows + r) = v };
-        }
+        *yr = q4_row_dot(q, r0 + i, &scales, a, t);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Softmax and the gated/ungated activations, vectorizable (`math::exp`, not libm).
 
 use super::math;
+use crate::cpu::Isa;
 use crate::pool::SendPtr;
 use crate::simd::{multiversion, Fma};
 
@@ -33,26 +34,41 @@ multiversion!(
     /// Softmax over rows of `d`, in place.
     pub fn softmax / softmax_with = softmax_body; (x: &mut [f32], d: usize));
 
+// Element-wise activations: a multiversioned kernel per chunk, split over the pool outside it
+// (a closure that runs on another thread is compiled on its own, without the caller's target
+// features, so the split must wrap the multiversioned call, not sit inside it).
+
 #[inline(always)]
-fn map_par(x: &mut [f32], f: impl Fn(f32) -> f32 + Sync + Send + Copy) {
-    let xp = SendPtr(x.as_mut_ptr());
-    super::par_ranges(x.len(), PAR, |s, e| {
-        // SAFETY: each range is owned by one task.
-        let x = unsafe { xp.slice(s, e - s) };
-        x.iter_mut().for_each(|v| *v = f(*v));
-    });
+fn silu_chunk_body<F: Fma>(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v *= math::sigmoid(*v));
+}
+multiversion!(fn silu_chunk / silu_chunk_with = silu_chunk_body; (x: &mut [f32]));
+
+/// x·sigmoid(x), in place.
+pub fn silu(x: &mut [f32]) {
+    silu_with(crate::cpu::active(), x)
+}
+
+#[doc(hidden)]
+pub fn silu_with(isa: Isa, x: &mut [f32]) {
+    super::par_chunks(x, PAR, |c| silu_chunk_with(isa, c));
 }
 
 #[inline(always)]
-fn silu_body<F: Fma>(x: &mut [f32]) {
-    map_par(x, |v| v * math::sigmoid(v));
+fn swiglu_chunk_body<F: Fma>(a: &[f32], b: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(a).zip(b) {
+        *o = g * math::sigmoid(g) * u;
+    }
 }
-multiversion!(
-    /// x·sigmoid(x), in place.
-    pub fn silu / silu_with = silu_body; (x: &mut [f32]));
+multiversion!(fn swiglu_chunk / swiglu_chunk_with = swiglu_chunk_body; (a: &[f32], b: &[f32], out: &mut [f32]));
 
-#[inline(always)]
-fn swiglu_body<F: Fma>(a: &[f32], b: &[f32], out: &mut [f32]) {
+/// out = silu(a)·b (the SwiGLU gate: a = gate projection, b = up projection).
+pub fn swiglu(a: &[f32], b: &[f32], out: &mut [f32]) {
+    swiglu_with(crate::cpu::active(), a, b, out)
+}
+
+#[doc(hidden)]
+pub fn swiglu_with(isa: Isa, a: &[f32], b: &[f32], out: &mut [f32]) {
     assert!(
         a.len() == b.len() && a.len() == out.len(),
         "swiglu: lengths differ"
@@ -61,30 +77,33 @@ fn swiglu_body<F: Fma>(a: &[f32], b: &[f32], out: &mut [f32]) {
     super::par_ranges(a.len(), PAR, |s, e| {
         // SAFETY: each range is owned by one task.
         let out = unsafe { op.slice(s, e - s) };
-        for ((o, &g), &u) in out.iter_mut().zip(&a[s..e]).zip(&b[s..e]) {
-            *o = g * math::sigmoid(g) * u;
-        }
+        swiglu_chunk_with(isa, &a[s..e], &b[s..e], out)
     });
 }
-multiversion!(
-    /// out = silu(a)·b (the SwiGLU gate: a = gate projection, b = up projection).
-    pub fn swiglu / swiglu_with = swiglu_body; (a: &[f32], b: &[f32], out: &mut [f32]));
 
 #[inline(always)]
-fn swiglu_inplace_body<F: Fma>(a: &mut [f32], b: &[f32]) {
+fn swiglu_inplace_chunk_body<F: Fma>(a: &mut [f32], b: &[f32]) {
+    for (g, &u) in a.iter_mut().zip(b) {
+        *g = *g * math::sigmoid(*g) * u;
+    }
+}
+multiversion!(fn swiglu_inplace_chunk / swiglu_inplace_chunk_with = swiglu_inplace_chunk_body; (a: &mut [f32], b: &[f32]));
+
+/// a = silu(a)·b, in place.
+pub fn swiglu_inplace(a: &mut [f32], b: &[f32]) {
+    swiglu_inplace_with(crate::cpu::active(), a, b)
+}
+
+#[doc(hidden)]
+pub fn swiglu_inplace_with(isa: Isa, a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "swiglu_inplace: lengths differ");
     let ap = SendPtr(a.as_mut_ptr());
     super::par_ranges(a.len(), PAR, |s, e| {
         // SAFETY: each range is owned by one task.
         let a = unsafe { ap.slice(s, e - s) };
-        for (g, &u) in a.iter_mut().zip(&b[s..e]) {
-            *g = *g * math::sigmoid(*g) * u;
-        }
+        swiglu_inplace_chunk_with(isa, a, &b[s..e])
     });
 }
-multiversion!(
-    /// a = silu(a)·b, in place.
-    pub fn swiglu_inplace / swiglu_inplace_with = swiglu_inplace_body; (a: &mut [f32], b: &[f32]));
 
 /// GELU (erf form), accurate to ~3e-7 relative over the whole range (see `math::erfc_pos`).
 #[inline(always)]
@@ -100,21 +119,36 @@ pub(crate) fn gelu_erf_scalar(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu_erf_body<F: Fma>(x: &mut [f32]) {
-    map_par(x, gelu_erf_scalar);
+fn gelu_erf_chunk_body<F: Fma>(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = gelu_erf_scalar(*v));
 }
-multiversion!(
-    /// GELU, exact form x·Φ(x) (PyTorch `gelu(approximate="none")`), in place.
-    pub fn gelu_erf / gelu_erf_with = gelu_erf_body; (x: &mut [f32]));
+multiversion!(fn gelu_erf_chunk / gelu_erf_chunk_with = gelu_erf_chunk_body; (x: &mut [f32]));
+
+/// GELU, exact form x·Φ(x) (PyTorch `gelu(approximate="none")`), in place.
+pub fn gelu_erf(x: &mut [f32]) {
+    gelu_erf_with(crate::cpu::active(), x)
+}
+
+#[doc(hidden)]
+pub fn gelu_erf_with(isa: Isa, x: &mut [f32]) {
+    super::par_chunks(x, PAR, |c| gelu_erf_chunk_with(isa, c));
+}
 
 #[inline(always)]
-fn gelu_tanh_body<F: Fma>(x: &mut [f32]) {
+fn gelu_tanh_chunk_body<F: Fma>(x: &mut [f32]) {
     // 0.5·x·(1 + tanh(u)) = x·sigmoid(2u), which has no cancellation for negative x.
     const K: f32 = 0.797_884_6; // √(2/π)
-    map_par(x, |v| {
-        v * math::sigmoid(2.0 * K * (v + 0.044715 * v * v * v))
-    });
+    x.iter_mut()
+        .for_each(|v| *v *= math::sigmoid(2.0 * K * (*v + 0.044715 * *v * *v * *v)));
 }
-multiversion!(
-    /// GELU, tanh approximation (PyTorch `gelu(approximate="tanh")`), in place.
-    pub fn gelu_tanh / gelu_tanh_with = gelu_tanh_body; (x: &mut [f32]));
+multiversion!(fn gelu_tanh_chunk / gelu_tanh_chunk_with = gelu_tanh_chunk_body; (x: &mut [f32]));
+
+/// GELU, tanh approximation (PyTorch `gelu(approximate="tanh")`), in place.
+pub fn gelu_tanh(x: &mut [f32]) {
+    gelu_tanh_with(crate::cpu::active(), x)
+}
+
+#[doc(hidden)]
+pub fn gelu_tanh_with(isa: Isa, x: &mut [f32]) {
+    super::par_chunks(x, PAR, |c| gelu_tanh_chunk_with(isa, c));
+}

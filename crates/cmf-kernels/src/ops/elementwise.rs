@@ -6,18 +6,25 @@ use crate::simd::{multiversion, Fma};
 const PAR: usize = 1 << 16;
 
 #[inline(always)]
-fn add_body<F: Fma>(a: &mut [f32], b: &[f32]) {
+fn add_chunk_body<F: Fma>(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
+multiversion!(fn add_chunk / add_chunk_with = add_chunk_body; (a: &mut [f32], b: &[f32]));
+
+/// a += b
+pub fn add(a: &mut [f32], b: &[f32]) {
+    add_with(crate::cpu::active(), a, b)
+}
+
+#[doc(hidden)]
+pub fn add_with(isa: crate::cpu::Isa, a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "add: lengths differ");
     let ap = SendPtr(a.as_mut_ptr());
     super::par_ranges(a.len(), PAR, |s, e| {
         // SAFETY: each range is owned by one task.
-        let a = unsafe { ap.slice(s, e - s) };
-        a.iter_mut().zip(&b[s..e]).for_each(|(x, y)| *x += y);
+        add_chunk_with(isa, unsafe { ap.slice(s, e - s) }, &b[s..e])
     });
 }
-multiversion!(
-    /// a += b
-    pub fn add / add_with = add_body; (a: &mut [f32], b: &[f32]));
 
 #[inline(always)]
 fn add_scaled_body<F: Fma>(a: &mut [f32], b: &[f32], s: f32) {

@@ -26,3 +26,12 @@ pub(crate) fn par_ranges(len: usize, min_chunk: usize, f: impl Fn(usize, usize) 
     let tasks = len.div_ceil(chunk.max(1));
     crate::pool::for_each_task(tasks, |i| f(i * chunk, ((i + 1) * chunk).min(len)));
 }
+
+/// `f` on disjoint chunks of `x` (about `min_chunk` long), on the pool for large slices.
+pub(crate) fn par_chunks(x: &mut [f32], min_chunk: usize, f: impl Fn(&mut [f32]) + Sync + Send) {
+    let xp = crate::pool::SendPtr(x.as_mut_ptr());
+    par_ranges(x.len(), min_chunk, |s, e| {
+        // SAFETY: par_ranges hands out disjoint ranges of x.
+        f(unsafe { xp.slice(s, e - s) })
+    });
+}

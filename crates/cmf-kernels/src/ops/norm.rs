@@ -190,9 +190,69 @@ fn group_stats<F: Fma>(xs: &[f32], eps: f32) -> (f32, f32) {
     (mean, (1.0 / (var + eps as f64).sqrt()) as f32)
 }
 
+/// One group of GroupNorm: `x`/`out` hold its `w.len()` channels of `hw` values each.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn group_norm_body<F: Fma>(
+fn group_norm_group_body<F: Fma>(
+    x: &[f32],
+    hw: usize,
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+    silu: bool,
+    out: &mut [f32],
+) {
+    let (mean, inv) = group_stats::<F>(x, eps);
+    for c in 0..w.len() {
+        let (a, s) = (inv * w[c], b[c] - mean * inv * w[c]);
+        let (src, dst) = (&x[c * hw..(c + 1) * hw], &mut out[c * hw..(c + 1) * hw]);
+        if silu {
+            dst.iter_mut().zip(src).for_each(|(o, v)| {
+                let t = F::fma(*v, a, s);
+                *o = t * super::math::sigmoid(t)
+            });
+        } else {
+            dst.iter_mut()
+                .zip(src)
+                .for_each(|(o, v)| *o = F::fma(*v, a, s));
+        }
+    }
+}
+multiversion!(fn group_norm_group / group_norm_group_with = group_norm_group_body;
+    (x: &[f32], hw: usize, w: &[f32], b: &[f32], eps: f32, silu: bool, out: &mut [f32]));
+
+/// GroupNorm of one NCHW sample `x[channels, hw]` (torch `GroupNorm`, per-channel affine),
+/// optionally followed by SiLU (the Flux VAE always pairs them). Groups run on the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm(
+    x: &[f32],
+    channels: usize,
+    hw: usize,
+    groups: usize,
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+    silu: bool,
+    out: &mut [f32],
+) {
+    group_norm_with(
+        crate::cpu::active(),
+        x,
+        channels,
+        hw,
+        groups,
+        w,
+        b,
+        eps,
+        silu,
+        out,
+    )
+}
+
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_with(
+    isa: crate::cpu::Isa,
     x: &[f32],
     channels: usize,
     hw: usize,
@@ -218,28 +278,18 @@ fn group_norm_body<F: Fma>(
     let cpg = channels / groups;
     let op = SendPtr(out.as_mut_ptr());
     crate::pool::for_each_task(groups, |g| {
-        let span = g * cpg * hw..(g + 1) * cpg * hw;
-        let (mean, inv) = group_stats::<F>(&x[span.clone()], eps);
+        let (c0, c1) = (g * cpg, (g + 1) * cpg);
         // SAFETY: group g's channels belong to this task only.
-        let o = unsafe { op.slice(span.start, span.len()) };
-        for (k, c) in (g * cpg..(g + 1) * cpg).enumerate() {
-            let (a, s) = (inv * w[c], b[c] - mean * inv * w[c]);
-            let (src, dst) = (&x[c * hw..(c + 1) * hw], &mut o[k * hw..(k + 1) * hw]);
-            if silu {
-                dst.iter_mut().zip(src).for_each(|(o, v)| {
-                    let t = F::fma(*v, a, s);
-                    *o = t * super::math::sigmoid(t)
-                });
-            } else {
-                dst.iter_mut()
-                    .zip(src)
-                    .for_each(|(o, v)| *o = F::fma(*v, a, s));
-            }
-        }
+        let o = unsafe { op.slice(c0 * hw, cpg * hw) };
+        group_norm_group_with(
+            isa,
+            &x[c0 * hw..c1 * hw],
+            hw,
+            &w[c0..c1],
+            &b[c0..c1],
+            eps,
+            silu,
+            o,
+        )
     });
 }
-multiversion!(
-    /// GroupNorm of one NCHW sample `x[channels, hw]` (torch `GroupNorm`, per-channel affine),
-    /// optionally followed by SiLU (the Flux VAE always pairs them). Groups run on the pool.
-    pub fn group_norm / group_norm_with = group_norm_body;
-    (x: &[f32], channels: usize, hw: usize, groups: usize, w: &[f32], b: &[f32], eps: f32, silu: bool, out: &mut [f32]));

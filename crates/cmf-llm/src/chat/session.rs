@@ -18,18 +18,19 @@ pub struct ChatSession<'m, 'a> {
 }
 
 impl<'m, 'a> ChatSession<'m, 'a> {
-    /// `limit`: tokens the conversation may occupy.
+    /// `limit`: tokens the conversation may occupy; `kv_dtype`: the cache's element type.
     pub fn new(
         model: &'m Model<'a>,
         tokenizer: &'m Tokenizer,
         template: &'m ChatTemplate,
         system: Option<&str>,
         limit: usize,
+        kv_dtype: cmf_kernels::KvDtype,
     ) -> Self {
         let messages = system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
-        let state = model.new_state(limit);
+        let state = model.new_state_with(limit, kv_dtype);
         ChatSession {
             model,
             tokenizer,

@@ -14,7 +14,6 @@
 //! transformers' `modeling_llama.py` / `modeling_qwen2.py` / `modeling_qwen3.py` /
 //! `modeling_mistral.py`.
 
-pub mod attention;
 pub mod config;
 pub mod kv_cache;
 mod load;
@@ -22,8 +21,8 @@ pub mod rope;
 pub mod weights;
 
 use crate::error::{LlmError, Result};
-use attention::{attend, AttnShape};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
+use cmf_kernels::{AttnParams, KvDtype};
 pub use config::{Family, ModelConfig};
 pub use kv_cache::KvCache;
 pub use load::CmfSource;
@@ -110,11 +109,22 @@ impl<'a> Model<'a> {
     }
 
     /// A fresh sequence state that may hold up to `limit` tokens (capped at the model's maximum
-    /// positions). The cache grows as it is used.
+    /// positions), with an f32 KV cache (exact; what the parity tests use).
     pub fn new_state(&self, limit: usize) -> State {
+        self.new_state_with(limit, KvDtype::F32)
+    }
+
+    /// [`Model::new_state`] with the KV cache element type chosen (f16 halves the cache and the
+    /// bytes attention streams per token).
+    pub fn new_state_with(&self, limit: usize, kv_dtype: KvDtype) -> State {
         let limit = limit.min(self.config.max_position_embeddings.max(1));
+        self.state_for_layers(self.weights.layers.len(), limit, kv_dtype)
+    }
+
+    fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> State {
+        let c = &self.config;
         State {
-            kv: KvCache::new(self.weights.layers.len(), self.config.kv_dim(), limit),
+            kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype),
             buf: Buffers::default(),
         }
     }
@@ -182,8 +192,7 @@ impl<'a> Model<'a> {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(LlmError::TokenOutOfRange { id, vocab });
         }
-        let mut st = self.new_state(tokens.len());
-        st.kv = KvCache::new(k, self.config.kv_dim(), tokens.len());
+        let mut st = self.state_for_layers(k, tokens.len(), KvDtype::F32);
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
         for chunk in tokens.chunks(PREFILL_CHUNK) {
@@ -267,17 +276,18 @@ impl<'a> Model<'a> {
         }
         ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, 0);
         ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, 0);
-        kv.append(l, k, v);
-        let (kc, vc) = kv.layer(l);
-        let shape = AttnShape {
-            heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
+        kv.write(l, k, v);
+        let params = AttnParams {
+            n_heads: cfg.num_heads,
+            n_kv_heads: cfg.num_kv_heads,
             head_dim: hd,
-            start,
+            scale: 1.0 / (hd as f32).sqrt(),
+            causal: true,
+            q_pos0: start,
             window: cfg.sliding_window[l],
         };
         let attn = &mut b.attn[..n * qd];
-        attend(shape, q, kc, vc, attn);
+        cmf_kernels::attention(q, kv.view(l, start + n), &params, None, attn);
         linear(&w.o, attn, n, out);
         ops::add(x, out);
 

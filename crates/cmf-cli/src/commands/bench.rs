@@ -1,0 +1,112 @@
+//! `cmf bench FILE -p 512 -n 128`: prompt-processing and generation speed with llama-bench's
+//! contract (see `cmf_llm::bench`), printed as llama-bench's markdown table or as JSON.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cmf_format::CmfModel;
+use cmf_llm::bench::{self, BenchConfig};
+use cmf_llm::Model;
+use serde_json::json;
+
+use super::llm_opts::EngineOpts;
+use crate::exit::UsageError;
+
+/// Measure prompt processing (ppN) and generation (tgN) speed.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A .cmf LLM file (or any shard of a set).
+    file: PathBuf,
+    /// Prompt tokens of the pp test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the tg test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test (mean ± standard deviation are reported).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineOpts,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.reps == 0 {
+        return Err(UsageError("-r/--repetitions must be at least 1".into()).into());
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(UsageError("nothing to run: -p and -n are both 0".into()).into());
+    }
+    let kv_dtype = args.engine.apply()?;
+    let file = CmfModel::open(&args.file)?;
+    let model = Model::load(&file).with_context(|| args.file.display().to_string())?;
+    let limit = args.n_prompt.max(args.n_gen);
+    if limit > model.config.max_position_embeddings {
+        return Err(UsageError(format!(
+            "{limit} tokens exceed the model's maximum positions {}",
+            model.config.max_position_embeddings
+        ))
+        .into());
+    }
+    let cfg = BenchConfig {
+        prompt_tokens: args.n_prompt,
+        gen_tokens: args.n_gen,
+        repetitions: args.reps,
+        kv_dtype,
+    };
+    let results = bench::run(&model, &cfg, &mut |test, rep| {
+        eprint!("\r{test}: {rep}/{}   ", args.reps)
+    })?;
+    eprint!("\r{:30}\r", "");
+
+    let (bytes, params) = file.tensors().fold((0u64, 0u64), |(b, p), t| {
+        (b + t.data.len() as u64, p + t.numel() as u64)
+    });
+    let arch = &file.header().arch;
+    let quant = format!("{:?}", file.header().quant_type).to_lowercase();
+    let threads = cmf_kernels::num_threads();
+    let isa = cmf_kernels::cpu::active().name();
+    if args.json {
+        let rows: Vec<_> = results
+            .iter()
+            .map(|r| {
+                json!({
+                    "model_filename": args.file.display().to_string(),
+                    "model_type": format!("{} {}", arch.arch_name, quant),
+                    "model_size": bytes,
+                    "model_n_params": params,
+                    "n_threads": threads,
+                    "cpu_isa": isa,
+                    "kv_type": kv_dtype.name(),
+                    "test": r.test,
+                    "n_prompt": r.n_prompt,
+                    "n_gen": r.n_gen,
+                    "avg_ts": r.mean(),
+                    "stddev_ts": r.stddev(),
+                    "samples_ts": r.samples,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("| model | size | params | backend | threads | test | t/s |");
+        println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+        for r in &results {
+            println!(
+                "| {} {} | {:.2} MiB | {:.2} M | CPU ({isa}, kv {}) | {threads} | {} | {:.2} ± {:.2} |",
+                arch.arch_name,
+                quant,
+                bytes as f64 / (1024.0 * 1024.0),
+                params as f64 / 1e6,
+                kv_dtype.name(),
+                r.test,
+                r.mean(),
+                r.stddev()
+            );
+        }
+    }
+    Ok(())
+}

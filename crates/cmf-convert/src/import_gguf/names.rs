@@ -1,0 +1,107 @@
+//! GGUF tensor names → Hugging Face checkpoint names, and the Q/K row permutation.
+//!
+//! Names: llama.cpp's tensor map for the llama, qwen2 and qwen3 architectures
+//! (`gguf-py/gguf/tensor_mapping.py`, `MODEL_TENSOR` ↔ the Hugging Face names that converter
+//! reads), inverted.
+//!
+//! Permutation: for the llama architecture llama.cpp's converter reorders the rows of q_proj
+//! and k_proj (weights and biases) so that its RoPE can rotate adjacent pairs
+//! (`conversion/llama.py`, `LlamaModel.permute`):
+//! `w.reshape(n_head, 2, head_dim / 2, ...).swapaxes(1, 2)`, i.e. GGUF row `h·hd + 2i + t` holds
+//! Hugging Face row `h·hd + t·hd/2 + i`. qwen2/qwen3 are converted without it.
+
+/// The Hugging Face name of a GGUF tensor, or `None` when it has no counterpart.
+pub fn hf_name(gguf: &str) -> Option<String> {
+    let direct = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(d) = direct {
+        return Some(d.to_owned());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (base, suffix) = tail.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let hf = match base {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// For an output (Hugging Face) row of a permuted projection, the GGUF row holding it.
+pub fn unpermuted_source_row(row: usize, head_dim: usize) -> usize {
+    let half = head_dim / 2;
+    let (h, rem) = (row / head_dim, row % head_dim);
+    let (t, i) = (rem / half, rem % half);
+    h * head_dim + 2 * i + t
+}
+
+/// Which heads count applies when a tensor needs un-permuting: `Some(n_head)` for q, `Some(n_kv)`
+/// for k, `None` otherwise.
+pub fn permuted_heads(gguf: &str, n_head: usize, n_kv: usize) -> Option<usize> {
+    let tail = gguf.strip_prefix("blk.")?.split_once('.')?.1;
+    match tail {
+        "attn_q.weight" | "attn_q.bias" => Some(n_head),
+        "attn_k.weight" | "attn_k.bias" => Some(n_kv),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            hf_name("blk.12.attn_q.bias").as_deref(),
+            Some("model.layers.12.self_attn.q_proj.bias")
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_down.weight").as_deref(),
+            Some("model.layers.0.mlp.down_proj.weight")
+        );
+        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+        assert_eq!(permuted_heads("blk.3.attn_k.weight", 9, 3), Some(3));
+        assert_eq!(permuted_heads("blk.3.attn_v.weight", 9, 3), None);
+    }
+
+    /// The inverse of llama.cpp's forward permutation, written the way the converter does it.
+    #[test]
+    fn unpermute_inverts_the_converter() {
+        let (n_head, hd) = (3, 8);
+        let hf: Vec<usize> = (0..n_head * hd).collect();
+        // reshape(n_head, 2, hd/2).swapaxes(1, 2).reshape(-1)
+        let mut gguf = vec![0; hf.len()];
+        for h in 0..n_head {
+            for i in 0..hd / 2 {
+                for t in 0..2 {
+                    gguf[h * hd + i * 2 + t] = hf[h * hd + t * hd / 2 + i];
+                }
+            }
+        }
+        let back: Vec<usize> = (0..hf.len())
+            .map(|r| gguf[unpermuted_source_row(r, hd)])
+            .collect();
+        assert_eq!(back, hf);
+    }
+}

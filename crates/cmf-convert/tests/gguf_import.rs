@@ -1,0 +1,264 @@
+//! `cmf import-gguf`: a GGUF written by llama.cpp's own converter from the HF llama fixture
+//! (scripts/make_gguf_import_fixture.py) imports back to exactly the HF tensors (names, Q/K
+//! un-permutation, untied lm_head), with a tokenizer that reproduces the fixture's token ids.
+//! The demo model (SmolLM2 Q4_1) is exercised when `$CMF_CACHE` holds it.
+
+use std::path::{Path, PathBuf};
+
+use cmf_convert::{import_gguf, Options, Quant};
+use cmf_format::{CmfFile, Dtype};
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn gguf_fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/llama-tiny-f32.gguf")
+}
+
+fn hf_tensors() -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let dir = repo().join("fixtures/llm/llama-tiny");
+    let mut out = Vec::new();
+    for i in 1..=3 {
+        let bytes = std::fs::read(dir.join(format!("model-0000{i}-of-00003.safetensors"))).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        for (n, t) in st.tensors() {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            out.push((n, t.shape().to_vec(), v));
+        }
+    }
+    out
+}
+
+fn import(path: &Path, quant: Option<Quant>) -> (tempfile::TempDir, PathBuf, cmf_convert::Report) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.cmf");
+    let opts = Options {
+        quant,
+        measure_error: true,
+        ..Default::default()
+    };
+    let r = import_gguf::import(path, &out, &opts).unwrap();
+    (dir, out, r)
+}
+
+#[test]
+fn llama_cpp_gguf_imports_back_to_the_hf_tensors() {
+    let (_d, out, report) = import(&gguf_fixture(), None);
+    let f = CmfFile::open(&out).unwrap();
+    assert!(f.verify().is_ok());
+    let hf = hf_tensors();
+    assert_eq!(f.len(), hf.len());
+    for (name, shape, vals) in &hf {
+        let t = f.get(name).unwrap_or_else(|_| panic!("{name} missing"));
+        assert_eq!(t.shape.as_slice(), shape.as_slice(), "{name}");
+        assert_eq!(t.dtype, Dtype::F32, "{name}: F32 source keeps f32");
+        assert_eq!(
+            &t.to_f32().unwrap(),
+            vals,
+            "{name}: values differ (Q/K permutation?)"
+        );
+    }
+    assert_eq!(report.total.err_sq, 0.0);
+    let a = &f.header().arch;
+    assert_eq!(
+        (
+            a.arch_name.as_str(),
+            a.num_layers,
+            a.num_attention_heads,
+            a.num_kv_heads,
+            a.head_dim
+        ),
+        ("llama", 2, 4, 2, 16)
+    );
+    assert_eq!(
+        (
+            a.hidden_size,
+            a.intermediate_size,
+            a.vocab_size,
+            a.tie_word_embeddings
+        ),
+        (64, 128, 512, false)
+    );
+    assert_eq!(a.rope_theta, 10_000.0);
+    assert_eq!(
+        f.header().provenance.as_ref().unwrap()["qk_unpermuted"],
+        true
+    );
+}
+
+/// Without the un-permutation the q/k tensors would differ: make sure the test above can fail.
+#[test]
+fn q_and_k_really_are_permuted_in_the_gguf() {
+    let g = cmf_convert::gguf::GgufFile::open(&gguf_fixture()).unwrap();
+    let t = g.gguf.tensor("blk.0.attn_q.weight").unwrap();
+    let gguf_q = g.dequantize(t).unwrap();
+    let hf_q = hf_tensors()
+        .into_iter()
+        .find(|(n, ..)| n == "model.layers.0.self_attn.q_proj.weight")
+        .unwrap()
+        .2;
+    assert_ne!(gguf_q, hf_q);
+}
+
+#[test]
+fn rebuilt_tokenizer_reproduces_the_fixture_ids() {
+    let (_d, out, _) = import(&gguf_fixture(), Some(Quant::Q8));
+    let f = CmfFile::open(&out).unwrap();
+    let tok = tokenizers::Tokenizer::from_bytes(f.vocab().unwrap()).unwrap();
+    let expected: Value = serde_json::from_slice(
+        &std::fs::read(repo().join("fixtures/llm/llama-tiny/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let mut compared = 0;
+    for case in expected["tokenization"]["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        // The HF fixture tokenizer applies NFC; GGUF has no normalizer and llama.cpp does not
+        // normalize, so decomposed input legitimately differs (llama.cpp is the reference here).
+        if text.contains('\u{301}') {
+            continue;
+        }
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{text:?}");
+        compared += 1;
+    }
+    assert!(compared >= 14);
+    let tc = f.header().tokenizer_config.clone().unwrap();
+    assert_eq!(
+        tc.eos_token_ids,
+        vec![2, 0],
+        "eos, then <|endoftext|> as llama.cpp's end-of-generation set"
+    );
+    assert!(tc.chat_template.unwrap().contains("<|im_start|>"));
+}
+
+fn demo_model() -> Option<PathBuf> {
+    let cache = std::env::var_os("CMF_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/cmf")))?;
+    let p = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    p.is_file().then_some(p)
+}
+
+#[test]
+fn demo_model_imports_with_default_requantization() {
+    let Some(gguf) = demo_model() else {
+        eprintln!("skipped: SmolLM2-135M-Instruct.Q4_1.gguf not in $CMF_CACHE (scripts/fetch-demo-model.sh)");
+        return;
+    };
+    let (_d, out, report) = import(&gguf, None);
+    let f = CmfFile::open(&out).unwrap();
+    let a = &f.header().arch;
+    assert_eq!(
+        (
+            a.num_layers,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_kv_heads,
+            a.vocab_size
+        ),
+        (30, 576, 9, 3, 49152)
+    );
+    assert!(a.tie_word_embeddings);
+    assert_eq!(f.len(), 272);
+    // Measured (docs/convert.md): 0.0089 over all matrices, worst 0.0117 (the Q8_0 embedding,
+    // whose per-32 scales become one scale per 576-wide row). Bounds with a little margin.
+    let mut mats = cmf_convert::TensorStats::default();
+    for (n, d, s) in &report.tensors {
+        if *d == Dtype::Q8Row {
+            assert!(
+                s.relative_rms() < 0.015,
+                "{n}: q8_row requantization error {}",
+                s.relative_rms()
+            );
+            mats.add(*s);
+        } else {
+            assert_eq!(*d, Dtype::F32, "{n}");
+            assert_eq!(s.err_sq, 0.0, "{n}: F32 norms are copied exactly");
+        }
+    }
+    assert!(mats.relative_rms() < 0.01, "{}", mats.relative_rms());
+    eprintln!(
+        "demo model: q8_row requantization relative RMS over all tensors = {:.5}",
+        report.total.relative_rms()
+    );
+    let tok = tokenizers::Tokenizer::from_bytes(f.vocab().unwrap()).unwrap();
+    let ids = tok
+        .encode(
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n",
+            true,
+        )
+        .unwrap();
+    assert_eq!(ids.get_ids()[0], 1);
+    // llama.cpp's reference tokenization, when the reference-data fixture is present.
+    let reference = repo().join("fixtures/llamacpp/tokenize.json");
+    if reference.is_file() {
+        check_llamacpp_tokenization(&tok, &reference);
+    } else {
+        eprintln!(
+            "skipped llama.cpp id comparison: {} not present",
+            reference.display()
+        );
+    }
+}
+
+/// fixtures/llamacpp/tokenize.json: llama-tokenize's ids for each text with special-token parsing
+/// (`parse_special`, what `tokenizers` does by default) and without (`no_parse_special`, which
+/// `tokenizers` does with `encode_special_tokens`).
+fn check_llamacpp_tokenization(tok: &tokenizers::Tokenizer, path: &Path) {
+    let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let cases = doc
+        .get("cases")
+        .and_then(Value::as_array)
+        .expect("tokenize.json: cases");
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut literal = tok.clone();
+    literal.set_encode_special_tokens(true);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let got = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(got, ids(&case["parse_special"]), "parse_special {text:?}");
+        let got = literal.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(
+            got,
+            ids(&case["no_parse_special"]),
+            "no_parse_special {text:?}"
+        );
+    }
+    eprintln!(
+        "{} strings tokenized as llama.cpp does, in both modes",
+        cases.len()
+    );
+}
+
+#[test]
+fn bad_gguf_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(gguf_fixture()).unwrap();
+    let p = dir.path().join("cut.gguf");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let out = dir.path().join("o.cmf");
+    let e = import_gguf::import(&p, &out, &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cut.gguf") && e.contains("truncated"), "{e}");
+    assert!(!out.exists());
+}

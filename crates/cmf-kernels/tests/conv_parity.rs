@@ -1,0 +1,86 @@
+//! conv2d (im2col + matmul) against the naive f64 convolution, f32 weights (the VAE's codec) on
+//! every path, plus a q8_row weight on the active path. f32 tolerance: 1e-5·Σ|w·x| per output
+//! (the matmul's f32 bound); q8: the input-quantization bound is covered by 2e-2 relative to Σ|w·x|.
+
+mod common;
+
+use cmf_format::Dtype;
+use cmf_kernels::conv::conv2d_with;
+use cmf_kernels::{reference, Isa, Weight};
+use common::Rng;
+
+fn abs_conv(
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    wt: &[f32],
+    c_out: usize,
+    k: usize,
+) -> Vec<f32> {
+    let xa: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let wa: Vec<f32> = wt.iter().map(|v| v.abs()).collect();
+    let mut out = vec![0f32; c_out * h * w];
+    reference::conv2d(&xa, c_in, h, w, &wa, c_out, k, None, &mut out);
+    out
+}
+
+#[test]
+fn conv_matches_reference() {
+    let mut rng = Rng(30);
+    for (c_in, c_out, h, w, k) in [
+        (3usize, 5usize, 7usize, 9usize, 3usize),
+        (16, 8, 5, 4, 1),
+        (8, 33, 6, 6, 3),
+        (1, 1, 1, 1, 3),
+    ] {
+        let x = rng.vec(c_in * h * w, 1.0);
+        let wt = rng.vec(c_out * c_in * k * k, 0.5);
+        let bias = rng.vec(c_out, 0.1);
+        let mut want = vec![0f32; c_out * h * w];
+        reference::conv2d(&x, c_in, h, w, &wt, c_out, k, Some(&bias), &mut want);
+        let scale = abs_conv(&x, c_in, h, w, &wt, c_out, k);
+        let bytes: Vec<u8> = wt.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let weight = Weight::new(Dtype::F32, c_out, c_in * k * k, &bytes).unwrap();
+        for isa in Isa::all_supported() {
+            let mut got = vec![f32::NAN; c_out * h * w];
+            conv2d_with(isa, &x, c_in, h, w, &weight, k, Some(&bias), &mut got);
+            for i in 0..got.len() {
+                assert!(
+                    (got[i] - want[i]).abs() <= 1e-5 * scale[i] + 1e-6,
+                    "{isa} conv {c_in}->{c_out} {h}x{w} k{k} [{i}]: {} vs {}",
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn conv_with_quantized_weight() {
+    let mut rng = Rng(31);
+    let (c_in, c_out, h, w, k) = (8usize, 12usize, 5usize, 7usize, 3usize);
+    let x = rng.vec(c_in * h * w, 1.0);
+    let data = common::random_weight(&mut rng, Dtype::Q8Row, c_out, c_in * 9);
+    let weight = Weight::new(Dtype::Q8Row, c_out, c_in * 9, &data).unwrap();
+    let mut wt = vec![0f32; c_out * c_in * 9];
+    for r in 0..c_out {
+        reference::decode_row(&weight, r, &mut wt[r * c_in * 9..(r + 1) * c_in * 9]);
+    }
+    let mut want = vec![0f32; c_out * h * w];
+    reference::conv2d(&x, c_in, h, w, &wt, c_out, k, None, &mut want);
+    let scale = abs_conv(&x, c_in, h, w, &wt, c_out, k);
+    for isa in Isa::all_supported() {
+        let mut got = vec![0f32; c_out * h * w];
+        conv2d_with(isa, &x, c_in, h, w, &weight, k, None, &mut got);
+        for i in 0..got.len() {
+            assert!(
+                (got[i] - want[i]).abs() <= 2e-2 * scale[i] + 1e-6,
+                "{isa} [{i}]: {} vs {}",
+                got[i],
+                want[i]
+            );
+        }
+    }
+}

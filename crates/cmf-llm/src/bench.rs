@@ -1,0 +1,107 @@
+//! `cmf bench`: prompt processing and generation throughput, following llama-bench's contract
+//! (llama.cpp `tools/llama-bench/llama-bench.cpp`, `test_prompt` / `test_gen`):
+//! - `pp<N>`: N prompt tokens in one batch (chunked internally as prefill always is) from an
+//!   empty cache; logits only for the last token; speed = N / time.
+//! - `tg<N>`: N tokens decoded one at a time from an empty cache, each step computing its
+//!   logits (no sampling, as llama-bench); speed = N / time.
+//! - Tokens are pseudo-random ids (llama-bench: `rand() % n_vocab`; here a fixed-seed
+//!   xoshiro256**), after one untimed warm-up run of each test; each repetition starts from an
+//!   empty cache. Reported: mean ± sample standard deviation of the per-repetition tok/s.
+
+use crate::error::Result;
+use crate::model::Model;
+use crate::sampling::Xoshiro256;
+use cmf_kernels::KvDtype;
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Prompt tokens of the pp test (0 = skip).
+    pub prompt_tokens: usize,
+    /// Generated tokens of the tg test (0 = skip).
+    pub gen_tokens: usize,
+    pub repetitions: usize,
+    pub kv_dtype: KvDtype,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    /// `pp512`, `tg128`.
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    /// tok/s of each repetition.
+    pub samples: Vec<f64>,
+}
+
+impl BenchResult {
+    pub fn mean(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
+    }
+
+    /// Sample standard deviation (n − 1), 0 for a single sample (llama-bench's `stdev`).
+    pub fn stddev(&self) -> f64 {
+        let n = self.samples.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.samples.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+}
+
+/// Runs the pp and tg tests; `progress` is told each finished repetition.
+pub fn run(
+    model: &Model,
+    cfg: &BenchConfig,
+    progress: &mut dyn FnMut(&str, usize),
+) -> Result<Vec<BenchResult>> {
+    let vocab = model.config.vocab_size as u64;
+    let mut rng = Xoshiro256::seed(1234);
+    let mut random_ids =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect() };
+    let mut results = Vec::new();
+
+    if cfg.prompt_tokens > 0 {
+        let mut st = model.new_state_with(cfg.prompt_tokens, cfg.kv_dtype);
+        let ids = random_ids(cfg.prompt_tokens);
+        model.prefill(&mut st, &ids[..ids.len().min(32)])?; // warm-up
+        let mut samples = Vec::new();
+        for rep in 0..cfg.repetitions {
+            st.clear();
+            let t = Instant::now();
+            model.prefill(&mut st, &ids)?;
+            samples.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+            progress(&format!("pp{}", cfg.prompt_tokens), rep + 1);
+        }
+        results.push(BenchResult {
+            test: format!("pp{}", cfg.prompt_tokens),
+            n_prompt: cfg.prompt_tokens,
+            n_gen: 0,
+            samples,
+        });
+    }
+
+    if cfg.gen_tokens > 0 {
+        let mut st = model.new_state_with(cfg.gen_tokens, cfg.kv_dtype);
+        let ids = random_ids(cfg.gen_tokens);
+        model.decode(&mut st, ids[0])?; // warm-up
+        let mut samples = Vec::new();
+        for rep in 0..cfg.repetitions {
+            st.clear();
+            let t = Instant::now();
+            for &id in &ids {
+                model.decode(&mut st, id)?;
+            }
+            samples.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
+            progress(&format!("tg{}", cfg.gen_tokens), rep + 1);
+        }
+        results.push(BenchResult {
+            test: format!("tg{}", cfg.gen_tokens),
+            n_prompt: 0,
+            n_gen: cfg.gen_tokens,
+            samples,
+        });
+    }
+    Ok(results)
+}
