@@ -9,7 +9,9 @@
 //!   empty cache. Reported: mean ± sample standard deviation of the per-repetition tok/s.
 
 use crate::error::Result;
+use crate::gpu::Engine;
 use crate::model::Model;
+use crate::sampling::SamplingParams;
 use crate::sampling::Xoshiro256;
 use cmf_kernels::KvDtype;
 use std::time::Instant;
@@ -56,6 +58,18 @@ pub fn run(
     cfg: &BenchConfig,
     progress: &mut dyn FnMut(&str, usize),
 ) -> Result<Vec<BenchResult>> {
+    run_on(model, &mut Engine::Cpu, cfg, progress)
+}
+
+/// [`run`] with the forward passes on `engine` (the GPU: pp is one device prefill, each tg
+/// step one whole-token graph replay with the device's arg-max read back).
+pub fn run_on(
+    model: &Model,
+    engine: &mut Engine,
+    cfg: &BenchConfig,
+    progress: &mut dyn FnMut(&str, usize),
+) -> Result<Vec<BenchResult>> {
+    let greedy = SamplingParams::default();
     let vocab = model.config.vocab_size as u64;
     let mut rng = Xoshiro256::seed(1234);
     let mut random_ids =
@@ -65,12 +79,13 @@ pub fn run(
     if cfg.prompt_tokens > 0 {
         let mut st = model.new_state_with(cfg.prompt_tokens, cfg.kv_dtype);
         let ids = random_ids(cfg.prompt_tokens);
-        model.prefill(&mut st, &ids[..ids.len().min(32)])?; // warm-up
+        engine.prefill(model, &mut st, &ids[..ids.len().min(32)], &[])?; // warm-up
         let mut samples = Vec::new();
         for rep in 0..cfg.repetitions {
             st.clear();
+            engine.truncate(0);
             let t = Instant::now();
-            model.prefill(&mut st, &ids)?;
+            engine.prefill(model, &mut st, &ids, &[])?;
             samples.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
             progress(&format!("pp{}", cfg.prompt_tokens), rep + 1);
         }
@@ -85,13 +100,16 @@ pub fn run(
     if cfg.gen_tokens > 0 {
         let mut st = model.new_state_with(cfg.gen_tokens, cfg.kv_dtype);
         let ids = random_ids(cfg.gen_tokens);
-        model.decode(&mut st, ids[0])?; // warm-up
+        st.clear();
+        engine.truncate(0);
+        engine.decode(model, &mut st, ids[0], &[], &greedy)?; // warm-up
         let mut samples = Vec::new();
         for rep in 0..cfg.repetitions {
             st.clear();
+            engine.truncate(0);
             let t = Instant::now();
-            for &id in &ids {
-                model.decode(&mut st, id)?;
+            for (i, &id) in ids.iter().enumerate() {
+                engine.decode(model, &mut st, id, &ids[..i], &greedy)?;
             }
             samples.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
             progress(&format!("tg{}", cfg.gen_tokens), rep + 1);

@@ -193,6 +193,39 @@ impl Engine {
         matches!(self, Engine::Gpu(_))
     }
 
+    /// Keeps the first `len` cached positions (the CPU state is truncated by its owner).
+    pub fn truncate(&mut self, len: usize) {
+        if let Engine::Gpu(g) = self {
+            g.pos = g.pos.min(len);
+        }
+    }
+
+    /// Runs `tokens` from an empty cache and calls `f(i, logits_i)` for every `i >= first`
+    /// (perplexity). On the device: one prefill returning every row's logits.
+    pub fn forward_scored(
+        &mut self,
+        model: &Model,
+        st: &mut State,
+        tokens: &[u32],
+        first: usize,
+        mut f: impl FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        if let Engine::Gpu(g) = self {
+            let v = model.config.vocab_size;
+            let mut all = vec![0f32; tokens.len() * v];
+            if g.llm.prefill(tokens, 0, Logits::All, &mut all).is_ok() {
+                g.pos = tokens.len();
+                for i in first..tokens.len() {
+                    f(i, &all[i * v..(i + 1) * v]);
+                }
+                return Ok(());
+            }
+            *self = Engine::Cpu;
+        }
+        st.clear();
+        model.forward_scored(st, tokens, first, f)
+    }
+
     pub fn limit(&self, st: &State) -> usize {
         match self {
             Engine::Gpu(g) => g.max_context().min(st.kv.limit()),

@@ -11,6 +11,7 @@
 //!   PPL = exp(mean NLL); ± = PPL · sqrt(var(NLL) / (count − 1)), llama.cpp's estimate.
 
 use crate::error::{LlmError, Result};
+use crate::gpu::Engine;
 use crate::model::Model;
 use cmf_kernels::KvDtype;
 
@@ -30,6 +31,28 @@ pub struct PerplexityResult {
 /// `max_chunks` limits the work (None = all); `progress(chunk, running_ppl)` after each chunk.
 pub fn perplexity(
     model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    max_chunks: Option<usize>,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    perplexity_on(
+        model,
+        &mut Engine::Cpu,
+        tokens,
+        ctx,
+        bos,
+        max_chunks,
+        progress,
+    )
+}
+
+/// [`perplexity`] with the forward passes on `engine` (the GPU: one prefill per chunk
+/// returning every row's logits).
+pub fn perplexity_on(
+    model: &Model,
+    engine: &mut Engine,
     tokens: &[u32],
     ctx: usize,
     bos: Option<u32>,
@@ -71,7 +94,7 @@ pub fn perplexity(
         }
         st.clear();
         let (mut csum, mut ccount) = (0f64, 0usize);
-        model.forward_scored(&mut st, &window, first, |i, logits| {
+        engine.forward_scored(model, &mut st, &window, first, |i, logits| {
             if i + 1 < ctx {
                 let nll = nll(logits, window[i + 1] as usize);
                 csum += nll;

@@ -54,13 +54,23 @@ fn check(name: &str) {
     for precise in [false, true] {
         let desc = describe(&model, 256).unwrap();
         // Chunks of 20: the 48-token prompt exercises chunked prefill at nonzero starts.
-        let opts = LlmOptions { max_context: 256, prefill_chunk: 20, precise, ..Default::default() };
-        let mut llm = gpu.load_llm(&desc, &opts, None).expect("the fixture loads on the device");
+        let opts = LlmOptions {
+            max_context: 256,
+            prefill_chunk: 20,
+            precise,
+            ..Default::default()
+        };
+        let mut llm = gpu
+            .load_llm(&desc, &opts, None)
+            .expect("the fixture loads on the device");
         let mut all = vec![f32::NAN; prompt.len() * vocab];
         llm.prefill(&prompt, 0, Logits::All, &mut all).unwrap();
         let mut worst_prompt = 0f32;
         for i in 0..prompt.len() {
-            worst_prompt = worst_prompt.max(rel_err(&all[i * vocab..(i + 1) * vocab], &want_prompt[i * vocab..(i + 1) * vocab]));
+            worst_prompt = worst_prompt.max(rel_err(
+                &all[i * vocab..(i + 1) * vocab],
+                &want_prompt[i * vocab..(i + 1) * vocab],
+            ));
         }
         // Greedy with the device sampler, logits read back to compare each step.
         let last = &all[(prompt.len() - 1) * vocab..];
@@ -69,9 +79,17 @@ fn check(name: &str) {
         for i in 1..want_ids.len() {
             let mut out = DecodeOutput::default();
             let pos = prompt.len() + i - 1;
-            llm.decode(got[i - 1], pos, &Sampler::Greedy, true, &mut out).unwrap();
-            worst_step = worst_step.max(rel_err(&out.logits, &want_steps[i * vocab..(i + 1) * vocab]));
-            assert_eq!(out.token, argmax(&out.logits), "device arg-max ≠ host arg-max of its own logits");
+            llm.decode(got[i - 1], pos, &Sampler::Greedy, true, &mut out)
+                .unwrap();
+            worst_step = worst_step.max(rel_err(
+                &out.logits,
+                &want_steps[i * vocab..(i + 1) * vocab],
+            ));
+            assert_eq!(
+                out.token,
+                argmax(&out.logits),
+                "device arg-max ≠ host arg-max of its own logits"
+            );
             got.push(out.token);
         }
         let same = got.iter().zip(&want_ids).filter(|(a, b)| a == b).count();
@@ -80,9 +98,15 @@ fn check(name: &str) {
             want_ids.len()
         );
         if bf16 && !precise {
-            assert!(worst_prompt < 3e-2 && worst_step < 3e-2, "{name}: logits off");
+            assert!(
+                worst_prompt < 3e-2 && worst_step < 3e-2,
+                "{name}: logits off"
+            );
         } else {
-            assert!(worst_prompt < 1e-4 && worst_step < 1e-4, "{name}: logits off");
+            assert!(
+                worst_prompt < 1e-4 && worst_step < 1e-4,
+                "{name}: logits off"
+            );
             assert_eq!(got, want_ids, "{name}: greedy continuation differs");
         }
     }
@@ -134,11 +158,16 @@ fn engine_falls_back_mid_run_with_identical_ids() {
         for _ in 0..want_ids.len() {
             let t = step.pick(&mut sampler, &history);
             got.push(t);
-            step = engine.decode(&model, &mut st, t, &history, &params).unwrap();
+            step = engine
+                .decode(&model, &mut st, t, &history, &params)
+                .unwrap();
             history.push(t);
         }
         gpu.inject_refusal_after(u64::MAX);
-        println!("llama-tiny engine, refusal after {inject} calls: on the GPU at the end: {}", engine.is_gpu());
+        println!(
+            "llama-tiny engine, refusal after {inject} calls: on the GPU at the end: {}",
+            engine.is_gpu()
+        );
         assert_eq!(engine.is_gpu(), inject == u64::MAX);
         assert_eq!(got, want_ids);
     }

@@ -57,7 +57,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         repetitions: args.reps,
         kv_dtype,
     };
-    let results = bench::run(&model, &cfg, &mut |test, rep| {
+    let mut engine = args.engine.engine(&model, limit)?;
+    let results = bench::run_on(&model, &mut engine, &cfg, &mut |test, rep| {
         eprint!("\r{test}: {rep}/{}   ", args.reps)
     })?;
     eprint!("\r{:30}\r", "");
@@ -69,6 +70,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let quant = format!("{:?}", file.header().quant_type).to_lowercase();
     let threads = cmf_kernels::num_threads();
     let isa = cmf_kernels::cpu::active().name();
+    // The engine may have fallen back to the CPU during the run; it says where it ended.
+    let backend = if engine.is_gpu() {
+        "CUDA".to_string()
+    } else {
+        format!("CPU ({isa}, kv {})", kv_dtype.name())
+    };
     if args.json {
         let rows: Vec<_> = results
             .iter()
@@ -80,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "model_n_params": params,
                     "n_threads": threads,
                     "cpu_isa": isa,
+                    "backend": backend,
                     "kv_type": kv_dtype.name(),
                     "test": r.test,
                     "n_prompt": r.n_prompt,
@@ -96,12 +104,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
         for r in &results {
             println!(
-                "| {} {} | {:.2} MiB | {:.2} M | CPU ({isa}, kv {}) | {threads} | {} | {:.2} ± {:.2} |",
+                "| {} {} | {:.2} MiB | {:.2} M | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 arch.arch_name,
                 quant,
                 bytes as f64 / (1024.0 * 1024.0),
                 params as f64 / 1e6,
-                kv_dtype.name(),
                 r.test,
                 r.mean(),
                 r.stddev()

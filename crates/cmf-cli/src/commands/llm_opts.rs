@@ -1,4 +1,5 @@
-//! Flags shared by `cmf run`, `cmf bench` and `cmf ppl`: threads and KV-cache element type.
+//! Flags shared by `cmf run`, `cmf bench` and `cmf ppl`: threads, KV-cache element type, and the
+//! GPU (`--gpu`, `--gpu-layers`; see docs/gpu.md).
 
 use crate::exit::UsageError;
 use cmf_kernels::KvDtype;
@@ -11,9 +12,48 @@ pub struct EngineOpts {
     /// KV-cache element type: f16 (half the memory and bandwidth) or f32 (exact).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16")]
     pub kv_type: String,
+    /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
+    /// Default: $CMF_GPU (0, 1, cuda), else auto.
+    #[arg(long = "gpu", value_name = "MODE")]
+    pub gpu: Option<String>,
+    /// Layers on the GPU, e.g. 0-19,30-39 (default: $CMF_GPU_LAYERS, else all that fit).
+    #[arg(long = "gpu-layers", value_name = "RANGES")]
+    pub gpu_layers: Option<String>,
 }
 
 impl EngineOpts {
+    /// Where the forward passes of `model` run: the GPU when the facade opens a device and
+    /// the whole model fits (`ctx` positions of KV cache), else the CPU. `--gpu cuda` without
+    /// a device is an error; refusals in `auto` are silent (`CMF_LOG=debug` says why).
+    pub fn engine(
+        &self,
+        model: &cmf_llm::Model,
+        ctx: usize,
+    ) -> anyhow::Result<cmf_llm::gpu::Engine> {
+        use cmf_gpu::facade::{Gpu, GpuMode, LayerSet};
+        let flag = self
+            .gpu
+            .as_deref()
+            .map(str::parse::<GpuMode>)
+            .transpose()
+            .map_err(|e| UsageError(e.to_string()))?;
+        let mode = GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
+        let layers =
+            LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+        let gpu = Gpu::open(mode)?;
+        if !gpu.is_active() {
+            return Ok(cmf_llm::gpu::Engine::Cpu);
+        }
+        match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, layers.as_ref()) {
+            Some(g) => Ok(cmf_llm::gpu::Engine::Gpu(g)),
+            None if mode == GpuMode::Cuda => Err(UsageError(
+                "--gpu cuda: the model cannot run on the device (CMF_LOG=debug says why)".into(),
+            )
+            .into()),
+            None => Ok(cmf_llm::gpu::Engine::Cpu),
+        }
+    }
+
     /// Applies the thread count; returns the KV type.
     pub fn apply(&self) -> anyhow::Result<KvDtype> {
         match self.threads {

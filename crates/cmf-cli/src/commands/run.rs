@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cmf_format::CmfModel;
 use cmf_llm::chat::{ChatSession, TextAssets};
-use cmf_llm::generate::{generate, FinishReason, GenerationConfig, GenerationStats};
+use cmf_llm::generate::{generate, generate_on, FinishReason, GenerationConfig, GenerationStats};
 use cmf_llm::sampling::SamplingParams;
 use cmf_llm::Model;
 
@@ -152,8 +152,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 return Err(UsageError("the prompt is empty".into()).into());
             }
             let mut st = model.new_state_with(ctx, kv_type);
-            let stats = generate(
+            let mut engine = args.engine.engine(&model, ctx)?;
+            let stats = generate_on(
                 &model,
+                &mut engine,
                 &mut st,
                 &assets.tokenizer,
                 &ids,
@@ -171,7 +173,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 args.system.as_deref(),
                 ctx,
                 kv_type,
-            );
+            )
+            .with_engine(args.engine.engine(&model, ctx)?);
             let (_, stats) = chat.send(&p, &cfg, &mut print)?;
             finish(&stats, &cfg);
         }
@@ -195,7 +198,8 @@ fn interactive(
         args.system.as_deref(),
         ctx,
         kv_type,
-    );
+    )
+    .with_engine(args.engine.engine(model, ctx)?);
     eprintln!("chat with {} (context {ctx} tokens); /reset forgets the conversation, /exit or Ctrl-D quits", args.file.display());
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();

@@ -199,8 +199,15 @@ pub struct ModelKernels {
 }
 
 impl ModelKernels {
-    pub fn load(dev: &Dev, head_dim: usize, group: usize, kv_f32: bool) -> DResult<ModelKernels> {
+    pub fn load(
+        dev: &Dev,
+        head_dim: usize,
+        group: usize,
+        kv_f32: bool,
+        min_chunk: usize,
+    ) -> DResult<ModelKernels> {
         let defs = vec![
+            ("DEC_MIN_CHUNK", min_chunk.to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),

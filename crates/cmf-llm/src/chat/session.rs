@@ -4,7 +4,8 @@
 
 use super::{ChatTemplate, Message, Tokenizer};
 use crate::error::{LlmError, Result};
-use crate::generate::{generate, GenerationConfig, GenerationStats};
+use crate::generate::{generate_on, GenerationConfig, GenerationStats};
+use crate::gpu::Engine;
 use crate::model::{Model, State};
 
 pub struct ChatSession<'m, 'a> {
@@ -13,8 +14,10 @@ pub struct ChatSession<'m, 'a> {
     template: &'m ChatTemplate,
     pub messages: Vec<Message>,
     state: State,
-    /// Ids whose keys/values are in `state`.
+    /// Ids whose keys/values are in the cache (`state`, or the device's).
     cached: Vec<u32>,
+    /// Where the forward passes run (the CPU unless [`ChatSession::with_engine`]).
+    engine: Engine,
 }
 
 impl<'m, 'a> ChatSession<'m, 'a> {
@@ -38,7 +41,14 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             messages,
             state,
             cached: Vec::new(),
+            engine: Engine::Cpu,
         }
+    }
+
+    /// Runs the forward passes on `engine` (e.g. the GPU, see [`crate::gpu`]).
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
     }
 
     /// Forgets the conversation except the system message.
@@ -46,6 +56,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
         self.messages.retain(|m| m.role == "system");
         self.state.clear();
         self.cached.clear();
+        self.engine.truncate(0);
     }
 
     /// Adds a user message, generates the assistant's reply (streamed to `on_text`) and adds it.
@@ -82,14 +93,16 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             .count();
         keep = keep.min(ids.len() - 1);
         self.state.kv.truncate(keep);
+        self.engine.truncate(keep);
         self.cached.truncate(keep);
         let mut reply = String::new();
         let mut collect = |t: &str| {
             reply.push_str(t);
             on_text(t);
         };
-        let stats = generate(
+        let stats = generate_on(
             self.model,
+            &mut self.engine,
             &mut self.state,
             self.tokenizer,
             &ids[keep..],

@@ -62,13 +62,19 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
     for (int j = 0; j < EPL; j++) out[j] = kv_f(p[j]);
 }
 
+// Keys per split at least (more splits = more blocks in flight; fewer = less merging). Up to
+// this many visible keys one block does the whole head group (no partials, no merge).
+#ifndef DEC_MIN_CHUNK
+#define DEC_MIN_CHUNK 32
+#endif
+
 // The split-K partition both decode kernels agree on: P_eff splits of `chunk` keys over the
 // visible keys [first, S), with at least 32 keys per split so short contexts use few blocks.
 __device__ __forceinline__ void decode_split(const int* pos_ptr, int window, int P, int& first, int& S, int& peff, int& chunk) {
     S = pos_ptr[0] + 1;
     first = window > 0 ? max(0, S - window) : 0;
     const int n = S - first;
-    peff = min(P, max(1, (n + 31) / 32));
+    peff = min(P, max(1, (n + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK));
     chunk = (n + peff - 1) / peff;
 }
 
@@ -98,7 +104,7 @@ __device__ __forceinline__ void kv_vec(uint4 u, float* o) {
 #define KV_GRP (HD / KV_VEC < 16 ? HD / KV_VEC : 16)
 
 // Grid (NKV, P), 128 threads. Dynamic smem: q [GQA][HD] + scores [GQA][chunk_max] +
-// per-warp outputs [4][GQA][HD] + merge weights [P] floats.
+// per-warp outputs [4][GQA][HD] + merge weights [4][P] floats.
 // part: [NH, P, HD + 2] — o (unnormalised), then max, then sum; splits ≥ P_eff write nothing.
 // The last split block of a kv head to finish (counted in `count[kvh]`, which it resets)
 // merges the partials of its GQA heads into out[NH, HD] (the log-sum-exp rescale), so no
@@ -115,7 +121,8 @@ attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* p
     float* qs = dsm;                      // [GQA][HD]
     float* sc = qs + GQA * HD;            // [GQA][chunk_max]
     float* ow = sc + GQA * chunk_max;     // [4][GQA][HD]
-    float* wts = ow + 4 * GQA * HD;       // [P] merge weights (last block)
+    float* wts = ow + 4 * GQA * HD;       // [4][P] merge weights, per warp (last block)
+    __shared__ float lsh[GQA];            // softmax sums (single-split case)
     const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int first, S, peff, chunk;
     decode_split(pos_ptr, window, P, first, S, peff, chunk);
@@ -164,6 +171,7 @@ attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* p
         if (lane == 0) {
             ob[g * stride_h + HD] = m;
             ob[g * stride_h + HD + 1] = l;
+            lsh[g] = l;
         }
     }
     __syncthreads();
@@ -193,10 +201,14 @@ attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* p
     for (int i = threadIdx.x; i < GQA * HD; i += blockDim.x) {
         int g = i / HD, d = i % HD;
         float r = ow[(0 * GQA + g) * HD + d] + ow[(1 * GQA + g) * HD + d] + ow[(2 * GQA + g) * HD + d] + ow[(3 * GQA + g) * HD + d];
-        ob[g * stride_h + d] = r;
+        if (peff == 1)
+            out[(size_t)(kvh * GQA + g) * HD + d] = r / lsh[g];  // one split: already final
+        else
+            ob[g * stride_h + d] = r;
     }
+    if (peff == 1) return;
 
-    // Last block of this kv head: merge.
+    // Last block of this kv head: merge the partials (log-sum-exp rescale), one warp per head.
     __shared__ int is_last;
     __threadfence();
     __syncthreads();
@@ -205,50 +217,36 @@ attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* p
     if (!is_last) return;
     __threadfence();
     if (threadIdx.x == 0) count[kvh] = 0;
-    __shared__ float red[32];
-    for (int g = 0; g < GQA; g++) {
+    float* wt = wts + warp * P;
+    for (int g = warp; g < GQA; g += 4) {
         const float* hb = part + (size_t)(kvh * GQA + g) * stride_h;
         float M = NEG_INF;
-        for (int p = threadIdx.x; p < peff; p += blockDim.x) M = fmaxf(M, ldcg(hb + (size_t)p * (HD + 2) + HD));
-        // block max
-        {
-            float m = M;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
-            __syncthreads();
-            if (lane == 0) red[warp] = m;
-            __syncthreads();
-            m = lane < 4 ? red[lane] : NEG_INF;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
-            M = m;
-        }
-        float lsum = 0.f;
-        for (int p = threadIdx.x; p < peff; p += blockDim.x) {
+        for (int p = lane; p < peff; p += 32) M = fmaxf(M, ldcg(hb + (size_t)p * (HD + 2) + HD));
+        M = warp_max(M);
+        float L = 0.f;
+        for (int p = lane; p < peff; p += 32) {
             const float* pb = hb + (size_t)p * (HD + 2);
             float w = expf(ldcg(pb + HD) - M);
-            wts[p] = w;
-            lsum += w * ldcg(pb + HD + 1);
+            wt[p] = w;
+            L += w * ldcg(pb + HD + 1);
         }
-        const float L = block_sum(lsum, red);  // (its barriers also publish wts)
-        float acc[EPL];
+        L = warp_sum(L);
+        __syncwarp();
+        if (LANE_OK(lane)) {
+            float acc[EPL];
 #pragma unroll
-        for (int e = 0; e < EPL; e++) acc[e] = 0.f;
+            for (int e = 0; e < EPL; e++) acc[e] = 0.f;
 #pragma unroll 4
-        for (int p = warp; p < peff; p += 4) {
-            if (!LANE_OK(lane)) break;
-            const float w = wts[p];
-            const float* pb = hb + (size_t)p * (HD + 2) + lane * EPL;
+            for (int p = 0; p < peff; p++) {
+                const float w = wt[p];
+                const float* pb = hb + (size_t)p * (HD + 2) + lane * EPL;
 #pragma unroll
-            for (int e = 0; e < EPL; e++) acc[e] += w * ldcg(pb + e);
+                for (int e = 0; e < EPL; e++) acc[e] += w * ldcg(pb + e);
+            }
+#pragma unroll
+            for (int e = 0; e < EPL; e++) out[(size_t)(kvh * GQA + g) * HD + lane * EPL + e] = acc[e] / L;
         }
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            if (LANE_OK(lane)) ow[warp * HD + lane * EPL + e] = acc[e];
-        __syncthreads();
-        for (int d = threadIdx.x; d < HD; d += blockDim.x)
-            out[(size_t)(kvh * GQA + g) * HD + d] = (ow[d] + ow[HD + d] + ow[2 * HD + d] + ow[3 * HD + d]) / L;
-        __syncthreads();
+        __syncwarp();
     }
 }
 

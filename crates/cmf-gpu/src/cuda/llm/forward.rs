@@ -165,7 +165,7 @@ impl CudaLlm {
                     &self.mk.attn_decode_partial,
                     (s.num_kv_heads as u32, self.splits as u32, 1),
                     (128, 1, 1),
-                    (4 * (group * (5 * s.head_dim + self.chunk_max) + self.splits)) as u32,
+                    (4 * (group * (5 * s.head_dim + self.chunk_max) + 4 * self.splits)) as u32,
                     &[
                         Arg::Ptr(ws.qr.ptr()),
                         Arg::Ptr(d.k_cache.ptr()),

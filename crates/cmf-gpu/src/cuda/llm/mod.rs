@@ -104,6 +104,15 @@ struct Plan {
     chunk_max: usize,
 }
 
+/// Fewest keys per decode-attention split (`CMF_GPU_ATTN_MIN_CHUNK`, A/B runs; default 32).
+fn dec_min_chunk() -> usize {
+    std::env::var("CMF_GPU_ATTN_MIN_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(32)
+}
+
 fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
     let s = &model.spec;
     let shape = |m: String| Refusal::new("llm.load", RefusalReason::UnsupportedShape(m));
@@ -171,8 +180,8 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
     let mut splits = (4 * dev.sm_count as usize)
         .div_ceil(s.num_kv_heads)
         .clamp(1, 128);
-    let chunk = |p: usize| opts.max_context.div_ceil(p).max(32);
-    while 4 * (group * (5 * s.head_dim + chunk(splits)) + splits) > 96 * 1024 {
+    let chunk = |p: usize| opts.max_context.div_ceil(p).max(dec_min_chunk());
+    while 4 * (group * (5 * s.head_dim + chunk(splits)) + 4 * splits) > 96 * 1024 {
         splits *= 2;
     }
     Ok(Plan {
@@ -235,9 +244,16 @@ impl CudaLlm {
         let p = plan(&dev, model, opts)?;
         let s = &model.spec;
         let err = |e: DevError| e.refusal("llm.load");
-        let mk = ModelKernels::load(&dev, s.head_dim, s.num_heads / s.num_kv_heads, p.kv_f32)
-            .map_err(err)?;
-        let smem = 4 * (s.num_heads / s.num_kv_heads * (5 * s.head_dim + p.chunk_max) + p.splits);
+        let mk = ModelKernels::load(
+            &dev,
+            s.head_dim,
+            s.num_heads / s.num_kv_heads,
+            p.kv_f32,
+            dec_min_chunk(),
+        )
+        .map_err(err)?;
+        let smem =
+            4 * (s.num_heads / s.num_kv_heads * (5 * s.head_dim + p.chunk_max) + 4 * p.splits);
         mk.attn_decode_partial
             .allow_smem(smem.max(48 * 1024))
             .map_err(err)?;
