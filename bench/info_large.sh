@@ -16,8 +16,10 @@ RUNS=${3:-7}
 FILE="$DIR/cmf-info-bench-$$.cmf"
 trap 'rm -f "$FILE" "$FILE.tmp"' EXIT
 
-cargo build --release -q -p cmf-cli -p cmf-format --example write_synthetic
+cargo build --release -q -p cmf-cli
+cargo build --release -q -p cmf-format --example write_synthetic
 CMF=target/release/cmf
+test -x "$CMF"
 
 start=$(date +%s.%N)
 target/release/examples/write_synthetic "$FILE" "$BYTES"
@@ -26,7 +28,7 @@ size=$(stat -c %s "$FILE")
 echo "wrote $size bytes in $(echo "$end - $start" | bc) s"
 
 evict() { python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$1"; }
-secs() { local s e; s=$(date +%s.%N); "$@" > /dev/null; e=$(date +%s.%N); echo "$e - $s" | bc; }
+secs() { local s e; s=$(date +%s.%N); "$@" > /dev/null || exit 1; e=$(date +%s.%N); echo "$e - $s" | bc; }
 
 evict "$FILE"
 echo "info cold-ish: $(secs "$CMF" info "$FILE") s"

@@ -6,8 +6,9 @@ usage: scripts/make_gguf_import_fixture.py LLAMA_CPP_DIR
   LLAMA_CPP_DIR: a llama.cpp source tree with convert_hf_to_gguf.py and gguf-py/ (e.g. the one
   vendored in the llama-cpp-python==0.3.36 sdist: llama_cpp_python-0.3.36/vendor/llama.cpp).
 
-Writes crates/cmf-convert/tests/fixtures/gguf/llama-tiny-f32.gguf from fixtures/llm/llama-tiny with
-two edits to a temporary copy of the directory, both recorded here:
+Writes crates/cmf-convert/tests/fixtures/gguf/llama-tiny-f32.gguf from fixtures/llm/llama-tiny and
+qwen2-tiny-q8_0.gguf from fixtures/llm/qwen2-tiny (q/k/v biases, tied embeddings, no permutation,
+Q8_0 matrices), with two edits to temporary copies of the directories, both recorded here:
 - `rope_scaling` is removed: llama.cpp turns llama3 scaling into a `rope_freqs` tensor, which the
   importer maps only for the standard Llama 3 parameters (the fixture uses original context 32);
   the permutation test does not depend on RoPE.
@@ -23,8 +24,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SRC = REPO / "fixtures/llm/llama-tiny"
-OUT = REPO / "crates/cmf-convert/tests/fixtures/gguf/llama-tiny-f32.gguf"
+FIXTURES = REPO / "fixtures/llm"
+OUT_DIR = REPO / "crates/cmf-convert/tests/fixtures/gguf"
+JOBS = [("llama-tiny", "f32"), ("qwen2-tiny", "q8_0")]
 
 
 def main():
@@ -34,16 +36,17 @@ def main():
     import conversion.base as base  # noqa: E402  (llama.cpp's converter package)
 
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / "llama-tiny"
-        shutil.copytree(SRC, d)
-        cfg = json.loads((d / "config.json").read_text())
-        cfg.pop("rope_scaling", None)
-        (d / "config.json").write_text(json.dumps(cfg, indent=2))
-        sys.argv = ["convert_hf_to_gguf.py", str(d), "--outtype", "f32", "--outfile", str(OUT)]
-        runpy.run_path(str(llama_cpp / "convert_hf_to_gguf.py"), run_name="__main__")
-    print(OUT, OUT.stat().st_size, "bytes", file=sys.stderr)
-
+    for name, outtype in JOBS:
+        out = OUT_DIR / f"{name}-{outtype}.gguf"
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / name
+            shutil.copytree(FIXTURES / name, d)
+            cfg = json.loads((d / "config.json").read_text())
+            cfg.pop("rope_scaling", None)
+            (d / "config.json").write_text(json.dumps(cfg, indent=2))
+            sys.argv = ["convert_hf_to_gguf.py", str(d), "--outtype", outtype, "--outfile", str(out)]
+            runpy.run_path(str(llama_cpp / "convert_hf_to_gguf.py"), run_name="__main__")
+        print(out, out.stat().st_size, "bytes", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cmf", version, about = "CMF v2 models: inspect, verify, run")]
+#[command(
+    name = "cmf",
+    version,
+    about = "CMF v2 models: inspect, verify, run",
+    after_help = "Exit codes: 0 success, 1 runtime/IO error, 2 usage error, 3 verification failed."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -300,7 +300,7 @@ struct Item {
 }
 
 /// The recipe stored in `zimage.config_json` (the reference's keys and values).
-fn recipe(variant: &str, shift: f64) -> Value {
+pub(crate) fn recipe(variant: &str, shift: f64) -> Value {
     let (steps, guidance) = if variant == "turbo" {
         (8, 0.0)
     } else {

@@ -262,3 +262,82 @@ fn bad_gguf_errors_name_the_file() {
     assert!(e.contains("cut.gguf") && e.contains("truncated"), "{e}");
     assert!(!out.exists());
 }
+
+/// SentencePiece BPE with byte fallback: a vocab-only GGUF written by llama.cpp's converter from a
+/// trained `tokenizer.model` (scripts/make_spm_tokenizer_fixture.py), and llama-tokenize's ids.
+#[test]
+fn sentencepiece_tokenizer_matches_llama_cpp() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    let g = cmf_convert::gguf::GgufFile::open(&dir.join("spm-vocab.gguf")).unwrap();
+    let rebuilt = import_gguf::tokenizer::rebuild(&g.gguf).unwrap();
+    assert_eq!(
+        (
+            rebuilt.model.as_str(),
+            rebuilt.add_bos,
+            rebuilt.bos_token_id
+        ),
+        ("llama", true, Some(1))
+    );
+    let tok =
+        tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&rebuilt.json).unwrap()).unwrap();
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("spm-tokenize.json")).unwrap()).unwrap();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 15);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tok.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(got, want, "{text:?}");
+    }
+}
+
+/// qwen2 architecture (no permutation), q/k/v biases, tied embeddings, Q8_0 matrices: every tensor
+/// is within Q8_0's rounding of the Hugging Face source (a misplaced row would be off by ~100 %).
+#[test]
+fn qwen2_q8_0_gguf_imports_within_q8_0_rounding() {
+    let gguf =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen2-tiny-q8_0.gguf");
+    let (_d, out, _) = import(&gguf, Some(Quant::F32));
+    let f = CmfFile::open(&out).unwrap();
+    let a = &f.header().arch;
+    assert_eq!(
+        (a.arch_name.as_str(), a.num_layers, a.tie_word_embeddings),
+        ("qwen2", 3, true)
+    );
+    assert_eq!(a.rope_theta, 1e6);
+    assert_eq!(a.extra["attention_bias"], true);
+    assert_eq!(
+        f.header().provenance.as_ref().unwrap()["qk_unpermuted"],
+        false
+    );
+    let bytes = std::fs::read(repo().join("fixtures/llm/qwen2-tiny/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(f.len(), st.len());
+    for (name, t) in st.tensors() {
+        let want: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let got = f.get(&name).unwrap().to_f32().unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let err: f64 = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+        let rel = (err / norm).sqrt();
+        if t.shape().len() == 1 {
+            assert_eq!(rel, 0.0, "{name}: 1-D tensors are F32 in the GGUF");
+        } else {
+            assert!(rel < 0.01, "{name}: relative RMS {rel}");
+        }
+    }
+}

@@ -61,6 +61,12 @@ impl Header {
     /// What the writer refuses to put in a file: things that would make the reference reader
     /// refuse it or an engine misread it. Returns the offending field and why.
     pub fn check_writable(&self) -> Result<(), (String, String)> {
+        // What we write must read back: catches e.g. an `extra` key that duplicates a typed
+        // field (serialized twice, refused as a duplicate field on reading).
+        let json = serde_json::to_vec(self).map_err(|e| ("header".to_string(), e.to_string()))?;
+        if let Err(e) = serde_json::from_slice::<Header>(&json) {
+            return Err(("header".into(), format!("does not read back: {e}")));
+        }
         if self.format != "cmf" {
             return Err((
                 "format".into(),
@@ -363,5 +369,12 @@ mod tests {
         h.extra
             .insert("skills".into(), serde_json::json!([{"id": "x"}]));
         assert_eq!(h.check_writable().unwrap_err().0, "skills");
+        h.extra.clear();
+        h.arch
+            .extra
+            .insert("hidden_size".into(), serde_json::json!(5));
+        let (field, why) = h.check_writable().unwrap_err();
+        assert_eq!(field, "header");
+        assert!(why.contains("duplicate field"), "{why}");
     }
 }

@@ -163,6 +163,11 @@ impl CmfModel {
         })
     }
 
+    /// [`CmfFile::release_pages`] over every shard.
+    pub fn release_pages(&self, prefix: &str) {
+        self.files.iter().for_each(|f| f.release_pages(prefix));
+    }
+
     /// Every tensor of every shard, shard 1 first, directory order within a shard.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> + '_ {
         self.files.iter().flat_map(CmfFile::tensors)

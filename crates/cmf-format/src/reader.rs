@@ -250,6 +250,34 @@ impl CmfFile {
         })
     }
 
+    /// Drops the resident pages of the tensors whose names start with `prefix` from this
+    /// process (`madvise(MADV_DONTNEED)` on the read-only mapping): a model that runs in stages
+    /// (Z-Image: text encoder, then DiT, then VAE) keeps only the current stage resident. The
+    /// mapping stays valid; a later read faults the pages in again from the file. Best effort:
+    /// a no-op for in-memory files and on platforms without `madvise`.
+    pub fn release_pages(&self, prefix: &str) {
+        #[cfg(unix)]
+        if let Backing::Map(map) = &self.map {
+            const PAGE: u64 = 4096;
+            for t in self.tensors().filter(|t| t.name.starts_with(prefix)) {
+                // Whole pages inside the tensor only: a neighbour's bytes stay resident.
+                let start = t.file_offset.div_ceil(PAGE) * PAGE;
+                let end = (t.file_offset + t.data.len() as u64) / PAGE * PAGE;
+                if end > start {
+                    // SAFETY: MADV_DONTNEED on a read-only, file-backed private mapping only
+                    // drops clean pages; their contents are re-read from the file on access.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(
+                            memmap2::UncheckedAdvice::DontNeed,
+                            start as usize,
+                            (end - start) as usize,
+                        )
+                    };
+                }
+            }
+        }
+    }
+
     /// All tensors in directory order.
     pub fn tensors(&self) -> impl ExactSizeIterator<Item = TensorView<'_>> + '_ {
         self.dir.entries.iter().map(|e| self.view(e))

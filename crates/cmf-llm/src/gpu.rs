@@ -208,7 +208,7 @@ impl Engine {
         st: &mut State,
         tokens: &[u32],
         first: usize,
-        mut f: impl FnMut(usize, &[f32]),
+        mut f: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
         if let Engine::Gpu(g) = self {
             let v = model.config.vocab_size;

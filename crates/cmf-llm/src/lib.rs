@@ -16,6 +16,7 @@ pub mod generate;
 pub mod gpu;
 pub mod model;
 pub mod perplexity;
+pub mod profile;
 pub mod sampling;
 
 pub use error::{LlmError, Result};

@@ -448,8 +448,10 @@ pub fn cfg_combine(pos: &mut [f32], neg: &[f32], g: f32, norm_clip: f32) {
     }
 }
 
-/// Drops the resident pages of the tensors under `prefix` (hook for cmf-format's page release).
-fn release(_pack: &ZimagePack, _prefix: &str) {}
+/// Drops the resident pages of the tensors under `prefix`: the next stage does not need them.
+fn release(pack: &ZimagePack, prefix: &str) {
+    pack.model.release_pages(prefix);
+}
 
 /// Writes RGB8 as a PNG: to a temp file beside `path`, then renamed into place.
 pub fn write_png(path: &Path, rgb: &[u8], width: usize, height: usize) -> Result<(), ZimageError> {

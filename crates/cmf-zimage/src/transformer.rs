@@ -21,6 +21,7 @@
 use crate::ops;
 use crate::tensors::{Linear, Loader};
 use crate::ZimageError;
+use cmf_kernels::RopeTable;
 use rayon::prelude::*;
 
 /// Rows are padded to a multiple of this (diffusers `SEQ_MULTI_OF`).
@@ -178,8 +179,9 @@ struct Modulation {
 struct Segment<'s> {
     start: usize,
     len: usize,
-    /// `[len, E/2]` (cos, sin) pairs.
-    rope: &'s [(f32, f32)],
+    /// RoPE rows `rope_row0 .. rope_row0 + len` of `rope` belong to these rows.
+    rope: &'s RopeTable,
+    rope_row0: usize,
     modulation: Option<&'s Modulation>,
 }
 
@@ -250,8 +252,8 @@ impl<'a> Block<'a> {
         ops::rms_norm_inplace(&mut k, hd, &self.norm_k, QK_NORM_EPS);
         for s in segs {
             let r = s.start * d..(s.start + s.len) * d;
-            ops::rope_interleaved(&mut q[r.clone()], s.len, heads, hd, s.rope);
-            ops::rope_interleaved(&mut k[r.clone()], s.len, heads, hd, s.rope);
+            ops::rope_interleaved(&mut q[r.clone()], s.len, heads, hd, s.rope, s.rope_row0);
+            ops::rope_interleaved(&mut k[r.clone()], s.len, heads, hd, s.rope, s.rope_row0);
             ops::attention(
                 &q[r.clone()],
                 &k[r.clone()],
@@ -403,12 +405,12 @@ impl<'a> ZImageDit<'a> {
         for r in len..lp {
             rows[r * d..(r + 1) * d].copy_from_slice(&self.cap_pad_token);
         }
-        let ids: Vec<[usize; 3]> = (0..lp).map(|j| [1 + j, 0, 0]).collect();
-        let rope = self.rope_table(&ids);
+        let rope = self.rope_table(&caption_ids(lp));
         let seg = [Segment {
             start: 0,
             len: lp,
             rope: &rope,
+            rope_row0: 0,
             modulation: None,
         }];
         for b in &self.context_refiner {
@@ -487,17 +489,25 @@ impl<'a> ZImageDit<'a> {
             }
         }
 
-        // 2. noise refiner over the image rows of each item. Image ids depend on the caption length.
-        let img_ropes: Vec<Vec<(f32, f32)>> = items
+        // RoPE of the joint sequence [image (Np) ; caption (Lp)] per item; the image ids depend on
+        // the caption length. The noise refiner uses its first Np rows.
+        let ropes: Vec<RopeTable> = items
             .iter()
-            .map(|it| self.image_rope(ht, wt, it.cond.len_padded))
+            .map(|it| {
+                let mut ids = image_ids(ht, wt, it.cond.len_padded);
+                ids.extend(caption_ids(it.cond.len_padded));
+                self.rope_table(&ids)
+            })
             .collect();
+
+        // 2. noise refiner over the image rows of each item.
         for (b, mods) in self.noise_refiner.iter().zip(&refiner_mods) {
             let segs: Vec<Segment> = (0..nb)
                 .map(|i| Segment {
                     start: i * np,
                     len: np,
-                    rope: &img_ropes[i],
+                    rope: &ropes[i],
+                    rope_row0: 0,
                     modulation: Some(&mods[i]),
                 })
                 .collect();
@@ -512,15 +522,10 @@ impl<'a> ZImageDit<'a> {
             .collect();
         let total: usize = lens.iter().sum();
         let mut x = vec![0f32; total * d];
-        let mut ropes: Vec<Vec<(f32, f32)>> = Vec::with_capacity(nb);
         for (i, it) in items.iter().enumerate() {
             let s = starts[i] * d;
             x[s..s + np * d].copy_from_slice(&img[i * np * d..(i + 1) * np * d]);
             x[s + np * d..s + lens[i] * d].copy_from_slice(&it.cond.rows);
-            let cap_ids: Vec<[usize; 3]> = (0..it.cond.len_padded).map(|j| [1 + j, 0, 0]).collect();
-            let mut r = img_ropes[i].clone();
-            r.extend(self.rope_table(&cap_ids));
-            ropes.push(r);
         }
         drop(img);
         for (b, mods) in self.layers.iter().zip(&layer_mods) {
@@ -529,6 +534,7 @@ impl<'a> ZImageDit<'a> {
                     start: starts[i],
                     len: lens[i],
                     rope: &ropes[i],
+                    rope_row0: 0,
                     modulation: Some(&mods[i]),
                 })
                 .collect();
@@ -567,22 +573,9 @@ impl<'a> ZImageDit<'a> {
         self.t_mlp2.forward(&hid, 1)
     }
 
-    /// RoPE ids of the image tokens: `(cap_padded + 1, row, col)`, pad rows `(0, 0, 0)`.
-    fn image_rope(&self, ht: usize, wt: usize, cap_padded: usize) -> Vec<(f32, f32)> {
-        let np = pad_to(ht * wt);
-        let mut ids = Vec::with_capacity(np);
-        for r in 0..ht {
-            for c in 0..wt {
-                ids.push([cap_padded + 1, r, c]);
-            }
-        }
-        ids.resize(np, [0, 0, 0]);
-        self.rope_table(&ids)
-    }
-
-    /// `(cos, sin)` for every row and pair: `[rows, E/2]`, axes concatenated.
-    /// (`RopeEmbedder.precompute_freqs_cis`: f64 frequencies `θ^(−2j/d)` and angles, rounded to f32.)
-    fn rope_table(&self, ids: &[[usize; 3]]) -> Vec<(f32, f32)> {
+    /// The RoPE table for position ids (`RopeEmbedder`: per axis f64 frequencies `θ^(−2j/d)`,
+    /// f64 angles `pos · freq` rounded to f32, axes concatenated along the head's pairs).
+    fn rope_table(&self, ids: &[[usize; 3]]) -> RopeTable {
         let freqs: Vec<Vec<f64>> = self
             .cfg
             .axes_dims
@@ -593,16 +586,14 @@ impl<'a> ZImageDit<'a> {
                     .collect()
             })
             .collect();
-        let mut out = Vec::with_capacity(ids.len() * self.cfg.head_dim() / 2);
+        let pairs = self.cfg.head_dim() / 2;
+        let mut angles = Vec::with_capacity(ids.len() * pairs);
         for id in ids {
             for (axis, fr) in freqs.iter().enumerate() {
-                for &f in fr {
-                    let angle = (id[axis] as f64 * f) as f32;
-                    out.push(((angle as f64).cos() as f32, (angle as f64).sin() as f32));
-                }
+                angles.extend(fr.iter().map(|&f| (id[axis] as f64 * f) as f32));
             }
         }
-        out
+        ops::rope_table(&angles, pairs)
     }
 
     /// The largest caption (padded) and image grid the RoPE tables of this config cover.
@@ -626,6 +617,24 @@ impl<'a> ZImageDit<'a> {
         }
         Ok(())
     }
+}
+
+/// RoPE ids of the image tokens: `(cap_padded + 1, row, col)`, pad rows `(0, 0, 0)` (`_pad_with_ids`).
+fn image_ids(ht: usize, wt: usize, cap_padded: usize) -> Vec<[usize; 3]> {
+    let np = pad_to(ht * wt);
+    let mut ids = Vec::with_capacity(np);
+    for r in 0..ht {
+        for c in 0..wt {
+            ids.push([cap_padded + 1, r, c]);
+        }
+    }
+    ids.resize(np, [0, 0, 0]);
+    ids
+}
+
+/// RoPE ids of the caption rows, pad rows included: `(1 + j, 0, 0)`.
+fn caption_ids(lp: usize) -> Vec<[usize; 3]> {
+    (0..lp).map(|j| [1 + j, 0, 0]).collect()
 }
 
 /// Rounds up to a multiple of 32.

@@ -2,11 +2,10 @@
 //! `unets/unet_2d_blocks.py::{UNetMidBlock2D, UpDecoderBlock2D}`, `resnet.py::ResnetBlock2D`,
 //! `upsampling.py::Upsample2D`, the mid-block `Attention` with `AttnProcessor2_0`).
 //!
-//! Activations are `[C, H, W]` f32 (torch's NCHW at batch 1). A 3×3 convolution is a GEMM over
-//! column tiles (`im2col` of a band of output rows) against the stored kernel `[out, in·9]`, so the
-//! weights are read in place in any matrix codec. The column gather applies, when asked, the
-//! GroupNorm + SiLU that precede a conv in a resnet and the nearest ×2 upsample before the
-//! upsampler's conv, so neither the normalised nor the upsampled tensor is ever materialised.
+//! Activations are `[C, H, W]` f32 (torch's NCHW at batch 1). Convolutions, GroupNorm(+SiLU) and
+//! the mid-block attention are cmf-kernels ops (a 3×3 conv is a banded im2col GEMM against the
+//! stored kernel `[out, in·9]`, so the weights are read in place). Each resnet keeps at most three
+//! feature maps alive (input, normalised input, conv output).
 //!
 //! Decoder: `conv_in` → mid (resnet, single-head attention over all pixels, resnet) → up blocks
 //! (`layers_per_block + 1` resnets each, an upsampler on all but the last) → GroupNorm → SiLU →
@@ -21,8 +20,6 @@ use rayon::prelude::*;
 
 /// GroupNorm eps in the decoder (`resnet_eps=1e-6`, `conv_norm_out eps=1e-6`).
 const GN_EPS: f32 = 1e-6;
-/// Target size of one im2col tile in f32 elements (~32 MB).
-const TILE_ELEMS: usize = 8 << 20;
 
 /// The decoder part of `vae.config_json` (diffusers `vae/config.json`).
 #[derive(Clone, Debug, PartialEq)]
@@ -138,38 +135,28 @@ struct GroupNorm {
     groups: usize,
 }
 
-/// Per-channel affine `(a, b)` that GroupNorm reduces to once the group statistics are known:
-/// `gn(x)[c] = a[c]·x + b[c]`.
-fn group_norm_affine(x: &Tensor3, gn: &GroupNorm) -> Vec<(f32, f32)> {
-    let cpg = x.c / gn.groups;
-    let hw = x.h * x.w;
-    let stats: Vec<(f32, f32)> = (0..gn.groups)
-        .into_par_iter()
-        .map(|g| {
-            let s = &x.data[g * cpg * hw..(g + 1) * cpg * hw];
-            let n = s.len() as f64;
-            let mean = s.iter().map(|&v| v as f64).sum::<f64>() / n;
-            let var = s.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
-            (mean as f32, 1.0 / (var as f32 + GN_EPS).sqrt())
-        })
-        .collect();
-    (0..x.c)
-        .map(|c| {
-            let (mean, rstd) = stats[c / cpg];
-            let a = rstd * gn.weight[c];
-            (a, gn.bias[c] - mean * a)
-        })
-        .collect()
-}
-
-/// What the column gather applies to the conv input on the fly.
-#[derive(Clone, Copy)]
-enum Prologue<'p> {
-    None,
-    /// GroupNorm (as per-channel affine) then SiLU.
-    NormSilu(&'p [(f32, f32)]),
-    /// Nearest-neighbour ×2 upsample.
-    Upsample2x,
+impl GroupNorm {
+    /// `gn(x)`, followed by SiLU when `silu`.
+    fn forward(&self, x: &Tensor3, silu: bool) -> Tensor3 {
+        let mut out = vec![0f32; x.data.len()];
+        ops::group_norm(
+            &x.data,
+            x.c,
+            x.h * x.w,
+            self.groups,
+            &self.weight,
+            &self.bias,
+            GN_EPS,
+            silu,
+            &mut out,
+        );
+        Tensor3 {
+            c: x.c,
+            h: x.h,
+            w: x.w,
+            data: out,
+        }
+    }
 }
 
 /// A 2-D convolution, stride 1, "same" padding, kernel `k` ∈ {1, 3}, with bias.
@@ -207,99 +194,19 @@ impl<'a> Conv2d<'a> {
         })
     }
 
-    /// `x` `[cin, h, w]` (or `[cin, h/2, w/2]` under `Upsample2x`) → `[cout, h, w]`.
-    fn forward(&self, x: &Tensor3, pro: Prologue) -> Tensor3 {
+    /// `x` `[cin, h, w]` → `[cout, h, w]`.
+    fn forward(&self, x: &Tensor3) -> Tensor3 {
         assert_eq!(x.c, self.cin);
-        let (h, w) = match pro {
-            Prologue::Upsample2x => (2 * x.h, 2 * x.w),
-            _ => (x.h, x.w),
-        };
-        let kk = self.k * self.k;
-        let cols = self.cin * kk;
-        let band = (TILE_ELEMS / (w * cols)).clamp(1, h);
-        let mut out = vec![0f32; self.cout * h * w];
-        let mut col = vec![0f32; band * w * cols];
-        let mut y = vec![0f32; band * w * self.cout];
-        for y0 in (0..h).step_by(band) {
-            let rows = band.min(h - y0);
-            let npix = rows * w;
-            self.gather(x, pro, h, w, y0, rows, &mut col[..npix * cols]);
-            ops::matmul(
-                &self.w,
-                &col[..npix * cols],
-                npix,
-                &mut y[..npix * self.cout],
-            );
-            // [npix, cout] → out[cout][y0.., :] + bias
-            let yb = &y[..npix * self.cout];
-            out.par_chunks_mut(h * w)
-                .enumerate()
-                .for_each(|(o, plane)| {
-                    let b = self.bias[o];
-                    for (p, v) in plane[y0 * w..y0 * w + npix].iter_mut().enumerate() {
-                        *v = yb[p * self.cout + o] + b;
-                    }
-                });
-        }
+        let mut out = vec![0f32; self.cout * x.h * x.w];
+        ops::conv2d(
+            &x.data, x.c, x.h, x.w, &self.w, self.k, &self.bias, &mut out,
+        );
         Tensor3 {
             c: self.cout,
-            h,
-            w,
+            h: x.h,
+            w: x.w,
             data: out,
         }
-    }
-
-    /// im2col for output rows `y0 .. y0+rows`: `col[pix][i·k² + ky·k + kx]` (the stored kernel's order).
-    #[allow(clippy::too_many_arguments)]
-    fn gather(
-        &self,
-        x: &Tensor3,
-        pro: Prologue,
-        h: usize,
-        w: usize,
-        y0: usize,
-        rows: usize,
-        col: &mut [f32],
-    ) {
-        let (k, cin) = (self.k, self.cin);
-        let pad = (k / 2) as isize;
-        let kk = k * k;
-        col.par_chunks_mut(w * cin * kk)
-            .enumerate()
-            .take(rows)
-            .for_each(|(r, crow)| {
-                let yy = (y0 + r) as isize;
-                for i in 0..cin {
-                    let (a, b) = match pro {
-                        Prologue::NormSilu(ab) => ab[i],
-                        _ => (1.0, 0.0),
-                    };
-                    let plane = &x.data[i * x.h * x.w..(i + 1) * x.h * x.w];
-                    for ky in 0..k {
-                        let sy = yy + ky as isize - pad;
-                        for kx in 0..k {
-                            let slot = i * kk + ky * k + kx;
-                            for xx in 0..w {
-                                let sx = xx as isize + kx as isize - pad;
-                                let v = if sy < 0 || sy >= h as isize || sx < 0 || sx >= w as isize
-                                {
-                                    0.0
-                                } else {
-                                    let (sy, sx) = (sy as usize, sx as usize);
-                                    match pro {
-                                        Prologue::None => plane[sy * x.w + sx],
-                                        Prologue::NormSilu(_) => {
-                                            ops::silu(a * plane[sy * x.w + sx] + b)
-                                        }
-                                        Prologue::Upsample2x => plane[(sy / 2) * x.w + sx / 2],
-                                    }
-                                };
-                                crow[xx * cin * kk + slot] = v;
-                            }
-                        }
-                    }
-                }
-            });
     }
 }
 
@@ -340,13 +247,11 @@ impl<'a> Resnet<'a> {
     }
 
     fn forward(&self, x: Tensor3) -> Tensor3 {
-        let ab1 = group_norm_affine(&x, &self.norm1);
-        let h = self.conv1.forward(&x, Prologue::NormSilu(&ab1));
-        let ab2 = group_norm_affine(&h, &self.norm2);
-        let mut out = self.conv2.forward(&h, Prologue::NormSilu(&ab2));
+        let h = self.conv1.forward(&self.norm1.forward(&x, true));
+        let mut out = self.conv2.forward(&self.norm2.forward(&h, true));
         drop(h);
         let skip = match &self.shortcut {
-            Some(sc) => sc.forward(&x, Prologue::None),
+            Some(sc) => sc.forward(&x),
             None => x,
         };
         out.data
@@ -379,15 +284,15 @@ struct MidAttention<'a> {
 impl MidAttention<'_> {
     fn forward(&self, mut x: Tensor3) -> Tensor3 {
         let (c, hw) = (x.c, x.h * x.w);
-        let ab = group_norm_affine(&x, &self.norm);
-        // [C, HW] → normalised [HW, C]
+        let normed = self.norm.forward(&x, false);
+        // [C, HW] → [HW, C]
         let mut t = vec![0f32; hw * c];
         t.par_chunks_mut(c).enumerate().for_each(|(p, row)| {
             for (ch, v) in row.iter_mut().enumerate() {
-                let (a, b) = ab[ch];
-                *v = a * x.data[ch * hw + p] + b;
+                *v = normed.data[ch * hw + p];
             }
         });
+        drop(normed);
         let q = self.q.forward(&t, hw);
         let k = self.k.forward(&t, hw);
         let v = self.v.forward(&t, hw);
@@ -500,7 +405,7 @@ impl<'a> VaeDecoder<'a> {
             w,
             data: z.to_vec(),
         };
-        let mut x = self.conv_in.forward(&x, Prologue::None);
+        let mut x = self.conv_in.forward(&x);
         x = self.mid_resnets[0].forward(x);
         if let Some(a) = &self.mid_attention {
             x = a.forward(x);
@@ -511,11 +416,19 @@ impl<'a> VaeDecoder<'a> {
                 x = r.forward(x);
             }
             if let Some(up) = &b.upsampler {
-                x = up.forward(&x, Prologue::Upsample2x);
+                // `Upsample2D`: nearest ×2, then the 3×3 conv.
+                let data = ops::upsample_nearest2x(&x.data, x.c, x.h, x.w);
+                let big = Tensor3 {
+                    c: x.c,
+                    h: 2 * x.h,
+                    w: 2 * x.w,
+                    data,
+                };
+                drop(x);
+                x = up.forward(&big);
             }
         }
-        let ab = group_norm_affine(&x, &self.norm_out);
-        self.conv_out.forward(&x, Prologue::NormSilu(&ab))
+        self.conv_out.forward(&self.norm_out.forward(&x, true))
     }
 
     /// The pipeline's decode: latents `[C, h, w]` from the sampler → RGB u8 `[8h, 8w, 3]`

@@ -135,3 +135,12 @@ fn turbo_pipeline_matches_diffusers() {
 fn cfg_pipeline_matches_diffusers() {
     pipeline_case("cfg");
 }
+
+#[test]
+fn released_pages_read_back_the_same() {
+    let pack = ZimagePack::open(f32_pack()).unwrap();
+    let name = "dit.layers.0.feed_forward.w1.weight";
+    let before = pack.model.get(name).unwrap().data.to_vec();
+    pack.model.release_pages("dit.");
+    assert_eq!(pack.model.get(name).unwrap().data, &before[..]);
+}

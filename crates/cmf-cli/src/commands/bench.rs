@@ -58,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kv_dtype,
     };
     let mut engine = args.engine.engine(&model, limit)?;
+    cmf_llm::profile::reset();
     let results = bench::run_on(&model, &mut engine, &cfg, &mut |test, rep| {
         eprint!("\r{test}: {rep}/{}   ", args.reps)
     })?;
@@ -114,6 +115,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 r.stddev()
             );
         }
+    }
+    if let Some(table) = cmf_llm::profile::report() {
+        eprintln!("{table}");
     }
     Ok(())
 }

@@ -132,6 +132,24 @@ impl Checkpoint {
         &self.files[t.shard]
     }
 
+    /// Drops the tensor's pages from this process's resident set once it has been written, so
+    /// that peak RSS stays at about one tensor rather than growing to the whole checkpoint (the
+    /// pages stay in the page cache; a later read maps them again).
+    pub fn release(&self, t: &StTensor) {
+        const PAGE: usize = 4096;
+        let map = &self.maps[t.shard];
+        let start = t.start / PAGE * PAGE;
+        let end = t.end.min(map.len());
+        if end > start {
+            // SAFETY: MADV_DONTNEED on a read-only, file-backed shared mapping only drops pages
+            // that are re-read from the file on the next access; no data is lost and no
+            // reference into the map is invalidated.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
     pub fn bytes(&self, t: &StTensor) -> &[u8] {
         &self.maps[t.shard][t.start..t.end]
     }

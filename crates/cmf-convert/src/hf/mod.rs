@@ -190,6 +190,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
                 Ok(())
             },
         )?;
+        ckpt.release(t);
         stats.add(s);
         per_tensor.push(((*name).clone(), *dtype, s));
         progress.tensor_done(name, t.shape.iter().product::<usize>() as u64);

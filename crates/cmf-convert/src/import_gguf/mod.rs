@@ -486,3 +486,39 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         notes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What llama.cpp's converter writes as `rope_freqs.weight` for Llama 3.1 (head_dim 128,
+    /// theta 500000, factor 8) maps back to the standard parameters; other parameters are refused.
+    #[test]
+    fn llama3_rope_freqs_round_trip() {
+        let factors: Vec<f32> = llama3_factors(128, 500_000.0, 8.0, 1.0, 4.0, 8192.0)
+            .iter()
+            .map(|&f| f as f32)
+            .collect();
+        assert!(
+            factors.iter().any(|&f| f > 1.0 && f < 8.0),
+            "has interpolated frequencies"
+        );
+        let s = fit_llama3(&factors, 128, 500_000.0).unwrap();
+        assert_eq!(s["rope_type"], "llama3");
+        assert_eq!(s["factor"], 8.0);
+        assert_eq!(s["original_max_position_embeddings"], 8192);
+        let odd: Vec<f32> = llama3_factors(16, 10_000.0, 8.0, 1.0, 4.0, 32.0)
+            .iter()
+            .map(|&f| f as f32)
+            .collect();
+        assert!(fit_llama3(&odd, 16, 10_000.0).is_none());
+    }
+
+    #[test]
+    fn default_codecs_per_gguf_type() {
+        assert_eq!(default_dtype(GgmlType::Q4_K, &[8, 256]), Dtype::Q8Row);
+        assert_eq!(default_dtype(GgmlType::BF16, &[8, 256]), Dtype::Bf16);
+        assert_eq!(default_dtype(GgmlType::F16, &[8, 256]), Dtype::F16);
+        assert_eq!(default_dtype(GgmlType::Q8_0, &[256]), Dtype::F32);
+    }
+}

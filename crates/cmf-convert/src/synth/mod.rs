@@ -14,6 +14,7 @@
 pub mod presets;
 pub mod rng;
 pub mod tokenizer;
+pub mod zimage;
 
 use std::path::Path;
 
@@ -40,6 +41,8 @@ pub struct SynthTensor {
     pub name: String,
     pub shape: Vec<usize>,
     pub init: Init,
+    /// Stored codec; `None` = the `--quant` choice for matrices, f32 for vectors.
+    pub dtype: Option<cmf_format::Dtype>,
 }
 
 /// Everything `synth` writes.
@@ -49,6 +52,8 @@ pub struct SynthSpec {
     /// `tokenizer.json` bytes for the vocab section.
     pub tokenizer_json: Option<Vec<u8>>,
     pub tensors: Vec<SynthTensor>,
+    /// Raw u8 tensors (JSON blobs) written before the others.
+    pub blobs: Vec<(String, Vec<u8>)>,
 }
 
 /// Arguments a preset's `build` receives.
@@ -89,8 +94,11 @@ pub fn write(
     let mut stats = TensorStats::default();
     let mut per_tensor = Vec::with_capacity(spec.tensors.len());
     let source = Path::new("<synth>");
+    for (name, bytes) in &spec.blobs {
+        w.add_tensor(name, cmf_format::Dtype::U8, &[bytes.len()], bytes)?;
+    }
     for t in &spec.tensors {
-        let dtype = quant.dtype_for(&t.shape);
+        let dtype = t.dtype.unwrap_or_else(|| quant.dtype_for(&t.shape));
         let (_, cols) = rows_cols(&t.shape);
         let name_hash = rng::hash_str(&t.name);
         let s = write_tensor(

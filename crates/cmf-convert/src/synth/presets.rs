@@ -39,6 +39,11 @@ pub const PRESETS: &[Preset] = &[
         description: "Llama-3.1-8B geometry",
         build: |a| llm(a, &LLAMA3_8B),
     },
+    Preset {
+        name: "z-image-turbo",
+        description: "Z-Image-Turbo pack (DiT 6.15B, Qwen3-4B encoder to layer 35, FLUX VAE decoder f32); use --quant q8_2f",
+        build: super::zimage::z_image_turbo,
+    },
 ];
 
 pub fn find_preset(name: &str) -> Option<&'static Preset> {
@@ -141,7 +146,12 @@ const STD: f32 = 0.02;
 
 /// The tensors of a llama/qwen3 decoder, in model order, with Hugging Face names.
 pub fn llm_tensors(g: &LlmGeometry) -> Vec<SynthTensor> {
-    let t = |name: String, shape: Vec<usize>, init| SynthTensor { name, shape, init };
+    let t = |name: String, shape: Vec<usize>, init| SynthTensor {
+        name,
+        shape,
+        init,
+        dtype: None,
+    };
     let normal = Init::Normal { std: STD };
     let (h, q, kv, hd) = (
         g.hidden,
@@ -230,6 +240,7 @@ fn llm(args: &SynthArgs, g: &LlmGeometry) -> Result<SynthSpec> {
         header,
         tokenizer_json: Some(tok.json),
         tensors: llm_tensors(g),
+        blobs: Vec::new(),
     })
 }
 

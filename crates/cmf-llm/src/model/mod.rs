@@ -21,6 +21,7 @@ pub mod rope;
 pub mod weights;
 
 use crate::error::{LlmError, Result};
+use crate::profile::{time, Op};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 use cmf_kernels::{AttnParams, KvDtype};
 pub use config::{Family, ModelConfig};
@@ -136,12 +137,17 @@ impl<'a> Model<'a> {
         }
         self.check_room(st, tokens)?;
         let layers = self.weights.layers.len();
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run_rows(st, chunk, layers)?;
-        }
-        let n = tokens.len() - (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
-        self.logits_rows(&mut st.buf, n - 1, 1);
-        Ok(&st.buf.logits[..self.config.vocab_size])
+        // One hand-off to the kernels' pool per pass: the kernels called inside split their work
+        // from a pool thread, without a wake-up and a blocking wait per call.
+        cmf_kernels::run_in_pool(|| {
+            for chunk in tokens.chunks(PREFILL_CHUNK) {
+                self.run_rows(st, chunk, layers)?;
+            }
+            let n = tokens.len() - (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
+            self.logits_rows(&mut st.buf.act, n - 1, 1);
+            Ok(())
+        })?;
+        Ok(&st.buf.act.logits[..self.config.vocab_size])
     }
 
     /// Runs one token (the decode step) and returns its logits.
@@ -156,9 +162,19 @@ impl<'a> Model<'a> {
         st: &mut State,
         tokens: &[u32],
         first_scored: usize,
-        mut f: impl FnMut(usize, &[f32]),
+        mut f: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
         self.check_room(st, tokens)?;
+        cmf_kernels::run_in_pool(|| self.forward_scored_in_pool(st, tokens, first_scored, &mut f))
+    }
+
+    fn forward_scored_in_pool(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        first_scored: usize,
+        f: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> Result<()> {
         let layers = self.weights.layers.len();
         let vocab = self.config.vocab_size;
         for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
@@ -168,9 +184,9 @@ impl<'a> Model<'a> {
             let mut r = from;
             while r < chunk.len() {
                 let m = LOGIT_ROWS.min(chunk.len() - r);
-                self.logits_rows(&mut st.buf, r, m);
+                self.logits_rows(&mut st.buf.act, r, m);
                 for j in 0..m {
-                    f(base + r + j, &st.buf.logits[j * vocab..(j + 1) * vocab]);
+                    f(base + r + j, &st.buf.act.logits[j * vocab..(j + 1) * vocab]);
                 }
                 r += m;
             }
@@ -195,11 +211,13 @@ impl<'a> Model<'a> {
         let mut st = self.state_for_layers(k, tokens.len(), KvDtype::F32);
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run_rows(&mut st, chunk, k)?;
-            out.extend_from_slice(&st.buf.x[..chunk.len() * h]);
-        }
-        Ok(out)
+        cmf_kernels::run_in_pool(|| {
+            for chunk in tokens.chunks(PREFILL_CHUNK) {
+                self.run_rows(&mut st, chunk, k)?;
+                out.extend_from_slice(&st.buf.act.x[..chunk.len() * h]);
+            }
+            Ok(out)
+        })
     }
 
     fn check_room(&self, st: &State, tokens: &[u32]) -> Result<()> {
@@ -226,6 +244,7 @@ impl<'a> Model<'a> {
 
     /// Runs `tokens` (one chunk) through the first `layers` layers; leaves the residual stream
     /// of each row in `st.buf.x` and appends to the cache.
+    /// (Called inside `cmf_kernels::run_in_pool`.)
     fn run_rows(&self, st: &mut State, tokens: &[u32], layers: usize) -> Result<()> {
         let cfg = &self.config;
         let n = tokens.len();
@@ -233,94 +252,138 @@ impl<'a> Model<'a> {
         st.buf.ensure(cfg, n);
         let b = &mut st.buf;
         let h = cfg.hidden_size;
-        for (i, &t) in tokens.iter().enumerate() {
-            let row = &mut b.x[i * h..(i + 1) * h];
-            cmf_kernels::reference::decode_row(&self.weights.embed, t as usize, row);
-        }
+        time(Op::Embed, || {
+            for (i, &t) in tokens.iter().enumerate() {
+                let row = &mut b.act.x[i * h..(i + 1) * h];
+                cmf_kernels::reference::decode_row(&self.weights.embed, t as usize, row);
+            }
+        });
         // cos/sin per row, shared by every layer and head.
-        let positions: Vec<f32> = (start..start + n).map(|p| p as f32).collect();
-        let inv_freq = self.rope.inv_freq_for(start + n);
-        let table = RopeTable::new(&positions, &inv_freq, self.rope.attention_scaling());
+        let row0 = self.rope_rows(&mut b.rope, start, n);
+        let rope = b
+            .rope
+            .as_ref()
+            .map(|r| &r.table)
+            .expect("rope_rows filled the table");
         for (l, lw) in self.weights.layers[..layers].iter().enumerate() {
-            self.layer(l, lw, &mut st.kv, b, &table, start);
+            let rows = Rows {
+                n,
+                start,
+                rope,
+                rope_row0: row0,
+            };
+            self.layer(l, lw, &mut st.kv, &mut b.act, rows);
         }
         st.kv.commit(n);
         Ok(())
     }
 
-    /// One decoder layer over the `rope.rows()` rows in `b`, whose first position is `start`.
-    fn layer(
-        &self,
-        l: usize,
-        w: &LayerWeights,
-        kv: &mut KvCache,
-        b: &mut Buffers,
-        rope: &RopeTable,
-        start: usize,
-    ) {
+    /// Makes `cache` hold cos/sin for positions `start..start + n` and returns the table row of
+    /// `start`. The table covers [`ROPE_SPAN`] positions from where it was built, so decoding
+    /// rebuilds it once per span instead of every token.
+    fn rope_rows(&self, cache: &mut Option<RopeCache>, start: usize, n: usize) -> usize {
+        let dynamic = matches!(self.rope.config.scaling, rope::RopeScaling::Dynamic { .. });
+        if let Some(c) = cache {
+            // Dynamic NTK frequencies depend on the sequence length: reuse only within one pass.
+            if start >= c.first && start + n <= c.first + c.table.rows() && !dynamic {
+                return start - c.first;
+            }
+        }
+        let span = if dynamic { n } else { n.max(ROPE_SPAN) };
+        let positions: Vec<f32> = (start..start + span).map(|p| p as f32).collect();
+        let inv_freq = self.rope.inv_freq_for(start + n);
+        let table = RopeTable::new(&positions, &inv_freq, self.rope.attention_scaling());
+        *cache = Some(RopeCache {
+            first: start,
+            table,
+        });
+        0
+    }
+
+    /// One decoder layer over `r.n` rows whose first position is `r.start`.
+    fn layer(&self, l: usize, w: &LayerWeights, kv: &mut KvCache, b: &mut Activations, r: Rows) {
         let cfg = &self.config;
-        let n = rope.rows();
+        let (n, start, rope) = (r.n, r.start, r.rope);
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
         let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
         let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
 
         // Attention block.
-        ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn);
-        linear(&w.q, xn, n, q);
-        linear(&w.k, xn, n, k);
-        linear(&w.v, xn, n, v);
-        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-            ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
-            ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
-        }
-        ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, 0);
-        ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, 0);
-        kv.write(l, k, v);
-        let params = AttnParams {
-            n_heads: cfg.num_heads,
-            n_kv_heads: cfg.num_kv_heads,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            causal: true,
-            q_pos0: start,
-            window: cfg.sliding_window[l],
-        };
+        time(Op::Norm, || {
+            ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn)
+        });
+        time(Op::Qkv, || {
+            linear(&w.q, xn, n, q);
+            linear(&w.k, xn, n, k);
+            linear(&w.v, xn, n, v);
+        });
+        time(Op::QkNormRope, || {
+            if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+                ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
+                ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
+            }
+            ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, r.rope_row0);
+            ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, r.rope_row0);
+        });
         let attn = &mut b.attn[..n * qd];
-        cmf_kernels::attention(q, kv.view(l, start + n), &params, None, attn);
-        linear(&w.o, attn, n, out);
-        ops::add(x, out);
+        time(Op::Attention, || {
+            kv.write(l, k, v);
+            let params = AttnParams {
+                n_heads: cfg.num_heads,
+                n_kv_heads: cfg.num_kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                causal: true,
+                q_pos0: start,
+                window: cfg.sliding_window[l],
+            };
+            cmf_kernels::attention(q, kv.view(l, start + n), &params, None, attn);
+        });
+        time(Op::OutProj, || {
+            linear(&w.o, attn, n, out);
+            ops::add(x, out);
+        });
 
         // MLP block.
         let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
-        ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn);
-        linear(&w.gate, xn, n, gate);
-        linear(&w.up, xn, n, up);
-        ops::swiglu_inplace(gate, up);
-        linear(&w.down, gate, n, out);
-        ops::add(x, out);
+        time(Op::Norm, || {
+            ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn)
+        });
+        time(Op::GateUp, || {
+            linear(&w.gate, xn, n, gate);
+            linear(&w.up, xn, n, up);
+        });
+        time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
+        time(Op::Down, || {
+            linear(&w.down, gate, n, out);
+            ops::add(x, out);
+        });
     }
 
     /// Final norm + lm_head for rows `r..r+m` of the last chunk, into `b.logits[..m·vocab]`.
-    fn logits_rows(&self, b: &mut Buffers, r: usize, m: usize) {
+    fn logits_rows(&self, b: &mut Activations, r: usize, m: usize) {
         let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
         if b.logits.len() < m * vocab {
             b.logits.resize(m * vocab, 0.0);
         }
         let (x, xn) = (&b.x[r * h..(r + m) * h], &mut b.xn[..m * h]);
-        ops::rms_norm(
-            x,
-            h,
-            Some(&self.weights.final_norm),
-            self.config.rms_norm_eps,
-            NormStyle::Plain,
-            xn,
-        );
-        let head = Linear {
-            w: self.weights.lm_head,
-            bias: None,
-        };
-        linear(&head, xn, m, &mut b.logits[..m * vocab]);
+        let logits = &mut b.logits[..m * vocab];
+        time(Op::LmHead, || {
+            ops::rms_norm(
+                x,
+                h,
+                Some(&self.weights.final_norm),
+                self.config.rms_norm_eps,
+                NormStyle::Plain,
+                xn,
+            );
+            let head = Linear {
+                w: self.weights.lm_head,
+                bias: None,
+            };
+            linear(&head, xn, m, logits);
+        });
     }
 }
 
@@ -336,9 +399,40 @@ fn linear(l: &Linear, x: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
-/// Activation buffers for up to `rows` rows, grown on demand and reused.
+/// The rows of one forward pass: count, first position, and where their cos/sin start.
+#[derive(Clone, Copy)]
+struct Rows<'t> {
+    n: usize,
+    start: usize,
+    rope: &'t RopeTable,
+    rope_row0: usize,
+}
+
+/// Positions a cached RoPE table covers when it is (re)built.
+const ROPE_SPAN: usize = 256;
+
+/// cos/sin for positions `first..first + table.rows()`.
+struct RopeCache {
+    first: usize,
+    table: RopeTable,
+}
+
+/// What a sequence reuses between passes: activations and the RoPE table.
 #[derive(Default)]
 struct Buffers {
+    act: Activations,
+    rope: Option<RopeCache>,
+}
+
+impl Buffers {
+    fn ensure(&mut self, cfg: &ModelConfig, rows: usize) {
+        self.act.ensure(cfg, rows)
+    }
+}
+
+/// Activation buffers for up to `rows` rows, grown on demand and reused.
+#[derive(Default)]
+struct Activations {
     rows: usize,
     /// residual stream [rows, H]
     x: Vec<f32>,
@@ -355,7 +449,7 @@ struct Buffers {
     logits: Vec<f32>,
 }
 
-impl Buffers {
+impl Activations {
     fn ensure(&mut self, cfg: &ModelConfig, rows: usize) {
         if rows <= self.rows {
             return;
