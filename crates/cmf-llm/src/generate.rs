@@ -3,9 +3,8 @@
 //! budget or the context limit.
 
 use crate::chat::Tokenizer;
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::gpu::Engine;
-use crate::model::{Model, State};
 use crate::sampling::{Sampler, SamplingParams};
 use std::time::{Duration, Instant};
 
@@ -55,37 +54,11 @@ impl GenerationStats {
     }
 }
 
-/// Runs `prompt` (tokens not yet in `st`) and generates. `history` holds the ids already in the
+/// Runs `prompt` (tokens not yet in the engine's cache) and generates. `history` holds the ids already in the
 /// cache (for the penalties' window) and is extended with the prompt and every generated id
 /// that enters the cache. `on_text` receives text pieces as they become complete.
 pub fn generate(
-    model: &Model,
-    st: &mut State,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
-    history: &mut Vec<u32>,
-    cfg: &GenerationConfig,
-    on_text: &mut dyn FnMut(&str),
-) -> Result<GenerationStats> {
-    generate_on(
-        model,
-        &mut Engine::Cpu,
-        st,
-        tokenizer,
-        prompt,
-        history,
-        cfg,
-        on_text,
-    )
-}
-
-/// [`generate`] with the forward passes on `engine` (the GPU when one holds the model; it
-/// falls back to the CPU, rebuilding `st` from `history`, if the device refuses).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_on(
-    model: &Model,
-    engine: &mut Engine,
-    st: &mut State,
+    engine: &mut dyn Engine,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     history: &mut Vec<u32>,
@@ -99,7 +72,7 @@ pub fn generate_on(
     let mut decoder = tokenizer.text_decoder(context, true);
 
     let t0 = Instant::now();
-    let mut step = Some(engine.prefill(model, st, prompt, history)?);
+    let mut logits = engine.prefill(prompt)?.to_vec();
     let prefill_time = t0.elapsed();
     history.extend_from_slice(prompt);
 
@@ -120,10 +93,7 @@ pub fn generate_on(
         hit
     };
     while stats.generated_tokens < cfg.max_tokens {
-        let token = step
-            .take()
-            .expect("a forward pass precedes each draw")
-            .pick(&mut sampler, history);
+        let token = sampler.sample(&mut logits, history);
         if stats.generated_tokens == 0 {
             stats.time_to_first_token = t0.elapsed();
         }
@@ -139,12 +109,12 @@ pub fn generate_on(
         if stats.generated_tokens == cfg.max_tokens {
             break;
         }
-        if engine.len(st) >= engine.limit(st) {
+        if engine.len() >= engine.limit() {
             stats.finish = FinishReason::ContextFull;
             break;
         }
         let t = Instant::now();
-        step = Some(engine.decode(model, st, token, history, &cfg.sampling)?);
+        logits.copy_from_slice(engine.decode(token)?);
         stats.decode_time += t.elapsed();
         stats.decode_steps += 1;
         history.push(token);

@@ -1,19 +1,22 @@
 //! The GPU hook: describes a [`Model`] to cmf-gpu in its neutral terms and runs the generation
 //! loop's forward passes on the device when the facade lets it, on the CPU otherwise.
 //!
-//! [`Engine`] is what [`crate::generate::generate_on`] drives: `Cpu` is the plain model;
-//! `Gpu` holds a whole model resident on the device (KV cache there, position tracked here).
-//! The first refusal of the device (an injected one, a pause, a driver error) switches the
-//! engine to the CPU for good: the CPU cache is rebuilt from the ids the caller passes as
-//! history, and the run continues with identical results (cmf-gpu's refusal contract: nothing
-//! the device was handed has been written).
+//! [`GpuEngine`] implements [`crate::engine::Engine`] (what `generate` and `ChatSession` drive)
+//! with the whole model resident on the device (KV cache there; the ids it holds tracked here).
+//! The first refusal of the device (an injected one, a pause, a driver error) switches it to a
+//! [`CpuEngine`] for good: the CPU cache is rebuilt from the tracked ids and the run continues
+//! with identical results (cmf-gpu's refusal contract: nothing the device was handed has been
+//! written). [`crate::bench::run_on`] and [`crate::perplexity::perplexity_on`] use a
+//! [`GpuModel`] directly (device arg-max, every-row logits).
 
+use crate::engine::{CpuEngine, Engine};
 use crate::model::rope::RopeScaling;
-use crate::model::{Model, State};
-use crate::sampling::{Sampler, SamplingParams};
-use crate::Result;
-use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet};
-use cmf_gpu::llm::{DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec};
+use crate::model::Model;
+use crate::{LlmError, Result};
+use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
+use cmf_gpu::llm::{
+    DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
+};
 
 /// The neutral description of `model` for a device session of `max_context` positions, or
 /// why the device graph cannot express it (then the model runs on the CPU).
@@ -150,149 +153,141 @@ impl GpuModel {
     pub fn clear(&mut self) {
         self.pos = 0;
     }
-}
 
-/// What a forward pass hands the sampler: logits, or the token the device already chose.
-pub enum Step {
-    Logits(Vec<f32>),
-    Token(u32),
-}
-
-impl Step {
-    pub fn pick(self, sampler: &mut Sampler, history: &[u32]) -> u32 {
-        match self {
-            Step::Token(t) => t,
-            Step::Logits(mut l) => sampler.sample(&mut l, history),
-        }
-    }
-}
-
-/// Where the generation loop's forward passes run.
-pub enum Engine {
-    Cpu,
-    Gpu(GpuModel),
-}
-
-/// Greedy without penalties: the device's arg-max is the sampler's choice (4-byte readback).
-fn device_greedy(p: &SamplingParams) -> bool {
-    let penalties = p.penalty_last_n > 0
-        && (p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0);
-    (p.temperature == 0.0 || p.top_k == 1) && !penalties
-}
-
-impl Engine {
-    /// Tokens in the cache of whichever side runs.
-    pub fn len(&self, st: &State) -> usize {
-        match self {
-            Engine::Gpu(g) => g.pos,
-            Engine::Cpu => st.len(),
-        }
-    }
-
-    pub fn is_gpu(&self) -> bool {
-        matches!(self, Engine::Gpu(_))
-    }
-
-    /// Keeps the first `len` cached positions (the CPU state is truncated by its owner).
-    pub fn truncate(&mut self, len: usize) {
-        if let Engine::Gpu(g) = self {
-            g.pos = g.pos.min(len);
-        }
-    }
-
-    /// Runs `tokens` from an empty cache and calls `f(i, logits_i)` for every `i >= first`
-    /// (perplexity). On the device: one prefill returning every row's logits.
-    pub fn forward_scored(
-        &mut self,
-        model: &Model,
-        st: &mut State,
-        tokens: &[u32],
-        first: usize,
-        mut f: impl FnMut(usize, &[f32]) + Send,
-    ) -> Result<()> {
-        if let Engine::Gpu(g) = self {
-            let v = model.config.vocab_size;
-            let mut all = vec![0f32; tokens.len() * v];
-            if g.llm.prefill(tokens, 0, Logits::All, &mut all).is_ok() {
-                g.pos = tokens.len();
-                for i in first..tokens.len() {
-                    f(i, &all[i * v..(i + 1) * v]);
-                }
-                return Ok(());
-            }
-            *self = Engine::Cpu;
-        }
-        st.clear();
-        model.forward_scored(st, tokens, first, f)
-    }
-
-    pub fn limit(&self, st: &State) -> usize {
-        match self {
-            Engine::Gpu(g) => g.max_context().min(st.kv.limit()),
-            Engine::Cpu => st.kv.limit(),
-        }
-    }
-
-    /// Leaves the device: the CPU cache is rebuilt from `history` (the ids in the cache).
-    fn fall_back(&mut self, model: &Model, st: &mut State, history: &[u32]) -> Result<()> {
-        *self = Engine::Cpu;
-        st.clear();
-        if !history.is_empty() {
-            model.prefill(st, history)?;
-        }
-        Ok(())
-    }
-
-    /// Runs `tokens` after `history` (the ids already in the cache); logits of the last one.
+    /// Runs `tokens` at position `start`; the logits asked for (`Last`: [V], `All`: [T, V]).
     pub fn prefill(
         &mut self,
-        model: &Model,
-        st: &mut State,
         tokens: &[u32],
-        history: &[u32],
-    ) -> Result<Step> {
-        if let Engine::Gpu(g) = self {
-            let mut logits = vec![0f32; model.config.vocab_size];
-            if g.pos == history.len()
-                && g.llm
-                    .prefill(tokens, g.pos, Logits::Last, &mut logits)
-                    .is_ok()
-            {
-                g.pos += tokens.len();
-                return Ok(Step::Logits(logits));
-            }
-            self.fall_back(model, st, history)?;
-        }
-        Ok(Step::Logits(model.prefill(st, tokens)?.to_vec()))
+        start: usize,
+        want: Logits,
+        vocab: usize,
+    ) -> std::result::Result<Vec<f32>, Refusal> {
+        let mut out = vec![0f32; want.len(tokens.len(), vocab)];
+        self.llm.prefill(tokens, start, want, &mut out)?;
+        self.pos = start + tokens.len();
+        Ok(out)
     }
 
-    /// Runs one sampled token after `history`.
+    /// One token at position `pos`, greedy on the device: the arg-max (and the logits when
+    /// `want_logits`).
     pub fn decode(
         &mut self,
-        model: &Model,
-        st: &mut State,
         token: u32,
-        history: &[u32],
-        params: &SamplingParams,
-    ) -> Result<Step> {
-        if let Engine::Gpu(g) = self {
-            let greedy = device_greedy(params);
-            let mut out = DecodeOutput::default();
-            let sampler = cmf_gpu::llm::Sampler::Greedy;
-            if g.pos == history.len()
-                && g.llm
-                    .decode(token, g.pos, &sampler, !greedy, &mut out)
-                    .is_ok()
-            {
-                g.pos += 1;
-                return Ok(if greedy {
-                    Step::Token(out.token)
-                } else {
-                    Step::Logits(out.logits)
-                });
-            }
-            self.fall_back(model, st, history)?;
+        pos: usize,
+        want_logits: bool,
+    ) -> std::result::Result<DecodeOutput, Refusal> {
+        let mut out = DecodeOutput::default();
+        self.llm
+            .decode(token, pos, &Sampler::Greedy, want_logits, &mut out)?;
+        self.pos = pos + 1;
+        Ok(out)
+    }
+}
+
+/// A device refusal as the engine's error (bench and perplexity do not switch backends
+/// halfway through a measurement).
+pub fn refused(r: Refusal) -> LlmError {
+    LlmError::Other(format!("GPU: {r}"))
+}
+
+/// The generation engine on the device, with the CPU as its fallback.
+pub struct GpuEngine<'m, 'a> {
+    model: &'m Model<'a>,
+    gpu: Option<GpuModel>,
+    cpu: Option<CpuEngine<'m, 'a>>,
+    /// Ids in the cache, in order (what the CPU replays after a refusal).
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    limit: usize,
+    kv_dtype: cmf_kernels::KvDtype,
+}
+
+impl<'m, 'a> GpuEngine<'m, 'a> {
+    /// `limit` and `kv_dtype` size the CPU cache should the device refuse.
+    pub fn new(
+        model: &'m Model<'a>,
+        gpu: GpuModel,
+        limit: usize,
+        kv_dtype: cmf_kernels::KvDtype,
+    ) -> Self {
+        let limit = limit.min(gpu.max_context());
+        GpuEngine {
+            model,
+            gpu: Some(gpu),
+            cpu: None,
+            ids: Vec::new(),
+            logits: Vec::new(),
+            limit,
+            kv_dtype,
         }
-        Ok(Step::Logits(model.decode(st, token)?.to_vec()))
+    }
+
+    /// Whether the device still runs it (false after a refusal).
+    pub fn is_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// Leaves the device: a CPU engine replays the cached ids.
+    fn fall_back(&mut self) -> Result<&mut CpuEngine<'m, 'a>> {
+        self.gpu = None;
+        let mut cpu = CpuEngine::new(self.model, self.limit, self.kv_dtype);
+        if !self.ids.is_empty() {
+            cpu.prefill(&self.ids)?;
+        }
+        Ok(self.cpu.insert(cpu))
+    }
+}
+
+impl Engine for GpuEngine<'_, '_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if let Some(g) = &mut self.gpu {
+            if let Ok(l) = g.prefill(
+                tokens,
+                self.ids.len(),
+                Logits::Last,
+                self.model.config.vocab_size,
+            ) {
+                self.ids.extend_from_slice(tokens);
+                self.logits = l;
+                return Ok(&self.logits);
+            }
+            self.fall_back()?;
+        }
+        self.ids.extend_from_slice(tokens);
+        self.cpu
+            .as_mut()
+            .expect("CPU after the device")
+            .prefill(tokens)
+    }
+
+    fn decode(&mut self, token: u32) -> Result<&[f32]> {
+        if let Some(g) = &mut self.gpu {
+            if let Ok(out) = g.decode(token, self.ids.len(), true) {
+                self.ids.push(token);
+                self.logits = out.logits;
+                return Ok(&self.logits);
+            }
+            self.fall_back()?;
+        }
+        self.ids.push(token);
+        self.cpu
+            .as_mut()
+            .expect("CPU after the device")
+            .decode(token)
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        if let Some(c) = &mut self.cpu {
+            c.truncate(len);
+        }
     }
 }

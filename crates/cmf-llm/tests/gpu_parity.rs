@@ -13,8 +13,8 @@
 mod common;
 use cmf_gpu::facade::{Gpu, GpuMode};
 use cmf_gpu::llm::{DecodeOutput, LlmOptions, Logits, Sampler};
-use cmf_llm::gpu::{describe, Engine, GpuModel};
-use cmf_llm::sampling::{Sampler as HostSampler, SamplingParams};
+use cmf_llm::engine::Engine;
+use cmf_llm::gpu::{describe, GpuEngine, GpuModel};
 use cmf_llm::{Model, ModelConfig};
 use common::*;
 use std::path::PathBuf;
@@ -133,7 +133,7 @@ fn qwen3_tiny_on_gpu_matches_transformers() {
 }
 
 /// The generation engine with a refusal injected mid-run: it falls back to the CPU, rebuilds
-/// the cache from the history, and the ids equal transformers'.
+/// the cache from the ids it tracked, and the ids equal transformers'.
 #[test]
 fn engine_falls_back_mid_run_with_identical_ids() {
     let Some(gpu) = gpu() else { return };
@@ -145,24 +145,19 @@ fn engine_falls_back_mid_run_with_identical_ids() {
     let exp = read_json(dir.join("expected.json"));
     let prompt = ids(&exp["prompt_ids"]);
     let want_ids = ids(&exp["greedy"]["generated_ids"]);
-    let params = SamplingParams::default();
     for inject in [u64::MAX, 5] {
-        let mut engine = Engine::Gpu(GpuModel::load(&gpu, &model, 256, None).expect("loads"));
+        let g = GpuModel::load(&gpu, &model, 256, None).expect("loads");
+        let mut engine = GpuEngine::new(&model, g, 256, cmf_kernels::KvDtype::F32);
         gpu.inject_refusal_after(inject); // prefill + 4 decodes on the device, then refusals
-        let mut st = model.new_state(256);
-        let mut sampler = HostSampler::new(params.clone());
-        let mut history: Vec<u32> = Vec::new();
-        let mut step = engine.prefill(&model, &mut st, &prompt, &history).unwrap();
-        history.extend_from_slice(&prompt);
+                                          // The generation loop's use of an engine, greedy: prefill, then decode each choice.
+        let mut logits = engine.prefill(&prompt).unwrap().to_vec();
         let mut got = Vec::new();
         for _ in 0..want_ids.len() {
-            let t = step.pick(&mut sampler, &history);
+            let t = argmax(&logits);
             got.push(t);
-            step = engine
-                .decode(&model, &mut st, t, &history, &params)
-                .unwrap();
-            history.push(t);
+            logits = engine.decode(t).unwrap().to_vec();
         }
+        assert_eq!(engine.len(), prompt.len() + want_ids.len());
         gpu.inject_refusal_after(u64::MAX);
         println!(
             "llama-tiny engine, refusal after {inject} calls: on the GPU at the end: {}",

@@ -57,9 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         repetitions: args.reps,
         kv_dtype,
     };
-    let mut engine = args.engine.engine(&model, limit)?;
+    let mut gpu = args.engine.gpu_model(&model, limit)?;
     cmf_llm::profile::reset();
-    let results = bench::run_on(&model, &mut engine, &cfg, &mut |test, rep| {
+    let results = bench::run_on(&model, gpu.as_mut(), &cfg, &mut |test, rep| {
         eprint!("\r{test}: {rep}/{}   ", args.reps)
     })?;
     eprint!("\r{:30}\r", "");
@@ -71,8 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let quant = format!("{:?}", file.header().quant_type).to_lowercase();
     let threads = cmf_kernels::num_threads();
     let isa = cmf_kernels::cpu::active().name();
-    // The engine may have fallen back to the CPU during the run; it says where it ended.
-    let backend = if engine.is_gpu() {
+    let backend = if gpu.is_some() {
         "CUDA".to_string()
     } else {
         format!("CPU ({isa}, kv {})", kv_dtype.name())

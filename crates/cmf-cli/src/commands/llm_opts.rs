@@ -22,14 +22,14 @@ pub struct EngineOpts {
 }
 
 impl EngineOpts {
-    /// Where the forward passes of `model` run: the GPU when the facade opens a device and
-    /// the whole model fits (`ctx` positions of KV cache), else the CPU. `--gpu cuda` without
-    /// a device is an error; refusals in `auto` are silent (`CMF_LOG=debug` says why).
-    pub fn engine(
+    /// The model on the GPU when the facade opens a device and the whole model fits (`ctx`
+    /// positions of KV cache), else None (the CPU runs it). `--gpu cuda` without a device is
+    /// an error; refusals in `auto` are silent (`CMF_LOG=debug` says why).
+    pub fn gpu_model(
         &self,
         model: &cmf_llm::Model,
         ctx: usize,
-    ) -> anyhow::Result<cmf_llm::gpu::Engine> {
+    ) -> anyhow::Result<Option<cmf_llm::gpu::GpuModel>> {
         use cmf_gpu::facade::{Gpu, GpuMode, LayerSet};
         let flag = self
             .gpu
@@ -42,19 +42,32 @@ impl EngineOpts {
             LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
         let gpu = Gpu::open(mode)?;
         if !gpu.is_active() {
-            return Ok(cmf_llm::gpu::Engine::Cpu);
+            return Ok(None);
         }
         match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, layers.as_ref()) {
-            Some(g) => Ok(cmf_llm::gpu::Engine::Gpu(g)),
+            Some(g) => Ok(Some(g)),
             None if mode == GpuMode::Cuda => Err(UsageError(
                 "--gpu cuda: the model cannot run on the device (CMF_LOG=debug says why)".into(),
             )
             .into()),
-            None => Ok(cmf_llm::gpu::Engine::Cpu),
+            None => Ok(None),
         }
     }
 
-    /// Applies the thread count; returns the KV type.
+    /// The generation engine: [`cmf_llm::gpu::GpuEngine`] when the model runs on the GPU,
+    /// else the CPU engine.
+    pub fn engine<'m, 'a: 'm>(
+        &self,
+        model: &'m cmf_llm::Model<'a>,
+        ctx: usize,
+        kv_type: cmf_kernels::KvDtype,
+    ) -> anyhow::Result<Box<dyn cmf_llm::engine::Engine + 'm>> {
+        Ok(match self.gpu_model(model, ctx)? {
+            Some(g) => Box::new(cmf_llm::gpu::GpuEngine::new(model, g, ctx, kv_type)),
+            None => Box::new(cmf_llm::engine::CpuEngine::new(model, ctx, kv_type)),
+        })
+    }
+
     pub fn apply(&self) -> anyhow::Result<KvDtype> {
         match self.threads {
             Some(0) => return Err(UsageError("--threads must be at least 1".into()).into()),

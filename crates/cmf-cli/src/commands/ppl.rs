@@ -61,10 +61,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.ctx,
         if bos.is_some() { "yes" } else { "no" }
     );
-    let mut engine = args.engine.engine(&model, args.ctx)?;
+    let mut gpu = args.engine.gpu_model(&model, args.ctx)?;
     let r = perplexity_on(
         &model,
-        &mut engine,
+        gpu.as_mut(),
         &tokens,
         args.ctx,
         bos,

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cmf_format::CmfModel;
 use cmf_llm::chat::{ChatSession, TextAssets};
-use cmf_llm::generate::{generate, generate_on, FinishReason, GenerationConfig, GenerationStats};
+use cmf_llm::engine::CpuEngine;
+use cmf_llm::generate::{generate, FinishReason, GenerationConfig, GenerationStats};
 use cmf_llm::sampling::SamplingParams;
 use cmf_llm::Model;
 
@@ -151,12 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if ids.is_empty() {
                 return Err(UsageError("the prompt is empty".into()).into());
             }
-            let mut st = model.new_state_with(ctx, kv_type);
-            let mut engine = args.engine.engine(&model, ctx)?;
-            let stats = generate_on(
-                &model,
-                &mut engine,
-                &mut st,
+            let mut engine = args.engine.engine(&model, ctx, kv_type)?;
+            let stats = generate(
+                engine.as_mut(),
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),
@@ -166,15 +164,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             finish(&stats, &cfg);
         }
         Some(p) => {
-            let mut chat = ChatSession::new(
-                &model,
+            let mut chat = ChatSession::with_engine(
+                args.engine.engine(&model, ctx, kv_type)?,
                 &assets.tokenizer,
                 &assets.template,
                 args.system.as_deref(),
-                ctx,
-                kv_type,
-            )
-            .with_engine(args.engine.engine(&model, ctx)?);
+            );
             let (_, stats) = chat.send(&p, &cfg, &mut print)?;
             finish(&stats, &cfg);
         }
@@ -191,15 +186,13 @@ fn interactive(
     ctx: usize,
     kv_type: cmf_kernels::KvDtype,
 ) -> anyhow::Result<()> {
-    let mut chat = ChatSession::new(
-        model,
+    // One device session for the chat; `--raw` lines below each take a fresh CPU engine.
+    let mut chat = ChatSession::with_engine(
+        args.engine.engine(model, ctx, kv_type)?,
         &assets.tokenizer,
         &assets.template,
         args.system.as_deref(),
-        ctx,
-        kv_type,
-    )
-    .with_engine(args.engine.engine(model, ctx)?);
+    );
     eprintln!("chat with {} (context {ctx} tokens); /reset forgets the conversation, /exit or Ctrl-D quits", args.file.display());
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -225,10 +218,9 @@ fn interactive(
         };
         let result = if args.raw {
             let ids = assets.tokenizer.encode(&line, true)?;
-            let mut st = model.new_state_with(ctx, kv_type);
+            let mut engine = CpuEngine::new(model, ctx, kv_type);
             generate(
-                model,
-                &mut st,
+                &mut engine,
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),

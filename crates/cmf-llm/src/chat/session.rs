@@ -3,26 +3,23 @@
 //! rest, so earlier turns are not recomputed.
 
 use super::{ChatTemplate, Message, Tokenizer};
+use crate::engine::{CpuEngine, Engine};
 use crate::error::{LlmError, Result};
-use crate::generate::{generate_on, GenerationConfig, GenerationStats};
-use crate::gpu::Engine;
-use crate::model::{Model, State};
+use crate::generate::{generate, GenerationConfig, GenerationStats};
+use crate::model::Model;
 
-pub struct ChatSession<'m, 'a> {
-    model: &'m Model<'a>,
+pub struct ChatSession<'m> {
+    engine: Box<dyn Engine + 'm>,
     tokenizer: &'m Tokenizer,
     template: &'m ChatTemplate,
     pub messages: Vec<Message>,
-    state: State,
-    /// Ids whose keys/values are in the cache (`state`, or the device's).
+    /// Ids whose keys/values are in the engine's cache.
     cached: Vec<u32>,
-    /// Where the forward passes run (the CPU unless [`ChatSession::with_engine`]).
-    engine: Engine,
 }
 
-impl<'m, 'a> ChatSession<'m, 'a> {
+impl<'m> ChatSession<'m> {
     /// `limit`: tokens the conversation may occupy; `kv_dtype`: the cache's element type.
-    pub fn new(
+    pub fn new<'a: 'm>(
         model: &'m Model<'a>,
         tokenizer: &'m Tokenizer,
         template: &'m ChatTemplate,
@@ -30,33 +27,34 @@ impl<'m, 'a> ChatSession<'m, 'a> {
         limit: usize,
         kv_dtype: cmf_kernels::KvDtype,
     ) -> Self {
+        let engine = Box::new(CpuEngine::new(model, limit, kv_dtype));
+        Self::with_engine(engine, tokenizer, template, system)
+    }
+
+    /// A session on any [`Engine`] (e.g. a GPU backend's).
+    pub fn with_engine(
+        engine: Box<dyn Engine + 'm>,
+        tokenizer: &'m Tokenizer,
+        template: &'m ChatTemplate,
+        system: Option<&str>,
+    ) -> Self {
         let messages = system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
-        let state = model.new_state_with(limit, kv_dtype);
         ChatSession {
-            model,
+            engine,
             tokenizer,
             template,
             messages,
-            state,
             cached: Vec::new(),
-            engine: Engine::Cpu,
         }
-    }
-
-    /// Runs the forward passes on `engine` (e.g. the GPU, see [`crate::gpu`]).
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
-        self
     }
 
     /// Forgets the conversation except the system message.
     pub fn reset(&mut self) {
         self.messages.retain(|m| m.role == "system");
-        self.state.clear();
-        self.cached.clear();
         self.engine.truncate(0);
+        self.cached.clear();
     }
 
     /// Adds a user message, generates the assistant's reply (streamed to `on_text`) and adds it.
@@ -76,7 +74,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
                 return Err(e);
             }
         };
-        let limit = self.state.kv.limit();
+        let limit = self.engine.limit();
         if ids.len() + 1 > limit {
             self.messages.pop();
             return Err(LlmError::ContextFull {
@@ -92,7 +90,6 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             .take_while(|(a, b)| a == b)
             .count();
         keep = keep.min(ids.len() - 1);
-        self.state.kv.truncate(keep);
         self.engine.truncate(keep);
         self.cached.truncate(keep);
         let mut reply = String::new();
@@ -100,10 +97,8 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             reply.push_str(t);
             on_text(t);
         };
-        let stats = generate_on(
-            self.model,
-            &mut self.engine,
-            &mut self.state,
+        let stats = generate(
+            self.engine.as_mut(),
             self.tokenizer,
             &ids[keep..],
             &mut self.cached,
