@@ -152,9 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if ids.is_empty() {
                 return Err(UsageError("the prompt is empty".into()).into());
             }
-            let mut engine = CpuEngine::new(&model, ctx, kv_type);
+            let mut engine = args.engine.engine(&model, ctx, kv_type)?;
             let stats = generate(
-                &mut engine,
+                engine.as_mut(),
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),
@@ -164,13 +164,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             finish(&stats, &cfg);
         }
         Some(p) => {
-            let mut chat = ChatSession::new(
-                &model,
+            let mut chat = ChatSession::with_engine(
+                args.engine.engine(&model, ctx, kv_type)?,
                 &assets.tokenizer,
                 &assets.template,
                 args.system.as_deref(),
-                ctx,
-                kv_type,
             );
             let (_, stats) = chat.send(&p, &cfg, &mut print)?;
             finish(&stats, &cfg);
@@ -188,13 +186,12 @@ fn interactive(
     ctx: usize,
     kv_type: cmf_kernels::KvDtype,
 ) -> anyhow::Result<()> {
-    let mut chat = ChatSession::new(
-        model,
+    // One device session for the chat; `--raw` lines below each take a fresh CPU engine.
+    let mut chat = ChatSession::with_engine(
+        args.engine.engine(model, ctx, kv_type)?,
         &assets.tokenizer,
         &assets.template,
         args.system.as_deref(),
-        ctx,
-        kv_type,
     );
     eprintln!("chat with {} (context {ctx} tokens); /reset forgets the conversation, /exit or Ctrl-D quits", args.file.display());
     let stdin = std::io::stdin();
