@@ -34,7 +34,8 @@
 #                        English sentence, after an untimed 8-token warm-up generation;
 #                tg128 = `--tokens 128`, field decode_tok_s_steady: inter-token rate of a 128-token greedy generation
 #                        after a ~40-token prompt (so decode starts at depth ~40, not 0 as in llama-bench).
-#   cmf        cmf bench FILE -p 512 -n 128 --threads T --json (issue #3: the llama-bench pp/tg contract).
+#   cmf        cmf bench FILE -p 512 -n 128 -r REPS --threads T --json (issue #3: the llama-bench pp/tg contract;
+#              it prints llama-bench-shaped JSON rows with samples_ts).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${1:-${CMF_CACHE:-/work/cache}}
@@ -170,12 +171,10 @@ for m in $MODELS; do
         [ -f "$cmf" ] || continue
         v=$(basename "$cmf" .cmf)
         log "cmf $v t=$t"
-        for r in $(seq 1 "$REPS"); do
-          f="$RAW/${m}__cmf__${v}__t$t"
-          loadavg > "$f.load"
-          nice -n "$NICE" "$CMF" bench "$cmf" -p 512 -n 128 --threads "$t" --json > "$f.r$r.json" 2> "$f.r$r.err" \
-            || log "cmf bench failed: $f.r$r.err"
-        done
+        f="$RAW/${m}__cmf__${v}__t$t.json"
+        loadavg > "$f.load"
+        nice -n "$NICE" "$CMF" bench "$cmf" -p 512 -n 128 -r "$REPS" --threads "$t" --json > "$f" 2> "$f.err" \
+          || log "cmf bench failed: $f.err"
       done
     fi
   done

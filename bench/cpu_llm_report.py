@@ -71,7 +71,8 @@ def main() -> None:
         data = last_json(f)
         if data is None:
             continue
-        if m["engine"] == "llamacpp":
+        if m["engine"] == "llamacpp" or (isinstance(data, list) and data and "n_prompt" in data[0]):
+            # llama-bench -o json, and cmf bench --json, which prints the same row shape.
             for test in data:
                 samples = [float(x) for x in test.get("samples_ts", [test.get("avg_ts", 0.0)])]
                 if test.get("n_prompt") == 512 and test.get("n_gen") == 0:

@@ -29,6 +29,7 @@ enum Command {
     ImportGguf(commands::import_gguf::Args),
     Synth(commands::synth::Args),
     Run(commands::run::Args),
+    Serve(commands::serve::Args),
     Bench(commands::bench::Args),
     Ppl(commands::ppl::Args),
 }
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         Command::ImportGguf(args) => commands::import_gguf::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Ppl(args) => commands::ppl::run(args),
     };

@@ -13,6 +13,7 @@
 use cmf_format::Dtype;
 use cmf_gpu::cuda::device::Dev;
 use cmf_gpu::cuda::kernels::CommonKernels;
+use cmf_gpu::cuda::llm::AttnKernel;
 use cmf_gpu::cuda::matvec::{self, MvMode, MvSeg};
 use cmf_gpu::cuda::weights::DevWeight;
 use cmf_gpu::cuda::CudaBackend;
@@ -143,6 +144,7 @@ fn run_matvec(
         1e-6,
         yb.ptr(),
         mode,
+        false,
     )
     .unwrap();
     let mut y = vec![0f32; init.len()];
@@ -280,9 +282,13 @@ fn compare_model(
     opts: &LlmOptions,
     prompt: &[u32],
     steps: usize,
+    attn: AttnKernel,
+    pdl: bool,
 ) -> (f64, f64, usize) {
     let model = m.model();
     let mut dev = load(b, &model, opts);
+    dev.set_attention(attn);
+    dev.set_pdl(pdl);
     let mut cache = RefCache::new(model.spec.num_layers);
     let v = model.spec.vocab;
     // Prefill: all positions' logits against the reference.
@@ -323,6 +329,8 @@ fn whole_model_matches_reference() {
     let prompt: Vec<u32> = (0..37).map(|i| (i * 7 + 3) % 300).collect();
     for &(d, hd, tied, bias) in &[
         (Dtype::F32, 64, false, false),
+        (Dtype::F32, 16, false, true),
+        (Dtype::Bf16, 16, true, false),
         (Dtype::F32, 128, true, true),
         (Dtype::F16, 64, true, false),
         (Dtype::Bf16, 128, false, false),
@@ -346,6 +354,8 @@ fn whole_model_matches_reference() {
             },
             &prompt,
             24,
+            AttnKernel::Fa2,
+            true,
         );
         eprintln!(
             "{:<7} {hd:>3} {tied:>5} {bias:>6} {ep:>11.2e} {ed:>11.2e} {mis:>9}",
@@ -366,8 +376,9 @@ fn whole_model_matches_reference() {
 #[test]
 fn chunked_prefill_and_split_attention_at_long_context() {
     let Some(b) = backend() else { return };
-    // bf16 weights → f16 KV cache → the tensor-core prefill attention; 3 chunks of 128 with a
-    // sliding-window layer; decode then runs split-K over ~400 positions.
+    // bf16 weights → f16 KV cache → tensor-core prefill attention; 3 chunks of 128 with a
+    // sliding-window layer; decode then runs split-K over ~400 positions. Every prefill
+    // attention kernel, and the decode chain with and without programmatic dependent launch.
     let m = SynthModel::new(
         tiny_spec(128, Some(100)),
         Dtype::Bf16,
@@ -379,18 +390,48 @@ fn chunked_prefill_and_split_attention_at_long_context() {
         max_context: 1024,
         kv: KvPrecision::Auto,
         prefill_chunk: 128,
+        ..Default::default()
     };
-    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16);
-    eprintln!("long context bf16: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
-    assert!(ep < 6e-2 && ed < 6e-2);
-    // Same with an f32 KV cache (the simple prefill attention) for comparison.
+    for (attn, pdl) in [
+        (AttnKernel::Fa2, true),
+        (AttnKernel::Mma, false),
+        (AttnKernel::Simple, true),
+    ] {
+        let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, attn, pdl);
+        eprintln!("long context bf16, f16 KV, {attn:?}, pdl {pdl}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
+        assert!(ep < 6e-2 && ed < 6e-2, "{attn:?}");
+    }
     let opts = LlmOptions {
         kv: KvPrecision::F32,
         ..opts
     };
-    let (ep2, ed2, _) = compare_model(&b, &m, &opts, &prompt, 4);
-    eprintln!("long context bf16, f32 KV: prefill {ep2:.2e} decode {ed2:.2e}");
+    let (ep2, ed2, _) = compare_model(&b, &m, &opts, &prompt, 4, AttnKernel::Fa2, true);
+    eprintln!("long context bf16, f32 KV (simple attention): prefill {ep2:.2e} decode {ed2:.2e}");
     assert!(ep2 < 6e-2 && ed2 < 6e-2);
+}
+
+#[test]
+fn precise_mode_is_exact_for_bf16_weights() {
+    let Some(b) = backend() else { return };
+    // bf16 weights are exact in f32; with f32 prefill GEMMs and an f32 cache every operation
+    // is f32, so the logits match the reference as closely as an f32 model's.
+    let m = SynthModel::new(
+        tiny_spec(64, Some(20)),
+        Dtype::Bf16,
+        SynthOptions::QWEN3,
+        21,
+    );
+    let prompt: Vec<u32> = (0..41).map(|i| (i * 11 + 5) % 300).collect();
+    let opts = LlmOptions {
+        max_context: 256,
+        prefill_chunk: 32,
+        precise: true,
+        ..Default::default()
+    };
+    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, AttnKernel::Fa2, true);
+    eprintln!("bf16 precise: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
+    assert!(ep < 1e-4 && ed < 1e-4);
+    assert_eq!(mis, 0);
 }
 
 /// Greedy generation as a caller does it: device first, CPU reference after a refusal.

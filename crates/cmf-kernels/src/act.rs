@@ -286,6 +286,7 @@ unsafe fn quantize_row_avx512(
 /// `QuadEvenOdd` (q4): the kernel adds the even-element and odd-element products of a group
 /// before converting, so lane l of quad c covers positions 128c + 4l .. +4 and 128c + 64 + 4l .. +4,
 /// both in group 4c + l/4; the tables have 16 entries per 128 inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct LaneTables {
     pub dl: Vec<f32>,
     pub cl: Vec<f32>,

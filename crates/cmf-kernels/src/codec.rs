@@ -88,6 +88,7 @@ pub(crate) struct Q4<'a> {
     pub gpr: usize,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl<'a> Q4<'a> {
     /// `None` for q4_block tensors whose groups straddle rows (cols % 32 != 0): those take the
     /// decode-row path.

@@ -30,7 +30,7 @@ pub use conv::conv2d;
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};
-pub use pool::{num_threads, set_num_threads};
+pub use pool::{num_threads, run_in_pool, set_num_threads};
 
 /// A weight matrix borrowed from the file (no copy), in its storage codec.
 #[derive(Clone, Copy, Debug)]

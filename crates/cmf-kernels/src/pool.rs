@@ -46,6 +46,13 @@ pub fn num_threads() -> usize {
     pool().current_num_threads()
 }
 
+/// Runs `f` on a thread of the kernels' pool. Kernels called inside split their work on the
+/// pool directly instead of handing it over from an outside thread each time (a wake-up and a
+/// blocking wait per call): a model's decode step calls hundreds of kernels per token.
+pub fn run_in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pool().install(f)
+}
+
 /// The current pool (created with the default size on first use).
 pub(crate) fn pool() -> Arc<ThreadPool> {
     if let Some(p) = POOL.read().unwrap_or_else(|e| e.into_inner()).as_ref() {

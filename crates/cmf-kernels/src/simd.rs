@@ -10,6 +10,7 @@
 //! call per element where it does not (x86-64 baseline), so the portable instance uses `a*b + c`.
 
 /// How a body spells a·b + c, and what else the instance may assume.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) trait Fma {
     /// The instance is compiled for x86-64 AVX2 or AVX-512 (so F16C and FMA exist).
     const X86_SIMD: bool = false;
@@ -96,6 +97,8 @@ macro_rules! multiversion {
                     $crate::cpu::Isa::Portable => {}
                 }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = isa;
             $body::<$crate::simd::PortableFma>($($arg),*)
         }
     };

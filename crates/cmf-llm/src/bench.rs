@@ -9,8 +9,10 @@
 //!   empty cache. Reported: mean ± sample standard deviation of the per-repetition tok/s.
 
 use crate::error::Result;
+use crate::gpu::{refused, GpuModel};
 use crate::model::Model;
 use crate::sampling::Xoshiro256;
+use cmf_gpu::llm::Logits;
 use cmf_kernels::KvDtype;
 use std::time::Instant;
 
@@ -56,6 +58,19 @@ pub fn run(
     cfg: &BenchConfig,
     progress: &mut dyn FnMut(&str, usize),
 ) -> Result<Vec<BenchResult>> {
+    run_on(model, None, cfg, progress)
+}
+
+/// [`run`] on the device when `gpu` holds the model: pp is one device prefill, each tg step
+/// one whole-token graph replay with the device's arg-max read back (4 bytes). A refusal is an
+/// error here: a benchmark does not switch backends halfway.
+pub fn run_on(
+    model: &Model,
+    mut gpu: Option<&mut GpuModel>,
+    cfg: &BenchConfig,
+    progress: &mut dyn FnMut(&str, usize),
+) -> Result<Vec<BenchResult>> {
+    let v = model.config.vocab_size;
     let vocab = model.config.vocab_size as u64;
     let mut rng = Xoshiro256::seed(1234);
     let mut random_ids =
@@ -65,12 +80,27 @@ pub fn run(
     if cfg.prompt_tokens > 0 {
         let mut st = model.new_state_with(cfg.prompt_tokens, cfg.kv_dtype);
         let ids = random_ids(cfg.prompt_tokens);
-        model.prefill(&mut st, &ids[..ids.len().min(32)])?; // warm-up
+        let warm = &ids[..ids.len().min(32)];
+        match gpu.as_deref_mut() {
+            Some(g) => {
+                g.prefill(warm, 0, Logits::Last, v).map_err(refused)?;
+            }
+            None => {
+                model.prefill(&mut st, warm)?;
+            }
+        }
         let mut samples = Vec::new();
         for rep in 0..cfg.repetitions {
             st.clear();
             let t = Instant::now();
-            model.prefill(&mut st, &ids)?;
+            match gpu.as_deref_mut() {
+                Some(g) => {
+                    g.prefill(&ids, 0, Logits::Last, v).map_err(refused)?;
+                }
+                None => {
+                    model.prefill(&mut st, &ids)?;
+                }
+            }
             samples.push(cfg.prompt_tokens as f64 / t.elapsed().as_secs_f64());
             progress(&format!("pp{}", cfg.prompt_tokens), rep + 1);
         }
@@ -85,13 +115,29 @@ pub fn run(
     if cfg.gen_tokens > 0 {
         let mut st = model.new_state_with(cfg.gen_tokens, cfg.kv_dtype);
         let ids = random_ids(cfg.gen_tokens);
-        model.decode(&mut st, ids[0])?; // warm-up
+        match gpu.as_deref_mut() {
+            Some(g) => {
+                g.decode(ids[0], 0, false).map_err(refused)?;
+            }
+            None => {
+                model.decode(&mut st, ids[0])?;
+            } // warm-up
+        }
         let mut samples = Vec::new();
         for rep in 0..cfg.repetitions {
             st.clear();
             let t = Instant::now();
-            for &id in &ids {
-                model.decode(&mut st, id)?;
+            match gpu.as_deref_mut() {
+                Some(g) => {
+                    for (i, &id) in ids.iter().enumerate() {
+                        g.decode(id, i, false).map_err(refused)?;
+                    }
+                }
+                None => {
+                    for &id in &ids {
+                        model.decode(&mut st, id)?;
+                    }
+                }
             }
             samples.push(cfg.gen_tokens as f64 / t.elapsed().as_secs_f64());
             progress(&format!("tg{}", cfg.gen_tokens), rep + 1);

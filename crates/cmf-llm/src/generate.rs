@@ -3,8 +3,8 @@
 //! budget or the context limit.
 
 use crate::chat::Tokenizer;
+use crate::engine::Engine;
 use crate::error::Result;
-use crate::model::{Model, State};
 use crate::sampling::{Sampler, SamplingParams};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,8 @@ pub enum FinishReason {
     Length,
     /// The sequence reached the state's token limit.
     ContextFull,
+    /// The caller's cancellation check said stop (see [`generate_cancellable`]).
+    Cancelled,
 }
 
 #[derive(Debug, Clone)]
@@ -54,17 +56,34 @@ impl GenerationStats {
     }
 }
 
-/// Runs `prompt` (tokens not yet in `st`) and generates. `history` holds the ids already in the
+/// Runs `prompt` (tokens not yet in the engine's cache) and generates. `history` holds the ids already in the
 /// cache (for the penalties' window) and is extended with the prompt and every generated id
 /// that enters the cache. `on_text` receives text pieces as they become complete.
 pub fn generate(
-    model: &Model,
-    st: &mut State,
+    engine: &mut dyn Engine,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     history: &mut Vec<u32>,
     cfg: &GenerationConfig,
     on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationStats> {
+    let never = || false;
+    generate_cancellable(engine, tokenizer, prompt, history, cfg, on_text, &never)
+}
+
+/// [`generate`] that also ends, with [`FinishReason::Cancelled`], as soon as `cancelled()`
+/// returns true. It is asked before the prefill and before every decode step, so a server can
+/// drop the work of a client that went away within one token. A cancelled run emits nothing more
+/// (held-back text is dropped) and leaves the engine's cache and `history` consistent with each other.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cancellable(
+    engine: &mut dyn Engine,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    history: &mut Vec<u32>,
+    cfg: &GenerationConfig,
+    on_text: &mut dyn FnMut(&str),
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<GenerationStats> {
     let mut sampler = Sampler::new(cfg.sampling.clone());
     let mut stops = StopMatcher::new(&cfg.stop_strings);
@@ -72,20 +91,24 @@ pub fn generate(
     let context = &prompt[prompt.len().saturating_sub(4)..];
     let mut decoder = tokenizer.text_decoder(context, true);
 
-    let t0 = Instant::now();
-    let mut logits = model.prefill(st, prompt)?.to_vec();
-    let prefill_time = t0.elapsed();
-    history.extend_from_slice(prompt);
-
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
         generated_tokens: 0,
-        prefill_time,
+        prefill_time: Duration::ZERO,
         decode_steps: 0,
         decode_time: Duration::ZERO,
         time_to_first_token: Duration::ZERO,
         finish: FinishReason::Length,
     };
+    if cancelled() {
+        stats.finish = FinishReason::Cancelled;
+        return Ok(stats);
+    }
+    let t0 = Instant::now();
+    let mut logits = engine.prefill(prompt)?.to_vec();
+    stats.prefill_time = t0.elapsed();
+    history.extend_from_slice(prompt);
+
     let mut emit = |text: &str, stops: &mut StopMatcher| -> bool {
         let (out, hit) = stops.push(text);
         if !out.is_empty() {
@@ -110,12 +133,16 @@ pub fn generate(
         if stats.generated_tokens == cfg.max_tokens {
             break;
         }
-        if st.len() >= st.kv.limit() {
+        if engine.len() >= engine.limit() {
             stats.finish = FinishReason::ContextFull;
             break;
         }
+        if cancelled() {
+            stats.finish = FinishReason::Cancelled;
+            return Ok(stats);
+        }
         let t = Instant::now();
-        logits.copy_from_slice(model.decode(st, token)?);
+        logits.copy_from_slice(engine.decode(token)?);
         stats.decode_time += t.elapsed();
         stats.decode_steps += 1;
         history.push(token);

@@ -11,7 +11,9 @@
 //!   PPL = exp(mean NLL); ± = PPL · sqrt(var(NLL) / (count − 1)), llama.cpp's estimate.
 
 use crate::error::{LlmError, Result};
+use crate::gpu::GpuModel;
 use crate::model::Model;
+use cmf_gpu::llm::Logits;
 use cmf_kernels::KvDtype;
 
 #[derive(Debug, Clone)]
@@ -30,6 +32,20 @@ pub struct PerplexityResult {
 /// `max_chunks` limits the work (None = all); `progress(chunk, running_ppl)` after each chunk.
 pub fn perplexity(
     model: &Model,
+    tokens: &[u32],
+    ctx: usize,
+    bos: Option<u32>,
+    max_chunks: Option<usize>,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    perplexity_on(model, None, tokens, ctx, bos, max_chunks, progress)
+}
+
+/// [`perplexity`] with each window run on the device when `gpu` holds the model (one prefill
+/// returning every row's logits); after a refusal the remaining windows run on the CPU.
+pub fn perplexity_on(
+    model: &Model,
+    mut gpu: Option<&mut GpuModel>,
     tokens: &[u32],
     ctx: usize,
     bos: Option<u32>,
@@ -71,14 +87,34 @@ pub fn perplexity(
         }
         st.clear();
         let (mut csum, mut ccount) = (0f64, 0usize);
-        model.forward_scored(&mut st, &window, first, |i, logits| {
+        let mut score = |i: usize, logits: &[f32]| {
             if i + 1 < ctx {
                 let nll = nll(logits, window[i + 1] as usize);
                 csum += nll;
                 sum2 += nll * nll;
                 ccount += 1;
             }
-        })?;
+        };
+        let vocab = model.config.vocab_size;
+        let on_device = match gpu
+            .as_deref_mut()
+            .map(|g| g.prefill(&window, 0, Logits::All, vocab))
+        {
+            Some(Ok(all)) => {
+                for i in first..ctx {
+                    score(i, &all[i * vocab..(i + 1) * vocab]);
+                }
+                true
+            }
+            Some(Err(_)) => {
+                gpu = None; // refused (logged by the facade): the CPU runs the rest
+                false
+            }
+            None => false,
+        };
+        if !on_device {
+            model.forward_scored(&mut st, &window, first, score)?;
+        }
         sum += csum;
         count += ccount;
         chunk_mean_nll.push(csum / ccount as f64);

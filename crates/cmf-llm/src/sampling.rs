@@ -15,8 +15,9 @@
 //!   one); min-p keeps tokens with probability ≥ min_p · p_max.
 //!
 //! The PRNG is xoshiro256** (Blackman & Vigna) seeded through splitmix64 from the 64-bit seed, so
-//! a seed reproduces a run on every platform; a draw is `u = (next() >> 11) · 2⁻⁵³` walked along
-//! the cumulative probabilities in descending order.
+//! a seed reproduces a run on every platform; a draw is `u = (next() >> 11) · 2⁻⁵³` times the
+//! survivors' total, walked along their cumulative probabilities (descending order when top-p
+//! sorted them, vocabulary order otherwise).
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -138,7 +139,8 @@ impl Sampler {
             return argmax(logits);
         }
 
-        // Temperature, then sort descending (ties: lower id first) and truncate.
+        // Temperature; then truncation, sorting only as much as top-p needs (a full sort of a
+        // 150k vocabulary per token would cost milliseconds).
         let inv_t = 1.0 / p.temperature;
         let c = &mut self.candidates;
         c.clear();
@@ -152,19 +154,13 @@ impl Sampler {
         if c.is_empty() {
             return 0;
         }
-        let k = if p.top_k > 0 {
-            p.top_k.min(c.len())
-        } else {
-            c.len()
-        };
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if k < c.len() {
-            c.select_nth_unstable_by(k - 1, by_logit);
-            c.truncate(k);
+        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, desc);
+            c.truncate(p.top_k);
         }
-        c.sort_unstable_by(by_logit);
         // Softmax over the survivors.
-        let max = c[0].1;
+        let max = c.iter().map(|e| e.1).fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f64;
         for e in c.iter_mut() {
             e.1 = (e.1 - max).exp();
@@ -174,21 +170,31 @@ impl Sampler {
             e.1 = (e.1 as f64 / sum) as f32;
         }
         if p.top_p < 1.0 {
-            let mut acc = 0.0f32;
-            let mut keep = c.len();
-            for (i, e) in c.iter().enumerate() {
-                acc += e.1;
-                if acc >= p.top_p {
-                    keep = i + 1;
-                    break;
+            // Sort a growing prefix of the most likely tokens until it holds top_p of the mass.
+            let mut k = 64.min(c.len());
+            loop {
+                if k < c.len() {
+                    c.select_nth_unstable_by(k - 1, desc);
+                }
+                c[..k].sort_unstable_by(desc);
+                let mut acc = 0.0f32;
+                let keep = c[..k].iter().position(|e| {
+                    acc += e.1;
+                    acc >= p.top_p
+                });
+                match keep {
+                    Some(i) => {
+                        c.truncate(i + 1);
+                        break;
+                    }
+                    None if k == c.len() => break,
+                    None => k = (k * 4).min(c.len()),
                 }
             }
-            c.truncate(keep);
         }
         if p.min_p > 0.0 {
-            let floor = p.min_p * c[0].1;
-            let keep = c.iter().take_while(|e| e.1 >= floor).count().max(1);
-            c.truncate(keep);
+            let floor = p.min_p * c.iter().map(|e| e.1).fold(0.0, f32::max);
+            c.retain(|e| e.1 >= floor);
         }
         let total: f32 = c.iter().map(|e| e.1).sum();
         let u = self.rng.next_f64() as f32 * total;
@@ -330,6 +336,26 @@ mod tests {
                 assert!(allowed.contains(&t), "{t} not in {allowed:?}");
             }
         }
+    }
+
+    /// Top-p over a flat distribution keeps just enough tokens (past the first sorted block of 64).
+    #[test]
+    fn top_p_grows_its_sorted_prefix() {
+        let mut logits = vec![0.0f32; 1000];
+        logits[999] = 0.5; // one slightly likelier token, always kept first
+        let mut s = Sampler::new(SamplingParams {
+            top_p: 0.5,
+            seed: 1,
+            ..params(1.0)
+        });
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..4000 {
+            seen.insert(s.sample(&mut logits.clone(), &[]));
+        }
+        assert!(seen.contains(&999));
+        // 0.5 of the mass is ≈ 499 tokens; every draw must come from that set.
+        assert!(seen.len() > 400 && seen.len() <= 500, "{}", seen.len());
+        assert!(s.candidates.len() <= 500);
     }
 
     /// With temperature 1 the empirical frequencies follow softmax(logits).

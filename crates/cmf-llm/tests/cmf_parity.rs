@@ -1,6 +1,8 @@
 //! The full CMF path (header → config, tensors in place from the mmap, every codec) against
-//! transformers on the tiny fixtures. Each fixture is written to a temporary CMF file with
-//! `CmfWriter` (`common::write_cmf`), opened with `CmfModel::open`, loaded with `Model::load`.
+//! transformers on the tiny fixtures. Each fixture is converted to a temporary CMF file by the
+//! converter (`cmf_convert::hf::convert`, what `cmf convert --quant …` runs), opened with
+//! `CmfModel::open` and loaded with `Model::load`. The converter writes q4 as q4_tiled; the
+//! q4_block layout (same values) is written by the test helper `common::write_cmf`.
 //!
 //! Bounds (per-row max |Δ| / max |logit|, worst over 48 prompt positions and 24 decode steps,
 //! all four fixtures). Measured worst values (2026-11-29, AVX-512 kernels) → bound set:
@@ -18,37 +20,60 @@
 //! for f32 only.
 
 mod common;
+use cmf_convert::{Options, Quant};
 use cmf_format::{CmfModel, Dtype};
 use cmf_llm::Model;
 use common::*;
 
-/// (codec, logits bound, greedy ids that must agree before the first difference).
-const BOUNDS: [(Dtype, f32, usize); 7] = [
-    (Dtype::F32, 1e-4, 24),
-    (Dtype::F16, 4e-3, 0),
-    (Dtype::Bf16, 2.5e-2, 0),
-    (Dtype::Q8Row, 0.2, 0),
-    (Dtype::Q8_2f, 0.2, 0),
-    (Dtype::Q4Block, 2.0, 0),
-    (Dtype::Q4Tiled, 2.0, 0),
+/// How a test file is made.
+#[derive(Clone, Copy, Debug)]
+enum Make {
+    Convert(Quant),
+    Helper(Dtype),
+}
+
+/// (file, logits bound, greedy ids that must agree before the first difference).
+const BOUNDS: [(Make, f32, usize); 7] = [
+    (Make::Convert(Quant::F32), 1e-4, 24),
+    (Make::Convert(Quant::F16), 4e-3, 0),
+    (Make::Convert(Quant::Bf16), 2.5e-2, 0),
+    (Make::Convert(Quant::Q8), 0.2, 0),
+    (Make::Convert(Quant::Q8_2f), 0.2, 0),
+    (Make::Convert(Quant::Q4), 2.0, 0),
+    (Make::Helper(Dtype::Q4Block), 2.0, 0),
 ];
 
 #[test]
 fn every_codec_within_its_bound() {
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for (dtype, bound, agree) in BOUNDS {
+    for (make, bound, agree) in BOUNDS {
         for name in FIXTURES {
-            let path = tmp.path().join(format!("{name}-{dtype}.cmf"));
-            write_cmf(name, dtype, &path);
+            let path = tmp.path().join(format!("{name}-{make:?}.cmf"));
+            match make {
+                Make::Convert(q) => {
+                    let opts = Options {
+                        quant: Some(q),
+                        ..Options::default()
+                    };
+                    cmf_convert::hf::convert(&fixture_dir(name), &path, &opts).unwrap();
+                }
+                Make::Helper(dtype) => write_cmf(name, dtype, &path),
+            }
             let file = CmfModel::open(&path).unwrap();
             let model = Model::load(&file).unwrap();
             let c = compare(&model, name);
             let err = c.prompt_err.max(c.decode_err);
-            println!("{dtype:>8} {name:>13}: logits {:.2e} (prompt {:.2e}, decode {:.2e}), greedy agrees for {}/24", err, c.prompt_err, c.decode_err, c.greedy_agree());
+            let label = format!("{make:?}");
+            println!(
+                "{label:>20} {name:>13}: logits {err:.2e} (prompt {:.2e}, decode {:.2e}), greedy agrees for {}/24",
+                c.prompt_err,
+                c.decode_err,
+                c.greedy_agree()
+            );
             if err > bound || c.greedy_agree() < agree {
                 failures.push(format!(
-                    "{dtype} {name}: {err:.2e} > {bound:.0e} or greedy {} < {agree}",
+                    "{label} {name}: {err:.2e} > {bound:.0e} or greedy {} < {agree}",
                     c.greedy_agree()
                 ));
             }

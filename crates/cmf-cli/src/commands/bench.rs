@@ -57,8 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         repetitions: args.reps,
         kv_dtype,
     };
+    let mut gpu = args.engine.gpu_model(&model, limit)?;
     cmf_llm::profile::reset();
-    let results = bench::run(&model, &cfg, &mut |test, rep| {
+    let results = bench::run_on(&model, gpu.as_mut(), &cfg, &mut |test, rep| {
         eprint!("\r{test}: {rep}/{}   ", args.reps)
     })?;
     eprint!("\r{:30}\r", "");
@@ -70,6 +71,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let quant = format!("{:?}", file.header().quant_type).to_lowercase();
     let threads = cmf_kernels::num_threads();
     let isa = cmf_kernels::cpu::active().name();
+    let backend = if gpu.is_some() {
+        "CUDA".to_string()
+    } else {
+        format!("CPU ({isa}, kv {})", kv_dtype.name())
+    };
     if args.json {
         let rows: Vec<_> = results
             .iter()
@@ -81,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "model_n_params": params,
                     "n_threads": threads,
                     "cpu_isa": isa,
+                    "backend": backend,
                     "kv_type": kv_dtype.name(),
                     "test": r.test,
                     "n_prompt": r.n_prompt,
@@ -97,12 +104,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
         for r in &results {
             println!(
-                "| {} {} | {:.2} MiB | {:.2} M | CPU ({isa}, kv {}) | {threads} | {} | {:.2} ± {:.2} |",
+                "| {} {} | {:.2} MiB | {:.2} M | {backend} | {threads} | {} | {:.2} ± {:.2} |",
                 arch.arch_name,
                 quant,
                 bytes as f64 / (1024.0 * 1024.0),
                 params as f64 / 1e6,
-                kv_dtype.name(),
                 r.test,
                 r.mean(),
                 r.stddev()

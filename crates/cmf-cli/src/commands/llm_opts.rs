@@ -1,4 +1,5 @@
-//! Flags shared by `cmf run`, `cmf bench` and `cmf ppl`: threads and KV-cache element type.
+//! Flags shared by `cmf run`, `cmf bench` and `cmf ppl`: threads, KV-cache element type, and the
+//! GPU (`--gpu`, `--gpu-layers`; see docs/gpu.md).
 
 use crate::exit::UsageError;
 use cmf_kernels::KvDtype;
@@ -11,10 +12,62 @@ pub struct EngineOpts {
     /// KV-cache element type: f16 (half the memory and bandwidth) or f32 (exact).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16")]
     pub kv_type: String,
+    /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
+    /// Default: $CMF_GPU (0, 1, cuda), else auto.
+    #[arg(long = "gpu", value_name = "MODE")]
+    pub gpu: Option<String>,
+    /// Layers on the GPU, e.g. 0-19,30-39 (default: $CMF_GPU_LAYERS, else all that fit).
+    #[arg(long = "gpu-layers", value_name = "RANGES")]
+    pub gpu_layers: Option<String>,
 }
 
 impl EngineOpts {
-    /// Applies the thread count; returns the KV type.
+    /// The model on the GPU when the facade opens a device and the whole model fits (`ctx`
+    /// positions of KV cache), else None (the CPU runs it). `--gpu cuda` without a device is
+    /// an error; refusals in `auto` are silent (`CMF_LOG=debug` says why).
+    pub fn gpu_model(
+        &self,
+        model: &cmf_llm::Model,
+        ctx: usize,
+    ) -> anyhow::Result<Option<cmf_llm::gpu::GpuModel>> {
+        use cmf_gpu::facade::{Gpu, GpuMode, LayerSet};
+        let flag = self
+            .gpu
+            .as_deref()
+            .map(str::parse::<GpuMode>)
+            .transpose()
+            .map_err(|e| UsageError(e.to_string()))?;
+        let mode = GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
+        let layers =
+            LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+        let gpu = Gpu::open(mode)?;
+        if !gpu.is_active() {
+            return Ok(None);
+        }
+        match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, layers.as_ref()) {
+            Some(g) => Ok(Some(g)),
+            None if mode == GpuMode::Cuda => Err(UsageError(
+                "--gpu cuda: the model cannot run on the device (CMF_LOG=debug says why)".into(),
+            )
+            .into()),
+            None => Ok(None),
+        }
+    }
+
+    /// The generation engine: [`cmf_llm::gpu::GpuEngine`] when the model runs on the GPU,
+    /// else the CPU engine.
+    pub fn engine<'m, 'a: 'm>(
+        &self,
+        model: &'m cmf_llm::Model<'a>,
+        ctx: usize,
+        kv_type: cmf_kernels::KvDtype,
+    ) -> anyhow::Result<Box<dyn cmf_llm::engine::Engine + 'm>> {
+        Ok(match self.gpu_model(model, ctx)? {
+            Some(g) => Box::new(cmf_llm::gpu::GpuEngine::new(model, g, ctx, kv_type)),
+            None => Box::new(cmf_llm::engine::CpuEngine::new(model, ctx, kv_type)),
+        })
+    }
+
     pub fn apply(&self) -> anyhow::Result<KvDtype> {
         match self.threads {
             Some(0) => return Err(UsageError("--threads must be at least 1".into()).into()),

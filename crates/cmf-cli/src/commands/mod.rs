@@ -9,6 +9,7 @@ pub mod info;
 mod llm_opts;
 pub mod ppl;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod verify;
 

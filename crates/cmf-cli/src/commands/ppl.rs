@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cmf_format::CmfModel;
 use cmf_llm::chat::TextAssets;
-use cmf_llm::perplexity::perplexity;
+use cmf_llm::perplexity::perplexity_on;
 use cmf_llm::Model;
 use serde_json::json;
 
@@ -61,8 +61,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.ctx,
         if bos.is_some() { "yes" } else { "no" }
     );
-    let r = perplexity(
+    let mut gpu = args.engine.gpu_model(&model, args.ctx)?;
+    let r = perplexity_on(
         &model,
+        gpu.as_mut(),
         &tokens,
         args.ctx,
         bos,

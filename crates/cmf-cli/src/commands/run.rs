@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cmf_format::CmfModel;
 use cmf_llm::chat::{ChatSession, TextAssets};
+use cmf_llm::engine::CpuEngine;
 use cmf_llm::generate::{generate, FinishReason, GenerationConfig, GenerationStats};
 use cmf_llm::sampling::SamplingParams;
 use cmf_llm::Model;
@@ -151,10 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if ids.is_empty() {
                 return Err(UsageError("the prompt is empty".into()).into());
             }
-            let mut st = model.new_state_with(ctx, kv_type);
+            let mut engine = args.engine.engine(&model, ctx, kv_type)?;
             let stats = generate(
-                &model,
-                &mut st,
+                engine.as_mut(),
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),
@@ -164,13 +164,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             finish(&stats, &cfg);
         }
         Some(p) => {
-            let mut chat = ChatSession::new(
-                &model,
+            let mut chat = ChatSession::with_engine(
+                args.engine.engine(&model, ctx, kv_type)?,
                 &assets.tokenizer,
                 &assets.template,
                 args.system.as_deref(),
-                ctx,
-                kv_type,
             );
             let (_, stats) = chat.send(&p, &cfg, &mut print)?;
             finish(&stats, &cfg);
@@ -188,13 +186,12 @@ fn interactive(
     ctx: usize,
     kv_type: cmf_kernels::KvDtype,
 ) -> anyhow::Result<()> {
-    let mut chat = ChatSession::new(
-        model,
+    // One device session for the chat; `--raw` lines below each take a fresh CPU engine.
+    let mut chat = ChatSession::with_engine(
+        args.engine.engine(model, ctx, kv_type)?,
         &assets.tokenizer,
         &assets.template,
         args.system.as_deref(),
-        ctx,
-        kv_type,
     );
     eprintln!("chat with {} (context {ctx} tokens); /reset forgets the conversation, /exit or Ctrl-D quits", args.file.display());
     let stdin = std::io::stdin();
@@ -221,10 +218,9 @@ fn interactive(
         };
         let result = if args.raw {
             let ids = assets.tokenizer.encode(&line, true)?;
-            let mut st = model.new_state_with(ctx, kv_type);
+            let mut engine = CpuEngine::new(model, ctx, kv_type);
             generate(
-                model,
-                &mut st,
+                &mut engine,
                 &assets.tokenizer,
                 &ids,
                 &mut Vec::new(),
@@ -253,6 +249,7 @@ fn finish(s: &GenerationStats, cfg: &GenerationConfig) {
         FinishReason::Stop => "stop string",
         FinishReason::Length => "max tokens",
         FinishReason::ContextFull => "context full",
+        FinishReason::Cancelled => "cancelled",
     };
     let seed = if cfg.sampling.temperature > 0.0 {
         format!(" | seed {}", cfg.sampling.seed)

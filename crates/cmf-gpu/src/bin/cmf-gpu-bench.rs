@@ -3,7 +3,7 @@
 //!
 //! usage: cmf-gpu-bench --preset qwen3-0.6b|qwen3-8b --quant q8|q8_2f|bf16|q4
 //!                      [--decode-ctx 128,4096] [--prefill 512,4096] [--tokens 128] [--layers N]
-//!                      [--hbm-tbps 4.3] [--peak-tflops 790]
+//!                      [--hbm-tbps 4.3] [--peak-tflops 790] [--profile]
 //! Prints one markdown table row per run, with the floors it is measured against:
 //! decode `weight bytes per token / HBM`, prefill TFLOP/s against the bf16 tensor-core peak.
 
@@ -24,6 +24,7 @@ struct Args {
     layers: Option<usize>,
     hbm: f64,
     peak: f64,
+    profile: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -36,6 +37,7 @@ fn parse() -> Result<Args, String> {
         layers: None,
         hbm: 4.3,
         peak: 790.0,
+        profile: false,
     };
     let list = |s: &str| -> Result<Vec<usize>, String> {
         s.split(',')
@@ -55,6 +57,7 @@ fn parse() -> Result<Args, String> {
             "--layers" => a.layers = Some(val()?.parse().map_err(|_| "bad --layers")?),
             "--hbm-tbps" => a.hbm = val()?.parse().map_err(|_| "bad --hbm-tbps")?,
             "--peak-tflops" => a.peak = val()?.parse().map_err(|_| "bad --peak-tflops")?,
+            "--profile" => a.profile = true,
             "-h" | "--help" => {
                 return Err("see the header of crates/cmf-gpu/src/bin/cmf-gpu-bench.rs".into())
             }
@@ -233,6 +236,20 @@ fn run(a: &Args) -> Result<(), String> {
             a.hbm,
             floor * 1e3
         ));
+    }
+    if a.profile {
+        // Per-stage device times: decode at the last context (device state as left above),
+        // then prefill at the largest size (re-run so the workspace holds its activations).
+        let mut prof = dev.profile_decode(50).map_err(|e| e.0)?;
+        if let Some(&p) = a.prefill.iter().max() {
+            let toks = prompt(p);
+            dev.prefill(&toks, 0, Logits::Last, &mut logits)
+                .map_err(|r| r.to_string())?;
+            prof.extend(dev.profile_prefill(p, 3).map_err(|e| e.0)?);
+        }
+        for (name, us) in prof {
+            rows.push(format!("profile {name:<48} {us:>10.1} µs"));
+        }
     }
     for r in &rows {
         println!("{} {} | {r}", a.preset, a.quant);

@@ -245,6 +245,21 @@ impl Dev {
         smem: u32,
         args: &[Arg],
     ) -> DResult<()> {
+        self.launch_ex(f, grid, block, smem, args, false)
+    }
+
+    /// Launches `f`, with programmatic dependent launch when `pdl`: the kernel may start
+    /// before its predecessor on the stream finishes, and must `pdl_wait()` (common.cuh)
+    /// before reading what the predecessor wrote.
+    pub fn launch_ex(
+        &self,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+        pdl: bool,
+    ) -> DResult<()> {
         let mut slots: Vec<u64> = Vec::with_capacity(args.len());
         let mut blobs: Vec<Vec<u64>> = Vec::new();
         for a in args {
@@ -280,19 +295,42 @@ impl Dev {
                 _ => &mut slots[i] as *mut u64 as *mut c_void,
             });
         }
-        // SAFETY: params point to live slots/blobs of the sizes the kernel signature expects
-        // (the kernel wrappers in `kernels.rs` pair each signature with its argument list).
-        unsafe {
-            dr::launch_kernel(
-                f.raw,
-                grid,
-                block,
-                smem,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+        let what = || format!("launching a kernel grid {grid:?} block {block:?}");
+        if !pdl {
+            // SAFETY: params point to live slots/blobs of the sizes the kernel signature
+            // expects (each call site pairs a kernel with its argument list).
+            return unsafe {
+                dr::launch_kernel(
+                    f.raw,
+                    grid,
+                    block,
+                    smem,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
+            .ctx(what);
         }
-        .ctx(|| format!("launching a kernel grid {grid:?} block {block:?}"))
+        // SAFETY: a zeroed attribute union is valid; we set the one field the id selects.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; cfg and attr outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&cfg, f.raw, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .ctx(what)
     }
 }
 

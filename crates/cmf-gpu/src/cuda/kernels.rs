@@ -38,6 +38,9 @@ pub fn all_sources() -> SourceSet {
         ("attention", ATTENTION, model(128, 2, true)),
         ("attention", ATTENTION, model(64, 1, false)),
         ("attention", ATTENTION, model(256, 8, false)),
+        ("attention", ATTENTION, model(16, 2, true)),
+        ("attention", ATTENTION, model(16, 2, false)),
+        ("rowops", ROWOPS, model(16, 2, true)),
     ]
 }
 
@@ -118,6 +121,11 @@ impl Func {
             .ctx(|| format!("allowing {bytes} B of shared memory"))
     }
 
+    /// Statically declared shared memory of the kernel.
+    pub fn static_smem(&self) -> usize {
+        self._keep.shared_size_bytes().unwrap_or(0).max(0) as usize
+    }
+
     pub fn regs(&self) -> i32 {
         self._keep.num_regs().unwrap_or(-1)
     }
@@ -156,7 +164,8 @@ impl CommonKernels {
             )
             .unwrap_or(48 * 1024) as usize;
         for f in &mvf {
-            f.allow_smem(max_smem)?;
+            // The opt-in limit covers static + dynamic shared memory.
+            f.allow_smem(max_smem.saturating_sub(f.static_smem()))?;
         }
         Ok(CommonKernels {
             mv: mvf,
@@ -165,6 +174,11 @@ impl CommonKernels {
             _mods: vec![mv, sample],
         })
     }
+}
+
+/// Dynamic shared memory of attn_prefill_fa2: 2 stages × (K + V) × 64 keys × (HD + 8) halves.
+pub fn fa2_smem(head_dim: usize) -> usize {
+    2 * 2 * 64 * (head_dim + 8) * 2
 }
 
 /// Kernels compiled for one model's geometry.
@@ -176,24 +190,40 @@ pub struct ModelKernels {
     pub dequant_rows: Func,
     pub rope_qk_kv: Func,
     pub attn_decode_partial: Func,
-    pub attn_decode_combine: Func,
     pub attn_prefill_simple: Func,
-    /// Tensor-core prefill attention: f16 cache and head_dim ≤ 128 only.
+    /// Tensor-core prefill attention (f16 cache, head_dim ≤ 128): version 1 (synchronous
+    /// tile loads) and version 2 (cp.async double buffering, ldmatrix.trans for V).
     pub attn_prefill_mma: Option<Func>,
+    pub attn_prefill_fa2: Option<Func>,
     _mods: Vec<Module>,
 }
 
 impl ModelKernels {
-    pub fn load(dev: &Dev, head_dim: usize, group: usize, kv_f32: bool) -> DResult<ModelKernels> {
+    pub fn load(
+        dev: &Dev,
+        head_dim: usize,
+        group: usize,
+        kv_f32: bool,
+        min_chunk: usize,
+    ) -> DResult<ModelKernels> {
         let defs = vec![
+            ("DEC_MIN_CHUNK", min_chunk.to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),
         ];
         let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
         let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
-        let mma = if !kv_f32 && head_dim <= 128 && head_dim % 16 == 0 {
+        let tc = !kv_f32 && head_dim <= 128 && head_dim % 16 == 0;
+        let mma = if tc {
             Some(attn.func("attn_prefill_mma")?)
+        } else {
+            None
+        };
+        let fa2 = if tc {
+            let f = attn.func("attn_prefill_fa2")?;
+            f.allow_smem(fa2_smem(head_dim))?;
+            Some(f)
         } else {
             None
         };
@@ -205,9 +235,9 @@ impl ModelKernels {
             dequant_rows: rows.func("dequant_rows")?,
             rope_qk_kv: rows.func("rope_qk_kv")?,
             attn_decode_partial: attn.func("attn_decode_partial")?,
-            attn_decode_combine: attn.func("attn_decode_combine")?,
             attn_prefill_simple: attn.func("attn_prefill_simple")?,
             attn_prefill_mma: mma,
+            attn_prefill_fa2: fa2,
             _mods: vec![rows, attn],
         };
         Ok(k)

@@ -70,6 +70,7 @@ pub fn launch(
     eps: f32,
     y: u64,
     mode: MvMode,
+    pdl: bool,
 ) -> DResult<()> {
     assert!(!segs.is_empty() && segs.len() <= 3);
     let codec = segs[0].w.codec;
@@ -107,7 +108,11 @@ pub fn launch(
     } else {
         1
     };
-    let blocks = jobs.div_ceil(WARPS).min(2 * dev.sm_count as usize).max(1);
+    // Two resident blocks per SM at most; as many rounds of jobs as that takes, and then as
+    // few blocks as give every warp the same number of rounds (no half-empty last round).
+    let max_blocks = 2 * dev.sm_count as usize;
+    let rounds = jobs.div_ceil(WARPS * max_blocks).max(1);
+    let blocks = jobs.div_ceil(WARPS * rounds).max(1);
     // SAFETY: MvArgsC is repr(C) plain data mirroring `struct MvArgs` in matvec.cu.
     let bytes = unsafe {
         std::slice::from_raw_parts(
@@ -115,12 +120,13 @@ pub fn launch(
             std::mem::size_of::<MvArgsC>(),
         )
     };
-    dev.launch(
+    dev.launch_ex(
         &ck.mv[codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
         smem_bytes(codec, k, nq) as u32,
         &[Arg::Bytes(bytes.to_vec())],
+        pdl,
     )
 }
 

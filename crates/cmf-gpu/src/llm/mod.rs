@@ -110,6 +110,9 @@ pub struct LlmOptions {
     pub kv: KvPrecision,
     /// Longest prompt piece one prefill pass takes; longer prompts are chunked.
     pub prefill_chunk: usize,
+    /// f32 everywhere the backend would otherwise round for speed: f32 KV cache, prefill
+    /// GEMMs in f32 (weights dequantised to f32, no bf16 operands). For parity checks.
+    pub precise: bool,
 }
 
 impl Default for LlmOptions {
@@ -118,6 +121,7 @@ impl Default for LlmOptions {
             max_context: 4096,
             kv: KvPrecision::Auto,
             prefill_chunk: 4096,
+            precise: false,
         }
     }
 }

@@ -34,13 +34,14 @@ impl Rng {
     }
 }
 
-/// Fills `buf` with `f(rng, chunk)` per 1 MiB chunk, on all cores; chunk i uses seed (seed, i).
-fn par_fill(buf: &mut [u8], seed: u64, f: impl Fn(&mut Rng, &mut [u8]) + Sync) {
-    const CHUNK: usize = 1 << 20;
+/// Fills `buf` with `f(rng, chunk)` per chunk of about 1 MiB (a multiple of `unit` bytes, so
+/// no element or tile straddles two chunks), on all cores; chunk i uses seed (seed, i).
+fn par_fill(buf: &mut [u8], unit: usize, seed: u64, f: impl Fn(&mut Rng, &mut [u8]) + Sync) {
+    let chunk_bytes = (1usize << 20) / unit * unit;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let chunks: Vec<(usize, &mut [u8])> = buf.chunks_mut(CHUNK).enumerate().collect();
+    let chunks: Vec<(usize, &mut [u8])> = buf.chunks_mut(chunk_bytes).enumerate().collect();
     let per = chunks.len().div_ceil(threads).max(1);
     let mut groups: Vec<Vec<(usize, &mut [u8])>> = Vec::new();
     let mut it = chunks.into_iter();
@@ -78,21 +79,21 @@ pub fn random_matrix(dtype: Dtype, rows: usize, cols: usize, std: f32, seed: u64
     // Uniform in [-a, a) has std a/√3.
     let a = std * 3f32.sqrt();
     match dtype {
-        Dtype::F32 => par_fill(&mut out, seed, |r, c| {
+        Dtype::F32 => par_fill(&mut out, 4, seed, |r, c| {
             c.chunks_exact_mut(4)
                 .for_each(|b| b.copy_from_slice(&(r.uniform() * a).to_le_bytes()))
         }),
-        Dtype::F16 => par_fill(&mut out, seed, |r, c| {
+        Dtype::F16 => par_fill(&mut out, 2, seed, |r, c| {
             c.chunks_exact_mut(2)
                 .for_each(|b| b.copy_from_slice(&f16_bytes(r.uniform() * a)))
         }),
-        Dtype::Bf16 => par_fill(&mut out, seed, |r, c| {
+        Dtype::Bf16 => par_fill(&mut out, 2, seed, |r, c| {
             c.chunks_exact_mut(2)
                 .for_each(|b| b.copy_from_slice(&bf16::from_f32(r.uniform() * a).to_le_bytes()))
         }),
         Dtype::Q8Row | Dtype::Q8_2f => {
             let (q, rest) = out.split_at_mut(n);
-            par_fill(q, seed, |r, c| {
+            par_fill(q, 1, seed, |r, c| {
                 c.iter_mut()
                     .for_each(|b| *b = (r.next_u64() % 255) as u8 ^ 0x80)
             });
@@ -112,7 +113,7 @@ pub fn random_matrix(dtype: Dtype, rows: usize, cols: usize, std: f32, seed: u64
                 Dtype::Q4Block => {
                     let groups = n.div_ceil(32);
                     let (nib, scales) = out.split_at_mut(groups * 16);
-                    par_fill(nib, seed, |r, c| {
+                    par_fill(nib, 1, seed, |r, c| {
                         c.iter_mut().for_each(|b| *b = r.next_u64() as u8)
                     });
                     let mut rng = Rng::new(seed ^ 0x52);
@@ -120,7 +121,7 @@ pub fn random_matrix(dtype: Dtype, rows: usize, cols: usize, std: f32, seed: u64
                         b.copy_from_slice(&f16_bytes(s * (1.0 + 0.25 * rng.uniform())));
                     }
                 }
-                _ => par_fill(&mut out, seed, |r, c| {
+                _ => par_fill(&mut out, 18, seed, |r, c| {
                     for t in c.chunks_exact_mut(18) {
                         t[..2].copy_from_slice(&f16_bytes(s * (1.0 + 0.25 * r.uniform())));
                         t[2..].iter_mut().for_each(|b| *b = r.next_u64() as u8);

@@ -138,6 +138,7 @@ pub(crate) fn widen<F: Fma>(src: KvSlice, at: usize, dst: &mut [f32]) {
         KvSlice::F32(s) => dst.copy_from_slice(&s[at..at + n]),
         KvSlice::F16(s) => {
             let s = &s[at..at + n];
+            #[allow(unused_mut)] // only the x86 branch advances it
             let mut i = 0;
             #[cfg(target_arch = "x86_64")]
             if F::X86_SIMD {

@@ -5,7 +5,8 @@
 //!   2·128·127 = 32512, below the i16 limit, so nothing saturates.
 //! - q4: nibbles q ∈ 0..15 × x: at most 2·15·127; the −8 offset is corrected per group in f32.
 //!
-//! One 32-byte vector is exactly one 32-block, so the block scale is a broadcast.
+//! One 32-byte vector is exactly one 32-block, so the block scale is a broadcast. Rows are read
+//! one at a time (consecutive rows are consecutive memory: one sequential stream).
 
 #![allow(clippy::needless_range_loop)] // register tiles read clearest with explicit indices
 
@@ -36,36 +37,46 @@ unsafe fn load8(dtype: Dtype, p: *const u8) -> __m256 {
     }
 }
 
+/// Float rows · x, one row at a time (one sequential stream from memory), two accumulators.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn float_matvec(w: &FloatW, x: &[f32], r0: usize, y: &mut [f32]) {
     let cols = w.cols;
     let esz = if w.dtype == Dtype::F32 { 4 } else { 2 };
-    let base = w.data.as_ptr();
     let full = cols / 8;
+    let xp = x.as_ptr();
     let mut tail_row = vec![0f32; cols];
-    let mut i = 0;
-    while i < y.len() {
-        let nr = (y.len() - i).min(4);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let rp: [*const u8; 4] =
-            std::array::from_fn(|k| base.add((r0 + i + k.min(nr - 1)) * cols * esz));
-        for c in 0..full {
-            let xv = _mm256_loadu_ps(x.as_ptr().add(c * 8));
-            for k in 0..4 {
-                acc[k] = _mm256_fmadd_ps(load8(w.dtype, rp[k].add(c * 8 * esz)), xv, acc[k]);
+    for (i, yr) in y.iter_mut().enumerate() {
+        let row = w.data.as_ptr().add((r0 + i) * cols * esz);
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut c = 0;
+        while c + 2 <= full {
+            a0 = _mm256_fmadd_ps(
+                load8(w.dtype, row.add(c * 8 * esz)),
+                _mm256_loadu_ps(xp.add(c * 8)),
+                a0,
+            );
+            a1 = _mm256_fmadd_ps(
+                load8(w.dtype, row.add((c + 1) * 8 * esz)),
+                _mm256_loadu_ps(xp.add((c + 1) * 8)),
+                a1,
+            );
+            c += 2;
+        }
+        if c < full {
+            a0 = _mm256_fmadd_ps(
+                load8(w.dtype, row.add(c * 8 * esz)),
+                _mm256_loadu_ps(xp.add(c * 8)),
+                a0,
+            );
+        }
+        let mut s = hsum8(_mm256_add_ps(a0, a1));
+        if full * 8 < cols {
+            w.decode_row(r0 + i, &mut tail_row);
+            for c in full * 8..cols {
+                s = tail_row[c].mul_add(x[c], s);
             }
         }
-        for k in 0..nr {
-            let mut s = hsum8(acc[k]);
-            if full * 8 < cols {
-                w.decode_row(r0 + i + k, &mut tail_row);
-                for c in full * 8..cols {
-                    s = tail_row[c].mul_add(x[c], s);
-                }
-            }
-            y[i + k] = s;
-        }
-        i += nr;
+        *yr = s;
     }
 }
 
@@ -76,6 +87,7 @@ unsafe fn dot_block_q8(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
+/// q8 rows · quantized input row `t`, one row at a time (one sequential stream), two accumulators.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     let cols = q.cols;
@@ -83,37 +95,27 @@ pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f
     let ad = &a.d[t * a.nb..(t + 1) * a.nb];
     let full = cols / 32;
     let mut tail = [0u8; 32];
-    let mut i = 0;
-    while i < y.len() {
-        let nr = (y.len() - i).min(4);
-        let rp: [*const u8; 4] =
-            std::array::from_fn(|k| q.q.as_ptr().add((r0 + i + k.min(nr - 1)) * cols));
-        let mut acc = [_mm256_setzero_ps(); 4];
+    for (i, yr) in y.iter_mut().enumerate() {
+        let row = q.row(r0 + i);
+        let rp = row.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); 2];
         for b in 0..full {
-            let xv = _mm256_loadu_si256(xq.add(b * 32) as *const __m256i);
-            let d = _mm256_set1_ps(ad[b]);
-            for k in 0..4 {
-                let s = dot_block_q8(_mm256_loadu_si256(rp[k].add(b * 32) as *const __m256i), xv);
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[k]);
-            }
+            let s = dot_block_q8(
+                _mm256_loadu_si256(rp.add(b * 32) as *const __m256i),
+                _mm256_loadu_si256(xq.add(b * 32) as *const __m256i),
+            );
+            acc[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(ad[b]), acc[b % 2]);
         }
         if full * 32 < cols {
-            let xv = _mm256_loadu_si256(xq.add(full * 32) as *const __m256i);
-            let d = _mm256_set1_ps(ad[full]);
-            for k in 0..nr {
-                tail.fill(0);
-                tail[..cols - full * 32].copy_from_slice(std::slice::from_raw_parts(
-                    rp[k].add(full * 32),
-                    cols - full * 32,
-                ));
-                let s = dot_block_q8(_mm256_loadu_si256(tail.as_ptr() as *const __m256i), xv);
-                acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[k]);
-            }
+            tail.fill(0);
+            tail[..cols - full * 32].copy_from_slice(&row[full * 32..]);
+            let s = dot_block_q8(
+                _mm256_loadu_si256(tail.as_ptr() as *const __m256i),
+                _mm256_loadu_si256(xq.add(full * 32) as *const __m256i),
+            );
+            acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(ad[full]), acc[0]);
         }
-        for k in 0..nr {
-            y[i + k] = q.scale(r0 + i + k) * hsum8(acc[k]);
-        }
-        i += nr;
+        *yr = q.scale(r0 + i) * hsum8(_mm256_add_ps(acc[0], acc[1]));
     }
 }
 

@@ -170,6 +170,8 @@ fn prepare<'x>(isa: Isa, plan: &Plan, x: &'x [f32], n: usize, cols: usize) -> Pr
 }
 
 /// y[i] = row(r0 + i) · input row t, for i < y.len(): the per-ISA matvec kernels.
+// Off x86-64 only the portable arms exist, which do not read the AVX-512 lane tables.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn run_rows(
     isa: Isa,
     w: &Weight,
@@ -266,6 +268,7 @@ pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
 
 /// Inputs up to this many rows run the matvec kernels (blocked so each weight block is read from
 /// memory once for all rows); more take the packed GEMM on the SIMD paths.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const SMALL_N: usize = 16;
 
 /// Y[n, rows] = X[n, cols] · Wᵀ on the given path.

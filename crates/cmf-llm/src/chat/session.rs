@@ -3,23 +3,23 @@
 //! rest, so earlier turns are not recomputed.
 
 use super::{ChatTemplate, Message, Tokenizer};
+use crate::engine::{CpuEngine, Engine};
 use crate::error::{LlmError, Result};
 use crate::generate::{generate, GenerationConfig, GenerationStats};
-use crate::model::{Model, State};
+use crate::model::Model;
 
-pub struct ChatSession<'m, 'a> {
-    model: &'m Model<'a>,
+pub struct ChatSession<'m> {
+    engine: Box<dyn Engine + 'm>,
     tokenizer: &'m Tokenizer,
     template: &'m ChatTemplate,
     pub messages: Vec<Message>,
-    state: State,
-    /// Ids whose keys/values are in `state`.
+    /// Ids whose keys/values are in the engine's cache.
     cached: Vec<u32>,
 }
 
-impl<'m, 'a> ChatSession<'m, 'a> {
+impl<'m> ChatSession<'m> {
     /// `limit`: tokens the conversation may occupy; `kv_dtype`: the cache's element type.
-    pub fn new(
+    pub fn new<'a: 'm>(
         model: &'m Model<'a>,
         tokenizer: &'m Tokenizer,
         template: &'m ChatTemplate,
@@ -27,16 +27,25 @@ impl<'m, 'a> ChatSession<'m, 'a> {
         limit: usize,
         kv_dtype: cmf_kernels::KvDtype,
     ) -> Self {
+        let engine = Box::new(CpuEngine::new(model, limit, kv_dtype));
+        Self::with_engine(engine, tokenizer, template, system)
+    }
+
+    /// A session on any [`Engine`] (e.g. a GPU backend's).
+    pub fn with_engine(
+        engine: Box<dyn Engine + 'm>,
+        tokenizer: &'m Tokenizer,
+        template: &'m ChatTemplate,
+        system: Option<&str>,
+    ) -> Self {
         let messages = system
             .map(|s| vec![Message::new("system", s)])
             .unwrap_or_default();
-        let state = model.new_state_with(limit, kv_dtype);
         ChatSession {
-            model,
+            engine,
             tokenizer,
             template,
             messages,
-            state,
             cached: Vec::new(),
         }
     }
@@ -44,7 +53,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
     /// Forgets the conversation except the system message.
     pub fn reset(&mut self) {
         self.messages.retain(|m| m.role == "system");
-        self.state.clear();
+        self.engine.truncate(0);
         self.cached.clear();
     }
 
@@ -65,7 +74,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
                 return Err(e);
             }
         };
-        let limit = self.state.kv.limit();
+        let limit = self.engine.limit();
         if ids.len() + 1 > limit {
             self.messages.pop();
             return Err(LlmError::ContextFull {
@@ -81,7 +90,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             .take_while(|(a, b)| a == b)
             .count();
         keep = keep.min(ids.len() - 1);
-        self.state.kv.truncate(keep);
+        self.engine.truncate(keep);
         self.cached.truncate(keep);
         let mut reply = String::new();
         let mut collect = |t: &str| {
@@ -89,8 +98,7 @@ impl<'m, 'a> ChatSession<'m, 'a> {
             on_text(t);
         };
         let stats = generate(
-            self.model,
-            &mut self.state,
+            self.engine.as_mut(),
             self.tokenizer,
             &ids[keep..],
             &mut self.cached,

@@ -12,6 +12,7 @@ impl Tokenizer {
     pub fn from_bytes(json: &[u8]) -> Result<Tokenizer> {
         let inner = tokenizers::Tokenizer::from_bytes(json)
             .map_err(|e| LlmError::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        release_freed_heap();
         Ok(Tokenizer { inner })
     }
 
@@ -145,4 +146,15 @@ fn common_prefix_len(a: &str, b: &str) -> usize {
         n = i + ca.len_utf8();
     }
     n
+}
+
+/// Parsing a large tokenizer.json leaves tens of MB of freed parser memory that glibc keeps
+/// (measured on Qwen3's 151k-entry vocabulary: 88 MB resident after parsing, 51 MB after this).
+/// Hand it back so the process stays near "mapped weights + KV cache + a little".
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

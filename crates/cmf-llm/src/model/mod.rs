@@ -137,11 +137,16 @@ impl<'a> Model<'a> {
         }
         self.check_room(st, tokens)?;
         let layers = self.weights.layers.len();
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run_rows(st, chunk, layers)?;
-        }
-        let n = tokens.len() - (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
-        self.logits_rows(&mut st.buf.act, n - 1, 1);
+        // One hand-off to the kernels' pool per pass: the kernels called inside split their work
+        // from a pool thread, without a wake-up and a blocking wait per call.
+        cmf_kernels::run_in_pool(|| {
+            for chunk in tokens.chunks(PREFILL_CHUNK) {
+                self.run_rows(st, chunk, layers)?;
+            }
+            let n = tokens.len() - (tokens.len() - 1) / PREFILL_CHUNK * PREFILL_CHUNK;
+            self.logits_rows(&mut st.buf.act, n - 1, 1);
+            Ok(())
+        })?;
         Ok(&st.buf.act.logits[..self.config.vocab_size])
     }
 
@@ -157,9 +162,19 @@ impl<'a> Model<'a> {
         st: &mut State,
         tokens: &[u32],
         first_scored: usize,
-        mut f: impl FnMut(usize, &[f32]),
+        mut f: impl FnMut(usize, &[f32]) + Send,
     ) -> Result<()> {
         self.check_room(st, tokens)?;
+        cmf_kernels::run_in_pool(|| self.forward_scored_in_pool(st, tokens, first_scored, &mut f))
+    }
+
+    fn forward_scored_in_pool(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        first_scored: usize,
+        f: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> Result<()> {
         let layers = self.weights.layers.len();
         let vocab = self.config.vocab_size;
         for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
@@ -196,11 +211,13 @@ impl<'a> Model<'a> {
         let mut st = self.state_for_layers(k, tokens.len(), KvDtype::F32);
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run_rows(&mut st, chunk, k)?;
-            out.extend_from_slice(&st.buf.act.x[..chunk.len() * h]);
-        }
-        Ok(out)
+        cmf_kernels::run_in_pool(|| {
+            for chunk in tokens.chunks(PREFILL_CHUNK) {
+                self.run_rows(&mut st, chunk, k)?;
+                out.extend_from_slice(&st.buf.act.x[..chunk.len() * h]);
+            }
+            Ok(out)
+        })
     }
 
     fn check_room(&self, st: &State, tokens: &[u32]) -> Result<()> {
@@ -227,6 +244,7 @@ impl<'a> Model<'a> {
 
     /// Runs `tokens` (one chunk) through the first `layers` layers; leaves the residual stream
     /// of each row in `st.buf.x` and appends to the cache.
+    /// (Called inside `cmf_kernels::run_in_pool`.)
     fn run_rows(&self, st: &mut State, tokens: &[u32], layers: usize) -> Result<()> {
         let cfg = &self.config;
         let n = tokens.len();

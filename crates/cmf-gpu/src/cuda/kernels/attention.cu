@@ -26,7 +26,9 @@
 #ifndef KV_F32
 #define KV_F32 0
 #endif
-#define EPL (HD / 32)
+// Dims per lane; lanes with lane·EPL ≥ HD idle (HD = 16 uses half a warp).
+#define EPL ((HD + 31) / 32)
+#define LANE_OK(lane) ((lane) * EPL < HD)
 #if KV_F32
 typedef float kv_t;
 __device__ __forceinline__ float kv_f(kv_t v) { return v; }
@@ -60,45 +62,99 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
     for (int j = 0; j < EPL; j++) out[j] = kv_f(p[j]);
 }
 
-// Grid (NKV, P), 128 threads, dynamic smem GQA·chunk_max floats.
-// part: [NH, P, HD + 2] — o (unnormalised), then max, then sum.
+// Keys per split at least (more splits = more blocks in flight; fewer = less merging). Up to
+// this many visible keys one block does the whole head group (no partials, no merge).
+#ifndef DEC_MIN_CHUNK
+#define DEC_MIN_CHUNK 32
+#endif
+
+// The split-K partition both decode kernels agree on: P_eff splits of `chunk` keys over the
+// visible keys [first, S), with at least 32 keys per split so short contexts use few blocks.
+__device__ __forceinline__ void decode_split(const int* pos_ptr, int window, int P, int& first, int& S, int& peff, int& chunk) {
+    S = pos_ptr[0] + 1;
+    first = window > 0 ? max(0, S - window) : 0;
+    const int n = S - first;
+    peff = min(P, max(1, (n + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK));
+    chunk = (n + peff - 1) / peff;
+}
+
+// A load that bypasses L1 (partials written by other SMs in this kernel).
+__device__ __forceinline__ float ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// 16 bytes of a cache row as f32 (8 halves or 4 floats).
+#if KV_F32
+#define KV_VEC 4
+__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
+    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y); o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+}
+#else
+#define KV_VEC 8
+__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) { o[2 * e] = f16_to_f32((u16)(w[e] & 0xffff)); o[2 * e + 1] = f16_to_f32((u16)(w[e] >> 16)); }
+}
+#endif
+
+// Loads of one K row in flight per thread (16 bytes each).
+#define KV_GRP (HD / KV_VEC < 16 ? HD / KV_VEC : 16)
+
+// Grid (NKV, P), 128 threads. Dynamic smem: q [GQA][HD] + scores [GQA][chunk_max] +
+// per-warp outputs [4][GQA][HD] + merge weights [4][P] floats.
+// part: [NH, P, HD + 2] — o (unnormalised), then max, then sum; splits ≥ P_eff write nothing.
+// The last split block of a kv head to finish (counted in `count[kvh]`, which it resets)
+// merges the partials of its GQA heads into out[NH, HD] (the log-sum-exp rescale), so no
+// separate combine kernel runs.
+// Phase 1 gives each thread whole keys (16-byte loads of its K row, all in flight at once;
+// q is read from shared memory as a broadcast), phase 3 gives each warp a quarter of the keys
+// and each lane EPL dims of the V rows.
 extern "C" __global__ void __launch_bounds__(128)
 attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* pos_ptr, int window, int S_max,
-                    float scale, int P, int chunk_max, float* part) {
-    extern __shared__ float sc[];
+                    float scale, int P, int chunk_max, float* part, int* count, float* out) {
+    pdl_trigger();
+    pdl_wait();
+    extern __shared__ __align__(16) float dsm[];
+    float* qs = dsm;                      // [GQA][HD]
+    float* sc = qs + GQA * HD;            // [GQA][chunk_max]
+    float* ow = sc + GQA * chunk_max;     // [4][GQA][HD]
+    float* wts = ow + 4 * GQA * HD;       // [4][P] merge weights, per warp (last block)
+    __shared__ float lsh[GQA];            // softmax sums (single-split case)
     const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int S = pos_ptr[0] + 1;
-    const int first = window > 0 ? max(0, S - window) : 0;
-    const int n = S - first;
-    const int chunk = (n + P - 1) / P;
-    const int c0 = first + split * chunk, c1 = min(S, c0 + chunk);
+    int first, S, peff, chunk;
+    decode_split(pos_ptr, window, P, first, S, peff, chunk);
+    if (split >= peff) return;
+    const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
     const size_t stride_h = (size_t)P * (HD + 2);
     float* ob = part + (size_t)kvh * GQA * stride_h + (size_t)split * (HD + 2);
-    if (c0 >= c1) {
-        for (int i = threadIdx.x; i < GQA * (HD + 2); i += blockDim.x) {
-            int g = i / (HD + 2), d = i % (HD + 2);
-            ob[g * stride_h + d] = d == HD ? NEG_INF : 0.f;
-        }
-        return;
-    }
-    const int len = c1 - c0;
-    float qr[GQA][EPL];
-#pragma unroll
-    for (int g = 0; g < GQA; g++)
-#pragma unroll
-        for (int j = 0; j < EPL; j++) qr[g][j] = q[(size_t)(kvh * GQA + g) * HD + lane * EPL + j] * scale;
+    for (int i = threadIdx.x; i < GQA * HD; i += blockDim.x) qs[i] = q[(size_t)kvh * GQA * HD + i] * scale;
+    __syncthreads();
 
-    for (int s = c0 + warp; s < c1; s += 4) {
-        float k[EPL];
-        load_kv(kc + ((size_t)kvh * S_max + s) * HD + lane * EPL, k);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const uint4* kr = (const uint4*)(kc + ((size_t)kvh * S_max + c0 + i) * HD);
+        float acc[GQA];
 #pragma unroll
-        for (int g = 0; g < GQA; g++) {
-            float d = 0.f;
+        for (int g = 0; g < GQA; g++) acc[g] = 0.f;
 #pragma unroll
-            for (int j = 0; j < EPL; j++) d += qr[g][j] * k[j];
-            d = warp_sum(d);
-            if (lane == 0) sc[g * chunk_max + (s - c0)] = d;
+        for (int c0v = 0; c0v < HD / KV_VEC; c0v += KV_GRP) {
+            uint4 raw[KV_GRP];
+#pragma unroll
+            for (int c = 0; c < KV_GRP; c++) raw[c] = kr[c0v + c];
+#pragma unroll
+            for (int c = 0; c < KV_GRP; c++) {
+                float kf[KV_VEC];
+                kv_vec(raw[c], kf);
+#pragma unroll
+                for (int g = 0; g < GQA; g++)
+#pragma unroll
+                    for (int e = 0; e < KV_VEC; e++) acc[g] += qs[g * HD + (c0v + c) * KV_VEC + e] * kf[e];
+            }
         }
+#pragma unroll
+        for (int g = 0; g < GQA; g++) sc[g * chunk_max + i] = acc[g];
     }
     __syncthreads();
     for (int g = warp; g < GQA; g += 4) {
@@ -115,42 +171,82 @@ attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* p
         if (lane == 0) {
             ob[g * stride_h + HD] = m;
             ob[g * stride_h + HD + 1] = l;
+            lsh[g] = l;
         }
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float o[GQA];
+    float o[GQA][EPL];
 #pragma unroll
-        for (int g = 0; g < GQA; g++) o[g] = 0.f;
-        const kv_t* vp = vc + ((size_t)kvh * S_max + c0) * HD + d;
+    for (int g = 0; g < GQA; g++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[g][e] = 0.f;
 #pragma unroll 4
-        for (int i = 0; i < len; i++) {
-            float v = kv_f(vp[(size_t)i * HD]);
+    for (int i = warp; i < len; i += 4) {
+        if (!LANE_OK(lane)) continue;
+        float v[EPL];
+        load_kv(vc + ((size_t)kvh * S_max + c0 + i) * HD + lane * EPL, v);
 #pragma unroll
-            for (int g = 0; g < GQA; g++) o[g] += sc[g * chunk_max + i] * v;
+        for (int g = 0; g < GQA; g++) {
+            float p = sc[g * chunk_max + i];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) o[g][e] += p * v[e];
         }
-#pragma unroll
-        for (int g = 0; g < GQA; g++) ob[g * stride_h + d] = o[g];
     }
-}
+#pragma unroll
+    for (int g = 0; g < GQA; g++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            if (LANE_OK(lane)) ow[(warp * GQA + g) * HD + lane * EPL + e] = o[g][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < GQA * HD; i += blockDim.x) {
+        int g = i / HD, d = i % HD;
+        float r = ow[(0 * GQA + g) * HD + d] + ow[(1 * GQA + g) * HD + d] + ow[(2 * GQA + g) * HD + d] + ow[(3 * GQA + g) * HD + d];
+        if (peff == 1)
+            out[(size_t)(kvh * GQA + g) * HD + d] = r / lsh[g];  // one split: already final
+        else
+            ob[g * stride_h + d] = r;
+    }
+    if (peff == 1) return;
 
-// Grid NH, 128 threads: merges the P partials of each head into out[NH, HD].
-extern "C" __global__ void __launch_bounds__(128) attn_decode_combine(const float* part, int P, float* out) {
-    const float* b = part + (size_t)blockIdx.x * P * (HD + 2);
-    float M = NEG_INF;
-    for (int p = 0; p < P; p++) M = fmaxf(M, b[p * (HD + 2) + HD]);
-    float L = 0.f;
-    for (int p = 0; p < P; p++) {
-        float m = b[p * (HD + 2) + HD];
-        if (m > NEG_INF) L += expf(m - M) * b[p * (HD + 2) + HD + 1];
-    }
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float o = 0.f;
-        for (int p = 0; p < P; p++) {
-            float m = b[p * (HD + 2) + HD];
-            if (m > NEG_INF) o += expf(m - M) * b[p * (HD + 2) + d];
+    // Last block of this kv head: merge the partials (log-sum-exp rescale), one warp per head.
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(count + kvh, 1) == peff - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) count[kvh] = 0;
+    float* wt = wts + warp * P;
+    for (int g = warp; g < GQA; g += 4) {
+        const float* hb = part + (size_t)(kvh * GQA + g) * stride_h;
+        float M = NEG_INF;
+        for (int p = lane; p < peff; p += 32) M = fmaxf(M, ldcg(hb + (size_t)p * (HD + 2) + HD));
+        M = warp_max(M);
+        float L = 0.f;
+        for (int p = lane; p < peff; p += 32) {
+            const float* pb = hb + (size_t)p * (HD + 2);
+            float w = expf(ldcg(pb + HD) - M);
+            wt[p] = w;
+            L += w * ldcg(pb + HD + 1);
         }
-        out[(size_t)blockIdx.x * HD + d] = o / L;
+        L = warp_sum(L);
+        __syncwarp();
+        if (LANE_OK(lane)) {
+            float acc[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[e] = 0.f;
+#pragma unroll 4
+            for (int p = 0; p < peff; p++) {
+                const float w = wt[p];
+                const float* pb = hb + (size_t)p * (HD + 2) + lane * EPL;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[e] += w * ldcg(pb + e);
+            }
+#pragma unroll
+            for (int e = 0; e < EPL; e++) out[(size_t)(kvh * GQA + g) * HD + lane * EPL + e] = acc[e] / L;
+        }
+        __syncwarp();
     }
 }
 
@@ -164,27 +260,30 @@ attn_prefill_simple(const float* q, const kv_t* kc, const kv_t* vc, int start, i
     const int first = window > 0 ? max(0, pos + 1 - window) : 0;
     float qr[EPL], o[EPL];
 #pragma unroll
+    const bool ok = LANE_OK(lane);
     for (int j = 0; j < EPL; j++) {
-        qr[j] = q[((size_t)t * NH + h) * HD + lane * EPL + j] * scale;
+        qr[j] = ok ? q[((size_t)t * NH + h) * HD + lane * EPL + j] * scale : 0.f;
         o[j] = 0.f;
     }
     float m = NEG_INF, l = 0.f;
     for (int s = first; s <= pos; s++) {
         float k[EPL], v[EPL];
-        load_kv(kc + ((size_t)kvh * S_max + s) * HD + lane * EPL, k);
+        const int li = ok ? lane : 0;  // idle lanes read lane 0's (valid) elements, weighted 0
+        load_kv(kc + ((size_t)kvh * S_max + s) * HD + li * EPL, k);
         float d = 0.f;
 #pragma unroll
         for (int j = 0; j < EPL; j++) d += qr[j] * k[j];
         d = warp_sum(d);
         float mn = fmaxf(m, d), corr = expf(m - mn), p = expf(d - mn);
         l = l * corr + p;
-        load_kv(vc + ((size_t)kvh * S_max + s) * HD + lane * EPL, v);
+        load_kv(vc + ((size_t)kvh * S_max + s) * HD + li * EPL, v);
 #pragma unroll
         for (int j = 0; j < EPL; j++) o[j] = o[j] * corr + p * v[j];
         m = mn;
     }
 #pragma unroll
-    for (int j = 0; j < EPL; j++) out[((size_t)t * NH + h) * HD + lane * EPL + j] = o[j] / l;
+    for (int j = 0; j < EPL; j++)
+        if (ok) out[((size_t)t * NH + h) * HD + lane * EPL + j] = o[j] / l;
 }
 
 #if !KV_F32 && HD <= 128 && (HD % 16 == 0)
@@ -321,6 +420,172 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
                 mma16816(o[dn], a, *(const u32*)vr, *(const u32*)(vr + 8));
             }
         }
+    }
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    const int r0 = qw + g, r1 = r0 + 8;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        int d = dn * 8 + tg * 2;
+        if (r0 < T) {
+            float* dst = out + ((size_t)r0 * NH + h) * HD + d;
+            dst[0] = o[dn][0] / l0;
+            dst[1] = o[dn][1] / l0;
+        }
+        if (r1 < T) {
+            float* dst = out + ((size_t)r1 * NH + h) * HD + d;
+            dst[0] = o[dn][2] / l1;
+            dst[1] = o[dn][3] / l1;
+        }
+    }
+}
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+// Version 2 of the prefill attention: the same math as attn_prefill_mma, with K and V tiles
+// double-buffered through cp.async (the next tile streams in while this one is multiplied)
+// and V kept row-major, its B fragments read transposed by ldmatrix.trans.
+// Grid (ceil(T/64), NH), 128 threads, dynamic smem 2 × 2 × 64 × (HD + 8) halves.
+extern "C" __global__ void __launch_bounds__(128)
+attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
+                 int NH, float* out) {
+    extern __shared__ __align__(16) u16 fsm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
+    const int h = blockIdx.y, kvh = h / GQA;
+    const int qb = blockIdx.x * FA_BQ, qw = qb + warp * 16;
+    const float sl2 = scale * 1.4426950408889634f;
+    const int TILE = FA_BK * KS;  // halves per K (or V) tile
+
+    u32 qa[HD / 16][4];
+    {
+        const int r0 = qw + g, r1 = r0 + 8;
+        const float* q0 = q + ((size_t)r0 * NH + h) * HD;
+        const float* q1 = q + ((size_t)r1 * NH + h) * HD;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            int c = kk * 16 + tg * 2;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+            if (r0 < T) { a0 = q0[c]; a1 = q0[c + 1]; a2 = q0[c + 8]; a3 = q0[c + 9]; }
+            if (r1 < T) { b0 = q1[c]; b1 = q1[c + 1]; b2 = q1[c + 8]; b3 = q1[c + 9]; }
+            qa[kk][0] = pack_f16x2(a0, a1);
+            qa[kk][1] = pack_f16x2(b0, b1);
+            qa[kk][2] = pack_f16x2(a2, a3);
+            qa[kk][3] = pack_f16x2(b2, b3);
+        }
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    const int p0 = start + qw + g, p1 = p0 + 8;
+    const int k_end = start + min(T, qb + FA_BQ);
+    int k_lo = window > 0 ? max(0, start + qb - window + 1) : 0;
+    k_lo &= ~(FA_BK - 1);
+
+    auto load_tile = [&](int stage, int kt) {
+        u16* Kd = fsm + stage * 2 * TILE;
+        u16* Vd = Kd + TILE;
+#pragma unroll
+        for (int it = 0; it < FA_BK * HD / 8 / 128; it++) {
+            int i = threadIdx.x + it * 128;
+            int r = i / (HD / 8), c8 = (i % (HD / 8)) * 8, key = kt + r;
+            bool ok = key < k_end;
+            size_t off = ((size_t)kvh * S_max + (ok ? key : 0)) * HD + c8;
+            cp_async16(Kd + r * KS + c8, kc + off, ok);
+            cp_async16(Vd + r * KS + c8, vc + off, ok);
+        }
+    };
+
+    if (k_lo < k_end) load_tile(0, k_lo);
+    cp_async_commit();
+    for (int it = 0, kt = k_lo; kt < k_end; it++, kt += FA_BK) {
+        if (kt + FA_BK < k_end) load_tile((it + 1) & 1, kt + FA_BK);
+        cp_async_commit();
+        cp_async_wait1();
+        __syncthreads();
+        const u16* Ks = fsm + (it & 1) * 2 * TILE;
+        const u16* Vs = Ks + TILE;
+
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const u16* kr = Ks + (nt * 8 + g) * KS + tg * 2;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                u32 b0 = *(const u32*)(kr + kk * 16), b1 = *(const u32*)(kr + kk * 16 + 8);
+                mma16816(s[nt], qa[kk], b0, b1);
+            }
+        }
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kt + nt * 8 + tg * 2 + (e & 1);
+                int pos = e < 2 ? p0 : p1;
+                bool ok = key <= pos && (window <= 0 || key > pos - window);
+                float v = ok ? s[nt][e] * sl2 : NEG_INF;
+                s[nt][e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float base0 = mn0 == NEG_INF ? 0.f : mn0, base1 = mn1 == NEG_INF ? 0.f : mn1;
+        const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            o[dn][0] *= corr0; o[dn][1] *= corr0;
+            o[dn][2] *= corr1; o[dn][3] *= corr1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - base0);
+            s[nt][1] = exp2f(s[nt][1] - base0);
+            s[nt][2] = exp2f(s[nt][2] - base1);
+            s[nt][3] = exp2f(s[nt][3] - base1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        const int lm = lane >> 3, lr = lane & 7;
+#pragma unroll
+        for (int c = 0; c < FA_BK / 16; c++) {
+            u32 a[4];
+            a[0] = pack_f16x2(s[2 * c][0], s[2 * c][1]);
+            a[1] = pack_f16x2(s[2 * c][2], s[2 * c][3]);
+            a[2] = pack_f16x2(s[2 * c + 1][0], s[2 * c + 1][1]);
+            a[3] = pack_f16x2(s[2 * c + 1][2], s[2 * c + 1][3]);
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn += 2) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, Vs + (c * 16 + (lm & 1) * 8 + lr) * KS + dn * 8 + (lm >> 1) * 8);
+                mma16816(o[dn], a, b[0], b[1]);
+                mma16816(o[dn + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
     }
     l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
     l0 += __shfl_xor_sync(FULL_MASK, l0, 2);

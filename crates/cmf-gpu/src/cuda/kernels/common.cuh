@@ -45,6 +45,13 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
+// while its predecessor runs; it must call pdl_wait() before reading anything a predecessor
+// wrote (immutable weights may be read before). pdl_trigger() lets the successor launch early.
+// Both are no-ops for kernels launched without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -5,7 +5,7 @@
 // arithmetic throughout. Fusions that remove a pass or a launch: q/k RMSNorm + RoPE + the KV
 // cache write in one kernel (with the Qwen2 biases when the GEMM path did not add them);
 // SwiGLU with the bf16 conversion of the next GEMM's input.
-// Compile-time: HD (head dim, multiple of 32, ≤ 256), KV_F32 (1: f32 KV cache, else f16).
+// Compile-time: HD (head dim: 16 or a multiple of 32, ≤ 256), KV_F32 (1: f32 KV cache, else f16).
 // References: llm/reference.rs (rms_norm, rope, layer), HF modeling_qwen3.py.
 
 #ifndef HD
@@ -14,6 +14,8 @@
 #ifndef KV_F32
 #define KV_F32 0
 #endif
+// Elements of a head per lane (HD = 16 leaves half the lanes idle).
+#define RJ ((HD + 31) / 32)
 #if KV_F32
 typedef float kv_t;
 __device__ __forceinline__ kv_t to_kv(float v) { return v; }
@@ -27,6 +29,8 @@ __device__ __forceinline__ kv_t to_kv(float v) { return f32_to_f16(v); }
 // reading outside the matrix.
 extern "C" __global__ void embed_rows(int codec, const u8* w, const u16* rs, const u16* col, int K, int V,
                                       const int* tokens, float* out) {
+    pdl_trigger();
+    pdl_wait();
     int t = blockIdx.x;
     long long r = min(max(tokens[t], 0), V - 1);
     for (int c = threadIdx.x; c < K; c += blockDim.x) out[(long long)t * K + c] = decode_elem(codec, w, rs, col, r, c, K);
@@ -60,15 +64,52 @@ extern "C" __global__ void swiglu_rows(const float* gu, int I, long long T, floa
     }
 }
 
-// Dequantises rows [r0, r0+rows) of W [*, K] to bf16 (out_b) or f32 (out_f), row-major.
+// Dequantises rows [r0, r0+rows) of W [*, K] to bf16 (out_b) or f32 (out_f), row-major, 8
+// elements per thread (K is a multiple of 32). Values match decode_elem / the CPU reference.
 extern "C" __global__ void dequant_rows(int codec, const u8* w, const u16* rs, const u16* col, long long K,
                                         long long r0, long long rows, u16* out_b, float* out_f) {
-    long long n = rows * K;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / K, c = k - r * K;
-        float v = decode_elem(codec, w, rs, col, r0 + r, c, K);
-        if (out_b) out_b[k] = f32_to_bf16(v);
-        else out_f[k] = v;
+    const long long n8 = rows * K / 8;
+    for (long long k8 = blockIdx.x * (long long)blockDim.x + threadIdx.x; k8 < n8; k8 += (long long)gridDim.x * blockDim.x) {
+        const long long e = k8 * 8, r = e / K, c = e - r * K, R = r0 + r, i = R * K + c;
+        float v[8];
+        if (codec == CODEC_Q8) {
+            uint2 q = *(const uint2*)(w + i);
+            float sc = f16_to_f32(rs[R]);
+            u32 qw[2] = {q.x, q.y};
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = (float)(i8)((qw[j >> 2] >> (8 * (j & 3))) & 255) * sc;
+            if (col) {
+                uint4 cv = *(const uint4*)(col + c);
+                u32 cw[4] = {cv.x, cv.y, cv.z, cv.w};
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] *= f16_to_f32((u16)((cw[j >> 1] >> (16 * (j & 1))) & 0xffff));
+            }
+        } else if (codec == CODEC_Q4) {
+            u32 nib = *(const u32*)(w + (i >> 1));
+            float sc = f16_to_f32(rs[i >> 5]);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = (float)((int)((nib >> (4 * j)) & 15) - 8) * sc;
+        } else if (codec == CODEC_F32) {
+            float4 a = *(const float4*)((const float*)w + i), b = *(const float4*)((const float*)w + i + 4);
+            v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        } else {
+            uint4 h = *(const uint4*)((const u16*)w + i);
+            u32 hw[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                u16 b = (u16)((hw[j >> 1] >> (16 * (j & 1))) & 0xffff);
+                v[j] = codec == CODEC_BF16 ? bf16_to_f32(b) : f16_to_f32(b);
+            }
+        }
+        if (out_b) {
+            u32 p[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) p[j] = (u32)f32_to_bf16(v[2 * j]) | ((u32)f32_to_bf16(v[2 * j + 1]) << 16);
+            *(uint4*)(out_b + k8 * 8) = make_uint4(p[0], p[1], p[2], p[3]);
+        } else {
+            *(float4*)(out_f + k8 * 8) = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4*)(out_f + k8 * 8 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        }
     }
 }
 
@@ -79,6 +120,8 @@ extern "C" __global__ void __launch_bounds__(128)
 rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, const float* v_bias,
            const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R, float attn_factor,
            const int* pos_ptr, int NH, int NKV, float* q_out, kv_t* k_cache, kv_t* v_cache, int S_max) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float buf[4][HD];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hh = blockIdx.x * 4 + warp, t = blockIdx.y;
@@ -90,29 +133,31 @@ rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, c
     else if (hh < NH + NKV) { kind = 1; h = hh - NH; off = NH * HD + h * HD; bias = k_bias; norm = k_norm; }
     else { kind = 2; h = hh - NH - NKV; off = (NH + NKV) * HD + h * HD; bias = v_bias; norm = 0; }
     const float* src = qkv + (long long)t * ld + off;
-    float v[HD / 32];
+    float v[RJ];
 #pragma unroll
-    for (int j = 0; j < HD / 32; j++) {
+    for (int j = 0; j < RJ; j++) {
         int e = lane + 32 * j;
-        v[j] = src[e] + (bias ? bias[h * HD + e] : 0.f);
+        v[j] = e < HD ? src[e] + (bias ? bias[h * HD + e] : 0.f) : 0.f;
     }
     if (norm) {
         float ss = 0.f;
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) ss += v[j] * v[j];
+        for (int j = 0; j < RJ; j++) ss += v[j] * v[j];
         ss = warp_sum(ss);
         float inv = rsqrtf(ss / (float)HD + eps);
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) v[j] = v[j] * inv * norm[lane + 32 * j];
+        for (int j = 0; j < RJ; j++)
+            if (lane + 32 * j < HD) v[j] = v[j] * inv * norm[lane + 32 * j];
     }
     if (kind < 2) {
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) buf[warp][lane + 32 * j] = v[j];
+        for (int j = 0; j < RJ; j++)
+            if (lane + 32 * j < HD) buf[warp][lane + 32 * j] = v[j];
         __syncwarp();
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) {
+        for (int j = 0; j < RJ; j++) {
             int e = lane + 32 * j;
-            if (e < 2 * R) {
+            if (e < 2 * R && e < HD) {
                 int i = e < R ? e : e - R;
                 float sn, cs;
                 sincosf((float)pos * inv_freq[i], &sn, &cs);
@@ -125,10 +170,12 @@ rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, c
     if (kind == 0) {
         float* dst = q_out + ((long long)t * NH + h) * HD;
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) dst[lane + 32 * j] = v[j];
+        for (int j = 0; j < RJ; j++)
+            if (lane + 32 * j < HD) dst[lane + 32 * j] = v[j];
     } else {
         kv_t* dst = (kind == 1 ? k_cache : v_cache) + ((long long)h * S_max + pos) * HD;
 #pragma unroll
-        for (int j = 0; j < HD / 32; j++) dst[lane + 32 * j] = to_kv(v[j]);
+        for (int j = 0; j < RJ; j++)
+            if (lane + 32 * j < HD) dst[lane + 32 * j] = to_kv(v[j]);
     }
 }

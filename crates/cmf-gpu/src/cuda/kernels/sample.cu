@@ -46,6 +46,8 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 // k = 1 is the arg-max.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 topk_partial(const float* logits, int V, int k, float* cv, int* ci) {
+    pdl_trigger();
+    pdl_wait();
     const int per = (V + SAMPLE_BLOCKS - 1) / SAMPLE_BLOCKS;
     const int lo = blockIdx.x * per, hi = min(V, lo + per);
     float v[SAMPLE_EPT];
@@ -88,6 +90,8 @@ __device__ __forceinline__ float rng_uniform(u64 seed, u64 pos) {
 extern "C" __global__ void __launch_bounds__(1024)
 topk_final(const float* cv, const int* ci, int k, float temperature, float top_p, u64 seed, int* tok, int* pos,
            int* out_tok) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float best_v[TOPK_MAX];
     __shared__ int best_i[TOPK_MAX];
     const int n = SAMPLE_BLOCKS * k;

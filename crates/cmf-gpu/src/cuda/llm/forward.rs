@@ -12,10 +12,11 @@
 //! (+= residual).
 
 use super::super::device::{bytes_of, Arg, DResult, DevError};
+use super::super::kernels::{self, Func};
 use super::super::matvec::{self, MvMode, MvSeg};
 use super::super::weights::{DevCodec, DevWeight};
 use super::workspace::{PrefillWs, SAMPLE_BLOCKS};
-use super::{CudaLlm, DevLayer, Graph};
+use super::{AttnKernel, CudaLlm, DevLayer, Graph};
 use crate::llm::{Logits, Sampler};
 use cudarc::driver::sys;
 use std::ops::Range;
@@ -25,6 +26,19 @@ fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
 }
 
 impl CudaLlm {
+    /// Launches a kernel of the decode chain (each calls pdl_wait before reading its
+    /// inputs), with programmatic dependent launch unless `CMF_GPU_PDL=0`.
+    fn go(
+        &self,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> DResult<()> {
+        self.dev.launch_ex(f, grid, block, smem, args, self.pdl)
+    }
+
     fn layer(&self, l: usize) -> &DevLayer {
         self.layers[l].as_ref().expect("resident layer")
     }
@@ -42,7 +56,7 @@ impl CudaLlm {
     }
 
     fn embed_rows(&self, e: &DevWeight, tokens: u64, t: usize, out: u64) -> DResult<()> {
-        self.dev.launch(
+        self.go(
             &self.mk.embed_rows,
             (t as u32, 1, 1),
             (256, 1, 1),
@@ -75,7 +89,7 @@ impl CudaLlm {
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
         let heads = s.num_heads + 2 * s.num_kv_heads;
-        self.dev.launch(
+        self.go(
             &self.mk.rope_qk_kv,
             (heads.div_ceil(4) as u32, t as u32, 1),
             (128, 1, 1),
@@ -103,108 +117,112 @@ impl CudaLlm {
         )
     }
 
-    fn enqueue_layer_decode(&self, l: usize) -> DResult<()> {
+    /// Stages of one decode layer (the profile times them one by one).
+    pub(super) const DECODE_STAGES: [&'static str; 6] = [
+        "qkv matvec (+norm)",
+        "q/k norm + rope + kv write",
+        "attention (split-K, fused merge)",
+        "o matvec (+res)",
+        "gate|up matvec (+norm, swiglu)",
+        "down matvec (+res)",
+    ];
+
+    pub(super) fn decode_stage(&self, l: usize, stage: usize) -> DResult<()> {
         let (dev, ck, ws, s) = (&*self.dev, &*self.ck, &self.ws, &self.spec);
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
-        let segs = [
-            MvSeg {
-                w: &d.q,
-                bias: opt(&d.q_bias),
-            },
-            MvSeg {
-                w: &d.k,
-                bias: opt(&d.k_bias),
-            },
-            MvSeg {
-                w: &d.v,
-                bias: opt(&d.v_bias),
-            },
-        ];
-        matvec::launch(
-            dev,
-            ck,
-            &segs,
-            ws.h.ptr(),
-            d.attn_norm.ptr(),
-            self.eps(),
-            ws.qkv.ptr(),
-            MvMode::Store,
-        )?;
-        self.rope(l, ws.qkv.ptr(), 1, ws.pos(), ws.qr.ptr(), false)?;
-        let group = s.num_heads / s.num_kv_heads;
-        dev.launch(
-            &self.mk.attn_decode_partial,
-            (s.num_kv_heads as u32, self.splits as u32, 1),
-            (128, 1, 1),
-            (group * self.chunk_max * 4) as u32,
-            &[
-                Arg::Ptr(ws.qr.ptr()),
-                Arg::Ptr(d.k_cache.ptr()),
-                Arg::Ptr(d.v_cache.ptr()),
-                Arg::Ptr(ws.pos()),
-                Arg::I32(d.window),
-                Arg::I32(self.opts.max_context as i32),
-                Arg::F32(s.attn_scale),
-                Arg::I32(self.splits as i32),
-                Arg::I32(self.chunk_max as i32),
-                Arg::Ptr(ws.part.ptr()),
-            ],
-        )?;
-        dev.launch(
-            &self.mk.attn_decode_combine,
-            (s.num_heads as u32, 1, 1),
-            (128, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ws.part.ptr()),
-                Arg::I32(self.splits as i32),
-                Arg::Ptr(ws.attn.ptr()),
-            ],
-        )?;
-        matvec::launch(
-            dev,
-            ck,
-            &[MvSeg { w: &d.o, bias: 0 }],
-            ws.attn.ptr(),
-            0,
-            0.0,
-            ws.h.ptr(),
-            MvMode::Accumulate,
-        )?;
-        let gu = [
-            MvSeg {
-                w: &d.gate,
-                bias: 0,
-            },
-            MvSeg { w: &d.up, bias: 0 },
-        ];
-        matvec::launch(
-            dev,
-            ck,
-            &gu,
-            ws.h.ptr(),
-            d.ffn_norm.ptr(),
-            self.eps(),
-            ws.act.ptr(),
-            MvMode::SwiGlu,
-        )?;
-        matvec::launch(
-            dev,
-            ck,
-            &[MvSeg {
-                w: &d.down,
-                bias: 0,
-            }],
-            ws.act.ptr(),
-            0,
-            0.0,
-            ws.h.ptr(),
-            MvMode::Accumulate,
-        )
+        let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
+            matvec::launch(dev, ck, segs, x, norm, self.eps(), y, mode, self.pdl)
+        };
+        match stage {
+            0 => {
+                let segs = [
+                    MvSeg {
+                        w: &d.q,
+                        bias: opt(&d.q_bias),
+                    },
+                    MvSeg {
+                        w: &d.k,
+                        bias: opt(&d.k_bias),
+                    },
+                    MvSeg {
+                        w: &d.v,
+                        bias: opt(&d.v_bias),
+                    },
+                ];
+                mv(
+                    &segs,
+                    ws.h.ptr(),
+                    d.attn_norm.ptr(),
+                    ws.qkv.ptr(),
+                    MvMode::Store,
+                )
+            }
+            1 => self.rope(l, ws.qkv.ptr(), 1, ws.pos(), ws.qr.ptr(), false),
+            2 => {
+                let group = s.num_heads / s.num_kv_heads;
+                self.go(
+                    &self.mk.attn_decode_partial,
+                    (s.num_kv_heads as u32, self.splits as u32, 1),
+                    (128, 1, 1),
+                    (4 * (group * (5 * s.head_dim + self.chunk_max) + 4 * self.splits)) as u32,
+                    &[
+                        Arg::Ptr(ws.qr.ptr()),
+                        Arg::Ptr(d.k_cache.ptr()),
+                        Arg::Ptr(d.v_cache.ptr()),
+                        Arg::Ptr(ws.pos()),
+                        Arg::I32(d.window),
+                        Arg::I32(self.opts.max_context as i32),
+                        Arg::F32(s.attn_scale),
+                        Arg::I32(self.splits as i32),
+                        Arg::I32(self.chunk_max as i32),
+                        Arg::Ptr(ws.part.ptr()),
+                        Arg::Ptr(ws.count.ptr()),
+                        Arg::Ptr(ws.attn.ptr()),
+                    ],
+                )
+            }
+            3 => mv(
+                &[MvSeg { w: &d.o, bias: 0 }],
+                ws.attn.ptr(),
+                0,
+                ws.h.ptr(),
+                MvMode::Accumulate,
+            ),
+            4 => {
+                let gu = [
+                    MvSeg {
+                        w: &d.gate,
+                        bias: 0,
+                    },
+                    MvSeg { w: &d.up, bias: 0 },
+                ];
+                mv(
+                    &gu,
+                    ws.h.ptr(),
+                    d.ffn_norm.ptr(),
+                    ws.act.ptr(),
+                    MvMode::SwiGlu,
+                )
+            }
+            _ => mv(
+                &[MvSeg {
+                    w: &d.down,
+                    bias: 0,
+                }],
+                ws.act.ptr(),
+                0,
+                ws.h.ptr(),
+                MvMode::Accumulate,
+            ),
+        }
     }
 
-    fn enqueue_head_decode(&self, x: u64, out: u64) -> DResult<()> {
+    fn enqueue_layer_decode(&self, l: usize) -> DResult<()> {
+        (0..Self::DECODE_STAGES.len()).try_for_each(|st| self.decode_stage(l, st))
+    }
+
+    pub(super) fn enqueue_head_decode(&self, x: u64, out: u64) -> DResult<()> {
         let head = self.head_weight().expect("head resident");
         let norm = self.final_norm.as_ref().expect("head resident").ptr();
         matvec::launch(
@@ -216,10 +234,11 @@ impl CudaLlm {
             self.eps(),
             out,
             MvMode::Store,
+            self.pdl,
         )
     }
 
-    fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
+    pub(super) fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
         let ws = &self.ws;
         let (k, temp, top_p, seed) = match *sampler {
             Sampler::Greedy => (1, 0.0, 1.0, 0),
@@ -230,7 +249,7 @@ impl CudaLlm {
                 seed,
             } => (k, temperature, top_p, seed),
         };
-        self.dev.launch(
+        self.go(
             &self.ck.topk_partial,
             (SAMPLE_BLOCKS as u32, 1, 1),
             (256, 1, 1),
@@ -243,7 +262,7 @@ impl CudaLlm {
                 Arg::Ptr(ws.cand_i.ptr()),
             ],
         )?;
-        self.dev.launch(
+        self.go(
             &self.ck.topk_final,
             (1, 1, 1),
             (1024, 1, 1),
@@ -263,7 +282,7 @@ impl CudaLlm {
     }
 
     /// Every launch of one decode step, in order (what the graph captures).
-    fn enqueue_token(&self, sampler: &Sampler) -> DResult<()> {
+    pub(super) fn enqueue_token(&self, sampler: &Sampler) -> DResult<()> {
         self.enqueue_embed_decode()?;
         for l in 0..self.layers.len() {
             self.enqueue_layer_decode(l)?;
@@ -334,7 +353,7 @@ impl CudaLlm {
 
     // ---- prefill ------------------------------------------------------------------------
 
-    fn ensure_prefill_ws(&mut self) -> DResult<()> {
+    pub(super) fn ensure_prefill_ws(&mut self) -> DResult<()> {
         if self.pf.is_none() {
             self.pf = Some(PrefillWs::new(&self.dev, self.pf_sizes)?);
         }
@@ -344,7 +363,7 @@ impl CudaLlm {
     /// out[t, col0 + r] (+)= x[t] · w[r] for every row of `w`, through cuBLAS. `x_f32` /
     /// `x_bf16` hold the same input in both precisions; the codec picks which is read.
     #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    pub(super) fn gemm(
         &self,
         w: &DevWeight,
         x_f32: u64,
@@ -360,12 +379,13 @@ impl CudaLlm {
             .blas
             .as_ref()
             .ok_or_else(|| DevError("cuBLAS is not available".into()))?;
-        let bf16 = w.codec.gemm_in_bf16();
+        let bf16 = w.codec.gemm_in_bf16() && !self.opts.precise;
         let x = if bf16 { x_bf16 } else { x_f32 };
         let k = w.cols;
         let out0 = out + 4 * col0 as u64;
         match w.codec {
-            DevCodec::Bf16 | DevCodec::F32 => {
+            // Used in place when the stored precision is the GEMM's.
+            DevCodec::Bf16 | DevCodec::F32 if bf16 == (w.codec == DevCodec::Bf16) => {
                 blas.gemm(bf16, w.w(), x, out0, w.rows, t, k, ldc, accumulate)
             }
             _ => {
@@ -410,7 +430,7 @@ impl CudaLlm {
         }
     }
 
-    fn rmsnorm_rows(&self, x: u64, w: u64, t: usize, k: usize, out: u64) -> DResult<()> {
+    pub(super) fn rmsnorm_rows(&self, x: u64, w: u64, t: usize, k: usize, out: u64) -> DResult<()> {
         self.dev.launch(
             &self.mk.rmsnorm_rows,
             (t as u32, 1, 1),
@@ -426,7 +446,7 @@ impl CudaLlm {
         )
     }
 
-    fn to_bf16(&self, x: u64, n: usize, out: u64) -> DResult<()> {
+    pub(super) fn to_bf16(&self, x: u64, n: usize, out: u64) -> DResult<()> {
         self.dev.launch(
             &self.mk.to_bf16,
             grid1(n, 256 * 4),
@@ -436,102 +456,129 @@ impl CudaLlm {
         )
     }
 
-    /// One layer over pf.h[t, H] at positions *pf.start + i.
-    fn enqueue_layer_prefill(&self, l: usize, t: usize) -> DResult<()> {
+    /// Stages of one prefill layer (the profile times them one by one).
+    pub(super) const PREFILL_STAGES: [&'static str; 8] = [
+        "rmsnorm + bf16",
+        "q,k,v GEMMs",
+        "rope + kv write",
+        "attention",
+        "bf16 + o GEMM (+res)",
+        "rmsnorm + bf16 + gate,up GEMMs",
+        "swiglu",
+        "down GEMM (+res)",
+    ];
+
+    /// One stage of layer `l` over pf.h[t, H] at positions *pf.start + i.
+    pub(super) fn prefill_stage(&self, l: usize, t: usize, stage: usize) -> DResult<()> {
         let (s, pf, d) = (
             &self.spec,
             self.pf.as_ref().expect("prefill workspace"),
             self.layer(l),
         );
         let (h, q, kv, i) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
-        // Attention block.
-        self.rmsnorm_rows(pf.h.ptr(), d.attn_norm.ptr(), t, h, pf.xn.ptr())?;
-        self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
         let ld = q + 2 * kv;
-        self.gemm(
-            &d.q,
-            pf.xn.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.qkv.ptr(),
-            ld,
-            0,
-            false,
-        )?;
-        self.gemm(
-            &d.k,
-            pf.xn.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.qkv.ptr(),
-            ld,
-            q,
-            false,
-        )?;
-        self.gemm(
-            &d.v,
-            pf.xn.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.qkv.ptr(),
-            ld,
-            q + kv,
-            false,
-        )?;
-        self.rope(l, pf.qkv.ptr(), t, pf.start.ptr(), pf.qr.ptr(), true)?;
-        self.enqueue_attention_prefill(l, t)?;
-        self.to_bf16(pf.attn.ptr(), t * q, pf.xb.ptr())?;
-        self.gemm(&d.o, pf.attn.ptr(), pf.xb.ptr(), t, pf.h.ptr(), h, 0, true)?;
-        // MLP block.
-        self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
-        self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
-        self.gemm(
-            &d.gate,
-            pf.xn.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.gu.ptr(),
-            2 * i,
-            0,
-            false,
-        )?;
-        self.gemm(
-            &d.up,
-            pf.xn.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.gu.ptr(),
-            2 * i,
-            i,
-            false,
-        )?;
-        let f32_act = !d.down.codec.gemm_in_bf16();
-        self.dev.launch(
-            &self.mk.swiglu_rows,
-            grid1(t * i, 256 * 4),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(pf.gu.ptr()),
-                Arg::I32(i as i32),
-                Arg::U64(t as u64),
-                Arg::Ptr(if f32_act { pf.act_f.ptr() } else { 0 }),
-                Arg::Ptr(if f32_act { 0 } else { pf.xb.ptr() }),
-            ],
-        )?;
-        self.gemm(
-            &d.down,
-            pf.act_f.ptr(),
-            pf.xb.ptr(),
-            t,
-            pf.h.ptr(),
-            h,
-            0,
-            true,
-        )
+        match stage {
+            0 => {
+                self.rmsnorm_rows(pf.h.ptr(), d.attn_norm.ptr(), t, h, pf.xn.ptr())?;
+                self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())
+            }
+            1 => {
+                self.gemm(
+                    &d.q,
+                    pf.xn.ptr(),
+                    pf.xb.ptr(),
+                    t,
+                    pf.qkv.ptr(),
+                    ld,
+                    0,
+                    false,
+                )?;
+                self.gemm(
+                    &d.k,
+                    pf.xn.ptr(),
+                    pf.xb.ptr(),
+                    t,
+                    pf.qkv.ptr(),
+                    ld,
+                    q,
+                    false,
+                )?;
+                self.gemm(
+                    &d.v,
+                    pf.xn.ptr(),
+                    pf.xb.ptr(),
+                    t,
+                    pf.qkv.ptr(),
+                    ld,
+                    q + kv,
+                    false,
+                )
+            }
+            2 => self.rope(l, pf.qkv.ptr(), t, pf.start.ptr(), pf.qr.ptr(), true),
+            3 => self.enqueue_attention_prefill(l, t),
+            4 => {
+                self.to_bf16(pf.attn.ptr(), t * q, pf.xb.ptr())?;
+                self.gemm(&d.o, pf.attn.ptr(), pf.xb.ptr(), t, pf.h.ptr(), h, 0, true)
+            }
+            5 => {
+                self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
+                self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
+                self.gemm(
+                    &d.gate,
+                    pf.xn.ptr(),
+                    pf.xb.ptr(),
+                    t,
+                    pf.gu.ptr(),
+                    2 * i,
+                    0,
+                    false,
+                )?;
+                self.gemm(
+                    &d.up,
+                    pf.xn.ptr(),
+                    pf.xb.ptr(),
+                    t,
+                    pf.gu.ptr(),
+                    2 * i,
+                    i,
+                    false,
+                )
+            }
+            6 => {
+                let f32_act = self.opts.precise || !d.down.codec.gemm_in_bf16();
+                self.dev.launch(
+                    &self.mk.swiglu_rows,
+                    grid1(t * i, 256 * 4),
+                    (256, 1, 1),
+                    0,
+                    &[
+                        Arg::Ptr(pf.gu.ptr()),
+                        Arg::I32(i as i32),
+                        Arg::U64(t as u64),
+                        Arg::Ptr(if f32_act { pf.act_f.ptr() } else { 0 }),
+                        Arg::Ptr(if f32_act { 0 } else { pf.xb.ptr() }),
+                    ],
+                )
+            }
+            _ => self.gemm(
+                &d.down,
+                pf.act_f.ptr(),
+                pf.xb.ptr(),
+                t,
+                pf.h.ptr(),
+                h,
+                0,
+                true,
+            ),
+        }
     }
 
-    fn enqueue_attention_prefill(&self, l: usize, t: usize) -> DResult<()> {
+    /// One layer over pf.h[t, H] at positions *pf.start + i.
+    pub(super) fn enqueue_layer_prefill(&self, l: usize, t: usize) -> DResult<()> {
+        (0..Self::PREFILL_STAGES.len()).try_for_each(|st| self.prefill_stage(l, t, st))
+    }
+
+    pub(super) fn enqueue_attention_prefill(&self, l: usize, t: usize) -> DResult<()> {
         let (s, pf, d) = (
             &self.spec,
             self.pf.as_ref().expect("prefill workspace"),
@@ -548,8 +595,17 @@ impl CudaLlm {
                 Arg::Ptr(pf.attn.ptr()),
             ])
         };
-        match &self.mk.attn_prefill_mma {
-            Some(f) if std::env::var("CMF_GPU_SIMPLE_ATTENTION").is_err() => {
+        let tc = match self.attn {
+            AttnKernel::Fa2 => self
+                .mk
+                .attn_prefill_fa2
+                .as_ref()
+                .map(|f| (f, kernels::fa2_smem(s.head_dim))),
+            AttnKernel::Mma => self.mk.attn_prefill_mma.as_ref().map(|f| (f, 0)),
+            AttnKernel::Simple => None,
+        };
+        match tc {
+            Some((f, smem)) => {
                 let mut args = vec![
                     Arg::Ptr(pf.qr.ptr()),
                     Arg::Ptr(d.k_cache.ptr()),
@@ -561,11 +617,11 @@ impl CudaLlm {
                     f,
                     (t.div_ceil(64) as u32, s.num_heads as u32, 1),
                     (128, 1, 1),
-                    0,
+                    smem as u32,
                     &args,
                 )
             }
-            _ => {
+            None => {
                 let mut args = vec![
                     Arg::Ptr(pf.qr.ptr()),
                     Arg::Ptr(d.k_cache.ptr()),
@@ -584,7 +640,7 @@ impl CudaLlm {
     }
 
     /// Final norm + lm_head over pf.h[t, H] into logits [t, V] at `out`.
-    fn enqueue_head_prefill(&self, t: usize, out: u64) -> DResult<()> {
+    pub(super) fn enqueue_head_prefill(&self, t: usize, out: u64) -> DResult<()> {
         let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
         let head = self.head_weight().expect("head resident");
         let norm = self.final_norm.as_ref().expect("head resident").ptr();
@@ -593,7 +649,11 @@ impl CudaLlm {
         self.gemm(head, pf.xn.ptr(), pf.xb.ptr(), t, out, s.vocab, 0, false)
     }
 
-    fn upload_prefill_inputs(&mut self, tokens: Option<&[u32]>, start: usize) -> DResult<()> {
+    pub(super) fn upload_prefill_inputs(
+        &mut self,
+        tokens: Option<&[u32]>,
+        start: usize,
+    ) -> DResult<()> {
         let pf = self.pf.as_ref().expect("prefill workspace");
         if let Some(tokens) = tokens {
             let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();

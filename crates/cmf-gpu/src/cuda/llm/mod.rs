@@ -12,6 +12,7 @@
 //! - `forward_layers` / `head`: hybrid placement, the caller runs the other layers on the CPU.
 
 mod forward;
+mod profile;
 mod workspace;
 
 use super::blas::Blas;
@@ -79,6 +80,20 @@ pub struct CudaLlm {
     graph: Option<(Sampler, Graph)>,
     /// (token, position) the device-side decode inputs hold now, if known.
     dev_inputs: Option<(u32, usize)>,
+    /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
+    pdl: bool,
+    attn: AttnKernel,
+}
+
+/// Which prefill attention kernel runs (`CMF_GPU_ATTN=fa2|mma|simple` for A/B runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// Tensor cores, cp.async double buffering (f16 cache, head_dim ≤ 128).
+    Fa2,
+    /// Tensor cores, synchronous tile loads (version 1).
+    Mma,
+    /// f32 FMA, one warp per (query, head): any cache precision and head_dim.
+    Simple,
 }
 
 /// Per-model facts the footprint and the load share.
@@ -89,17 +104,26 @@ struct Plan {
     chunk_max: usize,
 }
 
+/// Fewest keys per decode-attention split (`CMF_GPU_ATTN_MIN_CHUNK`, A/B runs; default 32).
+fn dec_min_chunk() -> usize {
+    std::env::var("CMF_GPU_ATTN_MIN_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(32)
+}
+
 fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
     let s = &model.spec;
     let shape = |m: String| Refusal::new("llm.load", RefusalReason::UnsupportedShape(m));
-    if s.head_dim % 32 != 0 || s.head_dim > 256 {
+    if !(s.head_dim % 32 == 0 || s.head_dim == 16) || s.head_dim > 256 {
         return Err(shape(format!(
-            "head_dim {} (the kernels need a multiple of 32, at most 256)",
+            "head_dim {} (the kernels take 16 or a multiple of 32, at most 256)",
             s.head_dim
         )));
     }
     let group = s.num_heads / s.num_kv_heads;
-    if group * (s.head_dim / 32) > 64 {
+    if group * s.head_dim.div_ceil(32) > 64 {
         return Err(shape(format!(
             "{group} query heads per kv head at head_dim {}",
             s.head_dim
@@ -142,25 +166,29 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
             )));
         }
     }
-    let kv_f32 = match opts.kv {
-        KvPrecision::F32 => true,
-        KvPrecision::F16 => false,
-        KvPrecision::Auto => all_float,
-    };
+    let kv_f32 = opts.precise
+        || match opts.kv {
+            KvPrecision::F32 => true,
+            KvPrecision::F16 => false,
+            KvPrecision::Auto => all_float,
+        };
     let kv_elem = if kv_f32 { 4 } else { 2 };
     let kv_layer_bytes = (2 * s.num_kv_heads * opts.max_context * s.head_dim * kv_elem) as u64;
-    // About two blocks per SM for decode attention; scores of a split fit in shared memory.
-    let mut splits = (2 * dev.sm_count as usize)
+    // Up to about four blocks per SM for decode attention at long contexts (the kernel uses
+    // fewer splits, at least 32 keys each, at short ones); a split's q, scores and per-warp
+    // outputs fit in shared memory.
+    let mut splits = (4 * dev.sm_count as usize)
         .div_ceil(s.num_kv_heads)
-        .clamp(1, 64);
-    while group * opts.max_context.div_ceil(splits) * 4 > 96 * 1024 {
+        .clamp(1, 128);
+    let chunk = |p: usize| opts.max_context.div_ceil(p).max(dec_min_chunk());
+    while 4 * (group * (5 * s.head_dim + chunk(splits)) + 4 * splits) > 96 * 1024 {
         splits *= 2;
     }
     Ok(Plan {
         kv_f32,
         kv_layer_bytes,
         splits,
-        chunk_max: opts.max_context.div_ceil(splits),
+        chunk_max: chunk(splits),
     })
 }
 
@@ -188,8 +216,8 @@ pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footp
             weights::device_bytes(&model.lm_head)
         }
         + 4 * model.spec.hidden as u64;
-    let fixed_bytes =
-        DecodeWs::bytes(&model.spec, p.splits) + PrefillWs::bytes(model, opts.prefill_chunk);
+    let fixed_bytes = DecodeWs::bytes(&model.spec, p.splits)
+        + PrefillWs::bytes(model, opts.prefill_chunk, opts.precise);
     Ok(Footprint {
         layer_bytes,
         head_bytes,
@@ -216,9 +244,16 @@ impl CudaLlm {
         let p = plan(&dev, model, opts)?;
         let s = &model.spec;
         let err = |e: DevError| e.refusal("llm.load");
-        let mk = ModelKernels::load(&dev, s.head_dim, s.num_heads / s.num_kv_heads, p.kv_f32)
-            .map_err(err)?;
-        let smem = s.num_heads / s.num_kv_heads * p.chunk_max * 4;
+        let mk = ModelKernels::load(
+            &dev,
+            s.head_dim,
+            s.num_heads / s.num_kv_heads,
+            p.kv_f32,
+            dec_min_chunk(),
+        )
+        .map_err(err)?;
+        let smem =
+            4 * (s.num_heads / s.num_kv_heads * (5 * s.head_dim + p.chunk_max) + 4 * p.splits);
         mk.attn_decode_partial
             .allow_smem(smem.max(48 * 1024))
             .map_err(err)?;
@@ -299,12 +334,21 @@ impl CudaLlm {
             chunk_max: p.chunk_max,
             ws,
             pf: None,
-            pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk),
+            pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk, opts.precise),
             pf_start: 0,
             blas,
             graph: None,
             dev_inputs: None,
-        })
+            pdl: std::env::var("CMF_GPU_PDL")
+                .map(|v| v != "0")
+                .unwrap_or(true),
+            attn: AttnKernel::Fa2,
+        }
+        .with_attention(match std::env::var("CMF_GPU_ATTN").as_deref() {
+            Ok("mma") => AttnKernel::Mma,
+            Ok("simple") => AttnKernel::Simple,
+            _ => AttnKernel::Fa2,
+        }))
     }
 
     fn head_weight(&self) -> Option<&DevWeight> {
@@ -344,6 +388,31 @@ impl CudaLlm {
             }
         }
         Ok(())
+    }
+
+    /// Selects the prefill attention kernel; falls back to `Simple` where the tensor-core
+    /// kernels do not apply (f32 cache, head_dim > 128).
+    pub fn with_attention(mut self, k: AttnKernel) -> Self {
+        self.set_attention(k);
+        self
+    }
+
+    pub fn set_attention(&mut self, k: AttnKernel) {
+        self.attn = match k {
+            AttnKernel::Fa2 if self.mk.attn_prefill_fa2.is_some() => AttnKernel::Fa2,
+            AttnKernel::Mma if self.mk.attn_prefill_mma.is_some() => AttnKernel::Mma,
+            _ => AttnKernel::Simple,
+        };
+    }
+
+    pub fn attention(&self) -> AttnKernel {
+        self.attn
+    }
+
+    /// Turns programmatic dependent launch on or off (drops the captured graph).
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on;
+        self.graph = None;
     }
 
     /// Whether the KV cache is f32 (f32/f16 models) rather than f16.

@@ -30,10 +30,12 @@ pub struct DecodeWs {
     pub cand_i: DBuf,
     /// i32 [4]: token (the embedding's input), position, sampled token, spare.
     pub io: DBuf,
+    /// i32 [NKV]: finished split blocks per kv head (decode attention's merge; self-resetting).
+    pub count: DBuf,
 }
 
 impl DecodeWs {
-    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 10] {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 11] {
         [
             4 * s.hidden,
             4 * (s.q_dim() + 2 * s.kv_dim()),
@@ -45,6 +47,7 @@ impl DecodeWs {
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             16,
+            4 * s.num_kv_heads,
         ]
     }
 
@@ -65,6 +68,7 @@ impl DecodeWs {
             cand_v: dev.alloc_zeroed(z[7])?,
             cand_i: dev.alloc_zeroed(z[8])?,
             io: dev.alloc_zeroed(z[9])?,
+            count: dev.alloc_zeroed(z[10])?,
         })
     }
 
@@ -109,9 +113,11 @@ pub struct PrefillWs {
 
 /// Bytes of dequantisation scratch: the largest layer matrix that needs it, and up to 512 MiB
 /// of lm_head rows (the lm_head GEMM is chunked through it).
-pub fn scratch_bytes(model: &LlmModel) -> usize {
+pub fn scratch_bytes(model: &LlmModel, precise: bool) -> usize {
     let need = |w: &cmf_kernels::Weight| -> usize {
         match DevCodec::of(w.dtype) {
+            Ok(DevCodec::F32) => 0,
+            _ if precise => 4 * w.rows * w.cols,
             Ok(DevCodec::Q8 | DevCodec::Q4) => 2 * w.rows * w.cols,
             Ok(DevCodec::F16) => 4 * w.rows * w.cols,
             _ => 0,
@@ -130,13 +136,14 @@ pub fn scratch_bytes(model: &LlmModel) -> usize {
 }
 
 impl PrefillWs {
-    fn sizes(model: &LlmModel, cap: usize) -> [usize; 12] {
+    fn sizes(model: &LlmModel, cap: usize, precise: bool) -> [usize; 12] {
         let s = &model.spec;
-        let f32_act = model.layers.iter().any(|l| {
-            !DevCodec::of(l.down.dtype)
-                .map(|c| c.gemm_in_bf16())
-                .unwrap_or(true)
-        });
+        let f32_act = precise
+            || model.layers.iter().any(|l| {
+                !DevCodec::of(l.down.dtype)
+                    .map(|c| c.gemm_in_bf16())
+                    .unwrap_or(true)
+            });
         let widest = s.hidden.max(s.q_dim()).max(s.intermediate);
         [
             4 * cap,
@@ -149,13 +156,13 @@ impl PrefillWs {
             4 * cap * s.q_dim(),
             4 * cap * 2 * s.intermediate,
             if f32_act { 4 * cap * s.intermediate } else { 4 },
-            scratch_bytes(model),
+            scratch_bytes(model, precise),
             4 * s.vocab,
         ]
     }
 
-    pub fn bytes(model: &LlmModel, cap: usize) -> u64 {
-        Self::sizes(model, cap).iter().sum::<usize>() as u64
+    pub fn bytes(model: &LlmModel, cap: usize, precise: bool) -> u64 {
+        Self::sizes(model, cap, precise).iter().sum::<usize>() as u64
     }
 
     pub fn new(dev: &Dev, model_sizes: [usize; 12]) -> DResult<PrefillWs> {
@@ -177,7 +184,7 @@ impl PrefillWs {
         })
     }
 
-    pub fn sizes_for(model: &LlmModel, cap: usize) -> [usize; 12] {
-        Self::sizes(model, cap)
+    pub fn sizes_for(model: &LlmModel, cap: usize, precise: bool) -> [usize; 12] {
+        Self::sizes(model, cap, precise)
     }
 }

@@ -1,0 +1,85 @@
+//! `cmf serve FILE`: an OpenAI-compatible HTTP API over one LLM (see `docs/server.md`). The
+//! model loads first; the port opens once it is ready. Ctrl-C stops accepting, lets answers in
+//! flight finish, and exits.
+
+use std::path::PathBuf;
+
+use cmf_server::{EngineOptions, ServerConfig};
+
+use super::llm_opts::EngineOpts;
+use crate::exit::UsageError;
+
+/// Serve an LLM over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
+#[derive(clap::Args)]
+pub struct Args {
+    /// A .cmf LLM file (or any shard of a set).
+    file: PathBuf,
+    /// Address to listen on (use 0.0.0.0 to accept other machines: then set --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// TCP port (0 picks a free one and prints it).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// max_tokens for requests that do not set it (always capped by what the context leaves).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    max_tokens_default: usize,
+    /// Tokens one request may occupy, prompt and answer (default: 4096, capped at the model's maximum).
+    #[arg(short = 'c', long, value_name = "N")]
+    ctx: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (or set CMF_API_KEY).
+    #[arg(long, value_name = "KEY", env = "CMF_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests that may wait while one is generated; more get 503.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    queue: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    max_body: usize,
+    #[command(flatten)]
+    engine: EngineOpts,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let kv_dtype = args.engine.apply()?;
+    if args.max_tokens_default == 0 {
+        return Err(UsageError("--max-tokens-default must be at least 1".into()).into());
+    }
+    if args.queue == 0 {
+        return Err(UsageError("--queue must be at least 1".into()).into());
+    }
+    if args.max_body < 1024 {
+        return Err(UsageError("--max-body must be at least 1024 bytes".into()).into());
+    }
+    if args.ctx == Some(0) || args.ctx == Some(1) {
+        return Err(UsageError("--ctx must be at least 2".into()).into());
+    }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(UsageError("--api-key must not be empty".into()).into());
+    }
+    let cfg = ServerConfig {
+        host: args.host.clone(),
+        port: args.port,
+        engine: EngineOptions {
+            ctx: args.ctx,
+            kv_dtype,
+            queue_capacity: args.queue,
+            token_pacing: None,
+        },
+        max_tokens_default: args.max_tokens_default,
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body,
+        ..ServerConfig::new(&args.file)
+    };
+    let auth = if cfg.api_key.is_some() {
+        "API key required"
+    } else {
+        "no API key"
+    };
+    cmf_server::run_until_ctrl_c(cfg, |addr, info| {
+        eprintln!(
+            "serving {} (context {} tokens, {auth}) on http://{addr}/v1 — Ctrl-C stops",
+            info.id, info.ctx
+        );
+    })?;
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! `cmf serve` end to end as a process: it prints where it listens once the model is loaded,
+//! answers on loopback, stops cleanly on SIGTERM, and refuses bad flags (exit 2) and bad files or
+//! a taken port (exit 1) with a message that names them. The HTTP API itself is tested in
+//! `crates/cmf-server/tests/server/`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn cmf() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cmf"))
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let out = dir.join("qwen2-tiny.cmf");
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
+    let st = cmf()
+        .args(["convert", "--model"])
+        .arg(&src)
+        .args(["--quant", "f32", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    out
+}
+
+/// Starts `cmf serve`; returns the child and the address from its "serving … on http://…" line.
+fn serve(args: &[&str]) -> (Child, SocketAddr) {
+    let mut child = cmf()
+        .arg("serve")
+        .args(args)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("cmf serve prints a line once it listens");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split("/v1").next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .parse()
+        .unwrap();
+    (child, addr)
+}
+
+fn http(addr: SocketAddr, req: &str) -> String {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn serve_answers_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let (mut child, addr) = serve(&[model.to_str().unwrap(), "--port", "0", "--threads", "1"]);
+    assert!(addr.ip().is_loopback());
+    let health = http(
+        addr,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.contains("\"model\":\"qwen2-tiny\""), "{health}");
+    let body = r#"{"messages":[{"role":"user","content":"hello"}],"max_tokens":4}"#;
+    let chat = http(
+        addr,
+        &format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(chat.starts_with("HTTP/1.1 200"), "{chat}");
+    assert!(chat.contains("\"object\":\"chat.completion\""), "{chat}");
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let st = wait_exit(&mut child, Duration::from_secs(20));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
+}
+
+#[test]
+fn serve_refuses_bad_flags_files_and_ports() {
+    let run = |args: &[&str]| {
+        let out = cmf().arg("serve").args(args).output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    for (flag, val) in [
+        ("--queue", "0"),
+        ("--max-tokens-default", "0"),
+        ("--ctx", "1"),
+        ("--threads", "0"),
+        ("--api-key", " "),
+    ] {
+        let (code, text) = run(&[m, "--port", "0", flag, val]);
+        assert_eq!(code, 2, "{flag} {val}: {text}");
+        assert!(text.contains(flag), "{flag}: {text}");
+    }
+    let missing = dir.path().join("missing.cmf");
+    let (code, text) = run(&[missing.to_str().unwrap(), "--port", "0"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("missing.cmf"), "{text}");
+
+    // A port that is taken: the error names the address.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let (code, text) = run(&[m, "--port", &port]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+}

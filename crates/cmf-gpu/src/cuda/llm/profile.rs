@@ -1,0 +1,84 @@
+//! Per-stage device timings of one layer, for finding where a token's time goes (the bench's
+//! `--profile`). Each stage is launched alone `iters` times between CUDA events, after one
+//! warm-up; values it writes are garbage afterwards, so call this only after the measurements
+//! that need the model's state.
+
+use super::super::device::{DResult, Timer};
+use super::{AttnKernel, CudaLlm};
+use crate::llm::Sampler;
+
+impl CudaLlm {
+    fn time_ms(&self, iters: usize, mut f: impl FnMut() -> DResult<()>) -> DResult<f64> {
+        f()?;
+        let t = Timer::new()?;
+        t.start(&self.dev)?;
+        for _ in 0..iters {
+            f()?;
+        }
+        Ok(t.stop_ms(&self.dev)? as f64 / iters as f64)
+    }
+
+    /// (stage, µs) for layer 0 of a decode step at the device's current position, the head,
+    /// the sampler, and a replay of the whole-token graph. Needs a decode step run before.
+    pub fn profile_decode(&mut self, iters: usize) -> DResult<Vec<(String, f64)>> {
+        let mut out = Vec::new();
+        for (st, name) in Self::DECODE_STAGES.iter().enumerate() {
+            out.push((
+                format!("decode layer: {name}"),
+                1e3 * self.time_ms(iters, || self.decode_stage(0, st))?,
+            ));
+        }
+        let all = self.time_ms(iters, || {
+            (0..Self::DECODE_STAGES.len()).try_for_each(|st| self.decode_stage(0, st))
+        })?;
+        out.push(("decode layer: all stages back to back".into(), 1e3 * all));
+        let lm = self.time_ms(iters, || {
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())
+        })?;
+        out.push(("decode head: final norm + lm_head matvec".into(), 1e3 * lm));
+        let sample = self.time_ms(iters, || self.enqueue_sample(&Sampler::Greedy))?;
+        out.push(("decode head: greedy sampler".into(), 1e3 * sample));
+        if let Some((_, g)) = &self.graph {
+            // Each replay advances the device position by one: a few only.
+            let n = iters.min(8);
+            let t = Timer::new()?;
+            t.start(&self.dev)?;
+            for _ in 0..n {
+                g.0.launch()
+                    .map_err(|e| super::DevError(format!("graph launch: {e:?}")))?;
+            }
+            out.push((
+                "whole-token graph replay (device time)".into(),
+                1e3 * t.stop_ms(&self.dev)? as f64 / n as f64,
+            ));
+            self.dev_inputs = None;
+        }
+        Ok(out)
+    }
+
+    /// (stage, µs) for layer 0 of a prefill of `t` tokens at position 0 (a prefill of at
+    /// least `t` tokens must have run), with every available attention kernel.
+    pub fn profile_prefill(&mut self, t: usize, iters: usize) -> DResult<Vec<(String, f64)>> {
+        let mut out = Vec::new();
+        for (st, name) in Self::PREFILL_STAGES.iter().enumerate() {
+            if st == 3 {
+                let keep = self.attn;
+                for k in [AttnKernel::Fa2, AttnKernel::Mma, AttnKernel::Simple] {
+                    self.set_attention(k);
+                    if self.attn != k || (k == AttnKernel::Simple && t > 1024) {
+                        continue;
+                    }
+                    let ms = self.time_ms(iters, || self.prefill_stage(0, t, st))?;
+                    out.push((format!("prefill layer: attention {k:?}"), 1e3 * ms));
+                }
+                self.attn = keep;
+                continue;
+            }
+            out.push((
+                format!("prefill layer: {name}"),
+                1e3 * self.time_ms(iters, || self.prefill_stage(0, t, st))?,
+            ));
+        }
+        Ok(out)
+    }
+}

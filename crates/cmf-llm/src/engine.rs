@@ -1,0 +1,62 @@
+//! What the generation loop needs from an engine: run tokens after those already cached and hand
+//! back logits. The CPU engine is a [`Model`] with its [`State`]; another backend (the GPU's
+//! whole-token decode) implements the same trait and plugs into `generate` and `ChatSession`.
+
+use crate::error::Result;
+use crate::model::{Model, State};
+
+pub trait Engine {
+    /// Runs `tokens` after the cached ones; returns the logits of the last ([vocab]).
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]>;
+
+    /// Runs one token; returns its logits.
+    fn decode(&mut self, token: u32) -> Result<&[f32]> {
+        self.prefill(&[token])
+    }
+
+    /// Tokens cached (the next token's position).
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Most tokens the cache may hold.
+    fn limit(&self) -> usize;
+
+    /// Keeps the first `len` cached tokens (a chat turn reuses the unchanged prefix).
+    fn truncate(&mut self, len: usize);
+}
+
+/// The CPU engine: a model and one sequence's state.
+pub struct CpuEngine<'m, 'a> {
+    pub model: &'m Model<'a>,
+    pub state: State,
+}
+
+impl<'m, 'a> CpuEngine<'m, 'a> {
+    pub fn new(model: &'m Model<'a>, limit: usize, kv_dtype: cmf_kernels::KvDtype) -> Self {
+        CpuEngine {
+            model,
+            state: model.new_state_with(limit, kv_dtype),
+        }
+    }
+}
+
+impl Engine for CpuEngine<'_, '_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.model.prefill(&mut self.state, tokens)
+    }
+
+    fn len(&self) -> usize {
+        self.state.len()
+    }
+
+    fn limit(&self) -> usize {
+        self.state.kv.limit()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.state.kv.truncate(len);
+    }
+}

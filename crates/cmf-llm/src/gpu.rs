@@ -1,0 +1,293 @@
+//! The GPU hook: describes a [`Model`] to cmf-gpu in its neutral terms and runs the generation
+//! loop's forward passes on the device when the facade lets it, on the CPU otherwise.
+//!
+//! [`GpuEngine`] implements [`crate::engine::Engine`] (what `generate` and `ChatSession` drive)
+//! with the whole model resident on the device (KV cache there; the ids it holds tracked here).
+//! The first refusal of the device (an injected one, a pause, a driver error) switches it to a
+//! [`CpuEngine`] for good: the CPU cache is rebuilt from the tracked ids and the run continues
+//! with identical results (cmf-gpu's refusal contract: nothing the device was handed has been
+//! written). [`crate::bench::run_on`] and [`crate::perplexity::perplexity_on`] use a
+//! [`GpuModel`] directly (device arg-max, every-row logits).
+
+use crate::engine::{CpuEngine, Engine};
+use crate::model::rope::RopeScaling;
+use crate::model::Model;
+use crate::{LlmError, Result};
+use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
+use cmf_gpu::llm::{
+    DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
+};
+
+/// The neutral description of `model` for a device session of `max_context` positions, or
+/// why the device graph cannot express it (then the model runs on the CPU).
+pub fn describe<'m>(
+    model: &'m Model<'_>,
+    max_context: usize,
+) -> std::result::Result<LlmModel<'m>, String> {
+    let c = &model.config;
+    let w = &model.weights;
+    if w.layers.len() != c.num_layers {
+        return Err(format!(
+            "{} of {} layers bound",
+            w.layers.len(),
+            c.num_layers
+        ));
+    }
+    if let RopeScaling::Dynamic {
+        max_position_embeddings,
+        ..
+    } = model.rope.config.scaling
+    {
+        if max_context > max_position_embeddings {
+            return Err(
+                "dynamic RoPE past max_position_embeddings changes the frequencies per length"
+                    .into(),
+            );
+        }
+    }
+    let mut layers = Vec::with_capacity(w.layers.len());
+    for (i, l) in w.layers.iter().enumerate() {
+        if l.o.bias.is_some()
+            || l.gate.bias.is_some()
+            || l.up.bias.is_some()
+            || l.down.bias.is_some()
+        {
+            return Err(format!(
+                "layer {i}: biases on o_proj / MLP projections have no device kernel"
+            ));
+        }
+        layers.push(LayerWeights {
+            attn_norm: &l.attn_norm,
+            q: l.q.w,
+            k: l.k.w,
+            v: l.v.w,
+            o: l.o.w,
+            q_bias: l.q.bias.as_deref(),
+            k_bias: l.k.bias.as_deref(),
+            v_bias: l.v.bias.as_deref(),
+            q_norm: l.q_norm.as_deref(),
+            k_norm: l.k_norm.as_deref(),
+            ffn_norm: &l.ffn_norm,
+            gate: l.gate.w,
+            up: l.up.w,
+            down: l.down.w,
+        });
+    }
+    let spec = LlmSpec {
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        num_layers: c.num_layers,
+        num_heads: c.num_heads,
+        num_kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        vocab: c.vocab_size,
+        rms_eps: c.rms_norm_eps,
+        rope: RopeSpec {
+            inv_freq: model.rope.inv_freq_for(max_context).to_vec(),
+            attention_factor: model.rope.attention_scaling(),
+        },
+        sliding_window: c.sliding_window.clone(),
+        attn_scale: 1.0 / (c.head_dim as f32).sqrt(),
+    };
+    Ok(LlmModel {
+        spec,
+        embed: w.embed,
+        layers,
+        final_norm: &w.final_norm,
+        lm_head: w.lm_head,
+    })
+}
+
+/// A model resident on the device, and the position its KV cache has reached.
+pub struct GpuModel {
+    llm: GpuLlm,
+    pos: usize,
+}
+
+impl GpuModel {
+    /// Uploads `model` for sequences of up to `max_context` tokens. None when the device
+    /// refuses (the facade logs why at debug verbosity) or only part of the model would fit
+    /// (hybrid placement is not wired into this loop yet: the CPU runs all of it then).
+    pub fn load(
+        gpu: &Gpu,
+        model: &Model,
+        max_context: usize,
+        layers: Option<&LayerSet>,
+    ) -> Option<GpuModel> {
+        let max_context = max_context.min(model.config.max_position_embeddings.max(1));
+        let desc = match describe(model, max_context) {
+            Ok(d) => d,
+            Err(why) => {
+                cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}"));
+                return None;
+            }
+        };
+        let opts = LlmOptions {
+            max_context,
+            ..LlmOptions::default()
+        };
+        let llm = gpu.load_llm(&desc, &opts, layers).ok()?;
+        if !llm.placement().is_whole_model() {
+            cmf_gpu::facade::log::debug(
+                "llm: partial placement: the generation loop runs on the CPU",
+            );
+            return None;
+        }
+        Some(GpuModel { llm, pos: 0 })
+    }
+
+    /// Positions held in the device KV cache.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.llm.max_context()
+    }
+
+    /// Forgets everything (a new conversation).
+    pub fn clear(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Runs `tokens` at position `start`; the logits asked for (`Last`: [V], `All`: [T, V]).
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        want: Logits,
+        vocab: usize,
+    ) -> std::result::Result<Vec<f32>, Refusal> {
+        let mut out = vec![0f32; want.len(tokens.len(), vocab)];
+        self.llm.prefill(tokens, start, want, &mut out)?;
+        self.pos = start + tokens.len();
+        Ok(out)
+    }
+
+    /// One token at position `pos`, greedy on the device: the arg-max (and the logits when
+    /// `want_logits`).
+    pub fn decode(
+        &mut self,
+        token: u32,
+        pos: usize,
+        want_logits: bool,
+    ) -> std::result::Result<DecodeOutput, Refusal> {
+        let mut out = DecodeOutput::default();
+        self.llm
+            .decode(token, pos, &Sampler::Greedy, want_logits, &mut out)?;
+        self.pos = pos + 1;
+        Ok(out)
+    }
+}
+
+/// A device refusal as the engine's error (bench and perplexity do not switch backends
+/// halfway through a measurement).
+pub fn refused(r: Refusal) -> LlmError {
+    LlmError::Other(format!("GPU: {r}"))
+}
+
+/// The generation engine on the device, with the CPU as its fallback.
+pub struct GpuEngine<'m, 'a> {
+    model: &'m Model<'a>,
+    gpu: Option<GpuModel>,
+    cpu: Option<CpuEngine<'m, 'a>>,
+    /// Ids in the cache, in order (what the CPU replays after a refusal).
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+    limit: usize,
+    kv_dtype: cmf_kernels::KvDtype,
+}
+
+impl<'m, 'a> GpuEngine<'m, 'a> {
+    /// `limit` and `kv_dtype` size the CPU cache should the device refuse.
+    pub fn new(
+        model: &'m Model<'a>,
+        gpu: GpuModel,
+        limit: usize,
+        kv_dtype: cmf_kernels::KvDtype,
+    ) -> Self {
+        let limit = limit.min(gpu.max_context());
+        GpuEngine {
+            model,
+            gpu: Some(gpu),
+            cpu: None,
+            ids: Vec::new(),
+            logits: Vec::new(),
+            limit,
+            kv_dtype,
+        }
+    }
+
+    /// Whether the device still runs it (false after a refusal).
+    pub fn is_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// Leaves the device: a CPU engine replays the cached ids.
+    fn fall_back(&mut self) -> Result<&mut CpuEngine<'m, 'a>> {
+        self.gpu = None;
+        let mut cpu = CpuEngine::new(self.model, self.limit, self.kv_dtype);
+        if !self.ids.is_empty() {
+            cpu.prefill(&self.ids)?;
+        }
+        Ok(self.cpu.insert(cpu))
+    }
+}
+
+impl Engine for GpuEngine<'_, '_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        if let Some(g) = &mut self.gpu {
+            if let Ok(l) = g.prefill(
+                tokens,
+                self.ids.len(),
+                Logits::Last,
+                self.model.config.vocab_size,
+            ) {
+                self.ids.extend_from_slice(tokens);
+                self.logits = l;
+                return Ok(&self.logits);
+            }
+            self.fall_back()?;
+        }
+        self.ids.extend_from_slice(tokens);
+        self.cpu
+            .as_mut()
+            .expect("CPU after the device")
+            .prefill(tokens)
+    }
+
+    fn decode(&mut self, token: u32) -> Result<&[f32]> {
+        if let Some(g) = &mut self.gpu {
+            if let Ok(out) = g.decode(token, self.ids.len(), true) {
+                self.ids.push(token);
+                self.logits = out.logits;
+                return Ok(&self.logits);
+            }
+            self.fall_back()?;
+        }
+        self.ids.push(token);
+        self.cpu
+            .as_mut()
+            .expect("CPU after the device")
+            .decode(token)
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        if let Some(c) = &mut self.cpu {
+            c.truncate(len);
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! An OpenAI-compatible HTTP API over one CMF LLM: `cmf serve`.
+//!
+//! Layout, from the wire inwards:
+//! - [`routes`]: axum routes, API key, bounded body reading, JSON and server-sent-event answers;
+//! - [`request`]: strict parsing and validation of the untrusted request bodies;
+//! - [`prompt`]: chat template + tokenizer, and the context checks that need the token count;
+//! - [`worker`]: the single inference thread that owns the model, fed by a bounded queue;
+//!   a client that disconnects cancels its generation within one token;
+//! - [`openai`]: response and stream-chunk shapes; [`error`]: OpenAI's error body and statuses;
+//! - [`server`]: start (model first, then the port), serve, graceful shutdown.
+//!
+//! The user-facing description (endpoints, flags, examples, what is not supported) is
+//! `docs/server.md`.
+
+pub mod error;
+pub mod openai;
+pub mod prompt;
+pub mod request;
+pub mod routes;
+pub mod server;
+pub mod worker;
+
+pub use error::ApiError;
+pub use server::{run_until_ctrl_c, RunningServer, ServerConfig};
+pub use worker::{EngineOptions, ModelInfo, StartError, WorkerStats};

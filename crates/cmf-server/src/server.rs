@@ -1,0 +1,193 @@
+//! Starting and stopping: load the model (the port opens only once it is ready), bind, serve on a
+//! small tokio runtime, shut down gracefully (in-flight answers finish; the queue drains).
+
+use crate::routes::{router, AppState};
+use crate::worker::{Engine, EngineOptions, StartError, WorkerStats};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model: PathBuf,
+    pub host: String,
+    /// 0: an ephemeral port (see [`RunningServer::addr`]).
+    pub port: u16,
+    pub engine: EngineOptions,
+    /// `max_tokens` for requests that give none (capped by what the context leaves).
+    pub max_tokens_default: usize,
+    /// Required as `Authorization: Bearer <key>` on `/v1/*` when set.
+    pub api_key: Option<String>,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// Threads of the HTTP runtime (inference has its own thread and the kernels' pool).
+    pub http_threads: usize,
+}
+
+impl ServerConfig {
+    pub fn new(model: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            model: model.into(),
+            host: "127.0.0.1".into(),
+            port: 8080,
+            engine: EngineOptions::default(),
+            max_tokens_default: 512,
+            api_key: None,
+            max_body_bytes: 1 << 20,
+            http_threads: 2,
+        }
+    }
+}
+
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, StartError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .max_blocking_threads(8)
+        .thread_name("cmf-http")
+        .enable_all()
+        .build()
+        .map_err(|e| StartError::Other(format!("cannot start the HTTP runtime: {e}")))
+}
+
+fn state(cfg: &ServerConfig) -> Result<Arc<AppState>, StartError> {
+    let engine = Engine::start(&cfg.model, cfg.engine.clone())?;
+    Ok(Arc::new(AppState::new(
+        engine,
+        cfg.api_key.clone(),
+        cfg.max_body_bytes,
+        cfg.max_tokens_default,
+    )))
+}
+
+async fn bind(cfg: &ServerConfig) -> Result<tokio::net::TcpListener, StartError> {
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| StartError::Other(format!("cannot listen on {addr}: {e}")))
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Loads the model, listens, calls `on_listening` with the address, and serves until Ctrl-C or
+/// SIGTERM (then a Ctrl-C exits at once). For `cmf serve`.
+pub fn run_until_ctrl_c(
+    cfg: ServerConfig,
+    on_listening: impl FnOnce(SocketAddr, &crate::worker::ModelInfo),
+) -> Result<(), StartError> {
+    let rt = runtime(cfg.http_threads)?;
+    let state = state(&cfg)?;
+    rt.block_on(async {
+        let listener = bind(&cfg).await?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Other(e.to_string()))?;
+        on_listening(addr, &state.engine.info);
+        let shutdown = async {
+            stop_signal().await;
+            eprintln!("shutting down: finishing the answers in flight (Ctrl-C again to quit now)");
+            tokio::spawn(async {
+                let _ = tokio::signal::ctrl_c().await;
+                std::process::exit(130);
+            });
+        };
+        serve(listener, state, shutdown)
+            .await
+            .map_err(|e| StartError::Other(format!("server error: {e}")))
+    })
+}
+
+/// Ctrl-C, or (Unix) SIGTERM as service managers send it.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// A server on a background thread (tests, benchmarks): stopped by [`RunningServer::stop`] or drop.
+pub struct RunningServer {
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    pub fn start(cfg: ServerConfig) -> Result<RunningServer, StartError> {
+        let rt = runtime(cfg.http_threads)?;
+        let state = state(&cfg)?;
+        let listener = rt.block_on(bind(&cfg))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Other(e.to_string()))?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let st = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("cmf-server".into())
+            .spawn(move || {
+                let _ = rt.block_on(serve(listener, st, async {
+                    let _ = rx.await;
+                }));
+                // Connections still open after the graceful shutdown are dropped with the runtime.
+                rt.shutdown_timeout(std::time::Duration::from_secs(5));
+            })
+            .map_err(|e| StartError::Other(format!("cannot start the server thread: {e}")))?;
+        Ok(RunningServer {
+            addr,
+            state,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn stats(&self) -> &WorkerStats {
+        &self.state.engine.stats
+    }
+
+    pub fn model_info(&self) -> &crate::worker::ModelInfo {
+        &self.state.engine.info
+    }
+
+    /// Graceful shutdown: stops accepting, lets answers in flight finish, joins the threads.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}

@@ -1,0 +1,347 @@
+//! The inference worker: one OS thread owns the model and its KV cache and runs one request at a
+//! time, taken from a bounded queue.
+//!
+//! Why one thread: the model and its state are not re-entrant, and a CPU forward pass already
+//! uses every core through the kernels' thread pool, so running two requests at once would only
+//! make both slower. The HTTP side stays responsive on its own small tokio runtime.
+//!
+//! A request is a [`Job`]: the prompt's ids, the generation config, and the sending end of an
+//! unbounded channel of [`Event`]s (text pieces, then `Done` or `Failed`). The HTTP handler holds
+//! the receiving end; when the client goes away the handler (or the response stream) is dropped,
+//! the channel closes, and the worker sees it before the next forward pass
+//! (`generate_cancellable`) and stops: a client that disconnects cancels its generation within
+//! one token. A job whose client left while it waited is skipped. The KV cache is cleared for
+//! every request (no prefix reuse across requests).
+
+use crate::error::ApiError;
+use cmf_format::CmfModel;
+use cmf_kernels::KvDtype;
+use cmf_llm::chat::TextAssets;
+use cmf_llm::engine::CpuEngine;
+use cmf_llm::generate::{generate_cancellable, FinishReason, GenerationConfig, GenerationStats};
+use cmf_llm::{Model, ModelConfig};
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub struct Job {
+    pub ids: Vec<u32>,
+    pub gen: GenerationConfig,
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// A piece of generated text (never part of a stop string).
+    Text(String),
+    /// Generation ended normally; the stats carry the token counts and the finish reason.
+    Done(GenerationStats),
+    /// Generation failed after the request was accepted.
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Tokens one request may occupy (default 4096), capped at the model's maximum positions.
+    pub ctx: Option<usize>,
+    pub kv_dtype: KvDtype,
+    /// Requests that may wait while one runs; one more gets 503.
+    pub queue_capacity: usize,
+    /// Sleep before every forward pass. Only for tests of queueing and cancellation, which need
+    /// a tiny model to be slow; not exposed on the command line.
+    #[doc(hidden)]
+    pub token_pacing: Option<Duration>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            ctx: None,
+            kv_dtype: KvDtype::F16,
+            queue_capacity: 16,
+            token_pacing: None,
+        }
+    }
+}
+
+/// What the server says about the loaded model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The `model` field of responses: the file name without `.cmf` (and shard suffix).
+    pub id: String,
+    /// The file's modification time (Unix seconds), as `created` of `/v1/models`.
+    pub created: u64,
+    pub ctx: usize,
+    pub vocab_size: usize,
+}
+
+/// Counters for `/health` and the tests.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub busy: AtomicBool,
+    /// Requests that ran to a normal end (or failed).
+    pub finished: AtomicU64,
+    /// Requests stopped because their client went away (while running or still queued).
+    pub cancelled: AtomicU64,
+    /// Tokens sampled over all requests, cancelled ones included.
+    pub generated_tokens: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Format(#[from] cmf_format::Error),
+    #[error("{path}: {source}")]
+    Llm {
+        path: String,
+        source: cmf_llm::LlmError,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The loaded model behind its queue.
+pub struct Engine {
+    pub assets: Arc<TextAssets>,
+    pub info: ModelInfo,
+    pub stats: Arc<WorkerStats>,
+    queue_capacity: usize,
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Opens `path`, reads its tokenizer and template, and starts the worker thread, which binds
+    /// the weights; returns once the model is ready (or with the reason it cannot be run).
+    pub fn start(path: &Path, opts: EngineOptions) -> Result<Engine, StartError> {
+        let shown = path.display().to_string();
+        let llm = |source| StartError::Llm {
+            path: shown.clone(),
+            source,
+        };
+        if opts.queue_capacity == 0 {
+            return Err(StartError::Other(
+                "the queue capacity must be at least 1".into(),
+            ));
+        }
+        let file = CmfModel::open(path)?;
+        let assets = Arc::new(TextAssets::from_cmf(&file).map_err(llm)?);
+        let config = ModelConfig::from_cmf(&file).map_err(llm)?;
+        let ctx = opts.ctx.unwrap_or(4096).min(config.max_position_embeddings);
+        if ctx < 2 {
+            return Err(StartError::Other(format!(
+                "a context of {ctx} tokens leaves no room for a prompt and an answer"
+            )));
+        }
+        let info = ModelInfo {
+            id: model_id(path),
+            created: std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs()),
+            ctx,
+            vocab_size: config.vocab_size,
+        };
+        let (jobs, rx) = mpsc::channel(opts.queue_capacity);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stats = Arc::new(WorkerStats::default());
+        let worker = Worker {
+            assets: assets.clone(),
+            stats: stats.clone(),
+            ctx,
+            kv_dtype: opts.kv_dtype,
+            pacing: opts.token_pacing,
+        };
+        let thread = std::thread::Builder::new()
+            .name("cmf-inference".into())
+            .spawn(move || worker.run(file, ready_tx, rx))
+            .map_err(|e| StartError::Other(format!("cannot start the inference thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(llm(e));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(StartError::Other(
+                    "the inference thread stopped while loading the model".into(),
+                ));
+            }
+        }
+        Ok(Engine {
+            assets,
+            info,
+            stats,
+            queue_capacity: opts.queue_capacity,
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a job; 503 when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let jobs = self.jobs.as_ref().expect("jobs is only taken in drop");
+        jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ApiError::overloaded(self.queue_capacity),
+            mpsc::error::TrySendError::Closed(_) => {
+                ApiError::internal("the inference worker has stopped")
+            }
+        })
+    }
+
+    /// Requests waiting (not counting the one running).
+    pub fn waiting(&self) -> usize {
+        self.jobs
+            .as_ref()
+            .map_or(0, |j| j.max_capacity() - j.capacity())
+    }
+
+    pub fn queue_capacity(&self) -> usize {
+        self.queue_capacity
+    }
+}
+
+impl Drop for Engine {
+    /// Closes the queue and waits for the worker: it finishes (or, with its client gone,
+    /// cancels) the running job, drains the queue, and exits.
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The worker thread's side.
+struct Worker {
+    assets: Arc<TextAssets>,
+    stats: Arc<WorkerStats>,
+    ctx: usize,
+    kv_dtype: KvDtype,
+    pacing: Option<Duration>,
+}
+
+impl Worker {
+    fn run(
+        self,
+        file: CmfModel,
+        ready: std::sync::mpsc::Sender<Result<(), cmf_llm::LlmError>>,
+        mut rx: mpsc::Receiver<Job>,
+    ) {
+        let model = match Model::load(&file) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(()));
+        drop(ready);
+        // One state for all requests, cleared before each (its buffers stay allocated).
+        let mut engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
+        while let Some(job) = rx.blocking_recv() {
+            if job.events.is_closed() {
+                self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.stats.busy.store(true, Ordering::Relaxed);
+            // A panic in one request must not take the server down: it is reported to that
+            // client, and the next request starts from a fresh state.
+            engine.state.clear();
+            let result =
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&mut engine, &job)));
+            self.stats.busy.store(false, Ordering::Relaxed);
+            if result.is_err() {
+                engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
+            }
+            let event = match result {
+                Ok(Ok(stats)) => {
+                    self.stats
+                        .generated_tokens
+                        .fetch_add(stats.generated_tokens as u64, Ordering::Relaxed);
+                    if stats.finish == FinishReason::Cancelled {
+                        self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Event::Done(stats)
+                }
+                Ok(Err(e)) => Event::Failed(format!("generation failed: {e}")),
+                Err(panic) => Event::Failed(format!(
+                    "internal error: the inference worker panicked: {}",
+                    panic_message(&panic)
+                )),
+            };
+            self.stats.finished.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(event);
+        }
+    }
+
+    fn run_job(&self, engine: &mut CpuEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
+        let events = &job.events;
+        let mut on_text = |t: &str| {
+            let _ = events.send(Event::Text(t.to_string()));
+        };
+        let cancelled = || {
+            if let Some(d) = self.pacing {
+                std::thread::sleep(d);
+            }
+            events.is_closed()
+        };
+        generate_cancellable(
+            engine,
+            &self.assets.tokenizer,
+            &job.ids,
+            &mut Vec::new(),
+            &job.gen,
+            &mut on_text,
+            &cancelled,
+        )
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// `dir/smollm2-135m-instruct.cmf` → `smollm2-135m-instruct`; a shard set's
+/// `name-00001-of-00003.cmf` → `name`.
+pub fn model_id(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".cmf").unwrap_or(&name);
+    // "-NNNNN-of-NNNNN" is 15 ASCII bytes.
+    let b = stem.as_bytes();
+    if b.len() > 15 {
+        let t = &b[b.len() - 15..];
+        let digits = |r: &[u8]| r.iter().all(u8::is_ascii_digit);
+        if t[0] == b'-' && digits(&t[1..6]) && &t[6..10] == b"-of-" && digits(&t[10..]) {
+            return stem[..stem.len() - 15].to_string();
+        }
+    }
+    stem.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids() {
+        assert_eq!(model_id(Path::new("/a/b/smol.cmf")), "smol");
+        assert_eq!(model_id(Path::new("big-00001-of-00003.cmf")), "big");
+        assert_eq!(model_id(Path::new("x-1-of-2.cmf")), "x-1-of-2");
+        assert_eq!(model_id(Path::new("noext")), "noext");
+        assert_eq!(model_id(Path::new("é-00001-of-00002.cmf")), "é");
+    }
+}

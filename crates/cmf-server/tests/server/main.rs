@@ -1,0 +1,8 @@
+//! End-to-end tests of `cmf serve`'s HTTP API on loopback, against the tiny qwen2 fixture
+//! (`fixtures/llm/qwen2-tiny`, converted to CMF f32 once per run), plus a fuzz-style test of the
+//! request parser. Every test bounds its time (socket timeouts, deadlines on polling loops).
+
+mod api;
+mod client;
+mod fixture;
+mod request_fuzz;
