@@ -226,3 +226,38 @@ fn convert_refuses_a_directory_that_is_not_zimage() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!out.exists());
 }
+
+/// `cmf imagine` on the pack the reference CLI made of the same tree (`cortiq imagine-pack`,
+/// committed in fixtures/zimage/reference/): it runs, and since its weight payloads equal ours
+/// (crates/cmf-zimage/tests/interop.rs) the PNG is byte-equal to the one from our own pack.
+#[test]
+fn imagine_renders_the_reference_clis_pack_like_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = tree().join("../reference/tiny-cortiq.cmf");
+    let ours = pack(dir.path());
+    let mut pngs = Vec::new();
+    for (name, p) in [("theirs", reference), ("ours", ours)] {
+        let png = dir.path().join(format!("{name}.png"));
+        let o = cmf(&[
+            "imagine",
+            s(&p),
+            "--prompt",
+            "a red fox",
+            "--width",
+            "64",
+            "--height",
+            "32",
+            "--steps",
+            "3",
+            "--seed",
+            "5",
+            "-o",
+            s(&png),
+        ]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        assert!(text(&o).contains("z-image (turbo)"), "{}", text(&o));
+        pngs.push(std::fs::read(&png).unwrap());
+    }
+    assert_eq!(&pngs[0][..8], b"\x89PNG\r\n\x1a\n");
+    assert!(pngs[0] == pngs[1], "the two packs render differently");
+}

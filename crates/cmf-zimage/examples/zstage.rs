@@ -14,7 +14,10 @@ fn main() {
     if let Some(t) = a.get(4) {
         let n: usize = t.parse().unwrap();
         cmf_kernels::set_num_threads(n);
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().unwrap();
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .unwrap();
     }
     let pack = ZimagePack::open(std::path::Path::new(path)).unwrap();
     let l = size / 8;
@@ -25,7 +28,13 @@ fn main() {
             let lat = gaussian(16 * l * l, 1);
             let (t0, c0) = (Instant::now(), cpu_seconds());
             let img = vae.decode(&lat, l, l);
-            eprintln!("decode {}x{}: wall {:.2} s, cpu {:.2} s", img.w, img.h, t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            eprintln!(
+                "decode {}x{}: wall {:.2} s, cpu {:.2} s",
+                img.w,
+                img.h,
+                t0.elapsed().as_secs_f64(),
+                cpu_seconds() - c0
+            );
         }
         "dit" => {
             let dit = pack.dit().unwrap();
@@ -33,17 +42,40 @@ fn main() {
             let cond = dit.condition(&cap, 32);
             let lat = gaussian(16 * l * l, 1);
             let (t0, c0) = (Instant::now(), cpu_seconds());
-            let _ = dit.velocity(&[DitItem { latents: &lat, cond: &cond, t: 0.5 }], l, l);
-            eprintln!("dit step {size}²: wall {:.2} s, cpu {:.2} s", t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            let _ = dit.velocity(
+                &[DitItem {
+                    latents: &lat,
+                    cond: &cond,
+                    t: 0.5,
+                }],
+                l,
+                l,
+            );
+            eprintln!(
+                "dit step {size}²: wall {:.2} s, cpu {:.2} s",
+                t0.elapsed().as_secs_f64(),
+                cpu_seconds() - c0
+            );
         }
         "te" => {
             let te = pack.text_encoder().unwrap();
-            let ids = te.tokenize("a red fox in a snowy birch forest at dawn", 512).unwrap();
+            let ids = te
+                .tokenize("a red fox in a snowy birch forest at dawn", 512)
+                .unwrap();
             let (t0, c0) = (Instant::now(), cpu_seconds());
             let _ = te.encode(&ids.ids).unwrap();
-            eprintln!("te {} tokens: wall {:.2} s, cpu {:.2} s", ids.ids.len(), t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            eprintln!(
+                "te {} tokens: wall {:.2} s, cpu {:.2} s",
+                ids.ids.len(),
+                t0.elapsed().as_secs_f64(),
+                cpu_seconds() - c0
+            );
         }
         s => panic!("unknown stage {s}"),
     }
-    eprintln!("total wall {:.2} s, cpu {:.2} s", t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+    eprintln!(
+        "total wall {:.2} s, cpu {:.2} s",
+        t0.elapsed().as_secs_f64(),
+        cpu_seconds() - c0
+    );
 }
