@@ -28,7 +28,7 @@ use cmf_format::Dtype;
 pub use attention::{attention, attention_decode, AttnParams, Kv, KvCache, KvDtype, KvSlice};
 pub use conv::conv2d;
 pub use cpu::Isa;
-pub use linear::{matmul_with, matvec_with};
+pub use linear::{matmul_with, matvec_multi_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};
 pub use pool::{num_threads, run_in_pool, set_num_threads};
 
@@ -130,6 +130,11 @@ impl<'a> Weight<'a> {
 /// y[rows] = W · x[cols]
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) {
     matvec_with(cpu::active(), w, x, y)
+}
+
+/// `ys[j] = W_j · x` for weights sharing one input (one quantization, one pool dispatch).
+pub fn matvec_multi(ws: &[&Weight], x: &[f32], ys: &mut [&mut [f32]]) {
+    matvec_multi_with(cpu::active(), ws, x, ys)
 }
 
 /// y[n, rows] = x[n, cols] · Wᵀ

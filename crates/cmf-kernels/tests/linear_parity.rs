@@ -13,7 +13,7 @@
 mod common;
 
 use cmf_format::Dtype;
-use cmf_kernels::{matmul_with, matvec_with, reference, Isa, Weight};
+use cmf_kernels::{matmul_with, matvec_multi_with, matvec_with, reference, Isa, Weight};
 use common::*;
 
 fn f16v(b: &[u8], i: usize) -> f32 {
@@ -121,6 +121,54 @@ fn matvec_matches_reference_for_every_codec_and_path() {
                     &want,
                     &tolerance(&w, &x),
                 );
+            }
+        }
+    }
+}
+
+/// The grouped decode product (q|k|v, gate|up): one shared input quantization and one dispatch
+/// must give, per weight, the reference within tolerance and exactly the single-weight result.
+/// Covers a shared codec (the fused path), a mixed group (per-weight fallback), and a tiny
+/// weight next to a large one (uneven task split).
+#[test]
+fn matvec_multi_matches_single_matvecs() {
+    let mut rng = Rng(11);
+    let cols = 256;
+    for isa in Isa::all_supported() {
+        for dtype in CODECS {
+            let groups: [&[(Dtype, usize)]; 3] = [
+                &[(dtype, 300), (dtype, 37), (dtype, 64)],
+                &[(dtype, 5), (dtype, 4096)],
+                &[(dtype, 40), (Dtype::F32, 24)],
+            ];
+            for group in groups {
+                let datas: Vec<Vec<u8>> = group
+                    .iter()
+                    .map(|&(d, rows)| random_weight(&mut rng, d, rows, cols))
+                    .collect();
+                let ws: Vec<Weight> = group
+                    .iter()
+                    .zip(&datas)
+                    .map(|(&(d, rows), b)| Weight::new(d, rows, cols, b).unwrap())
+                    .collect();
+                let x = rng.activations(cols);
+                let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+                let refs: Vec<&Weight> = ws.iter().collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matvec_multi_with(isa, &refs, &x, &mut ys);
+                for (w, got) in ws.iter().zip(&outs) {
+                    let label = format!("matvec_multi {isa} {} [{}, {cols}]", w.dtype, w.rows);
+                    let mut single = vec![f32::NAN; w.rows];
+                    matvec_with(isa, w, &x, &mut single);
+                    let same = got
+                        .iter()
+                        .zip(&single)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{label}: differs from matvec_with");
+                    let mut want = vec![0f32; w.rows];
+                    reference::matvec(w, &x, &mut want);
+                    check(&label, got, &want, &tolerance(w, &x));
+                }
             }
         }
     }

@@ -266,6 +266,59 @@ pub fn matvec_with(isa: Isa, w: &Weight, x: &[f32], y: &mut [f32]) {
     });
 }
 
+/// `ys[j] = W_j · x` for several weights that read the same input (q|k|v, gate|up): the input
+/// is quantized once and the rows of all of them are split over the pool in one dispatch, so a
+/// decode layer waits at one barrier per group instead of one per matrix, and small matrices
+/// (k/v) share their tail imbalance with the big ones. Weights whose codecs or column counts
+/// differ, or that carry per-weight input transforms (q8_2f's column field, q4_block with rows
+/// straddling groups), run one `matvec_with` each: the same results either way.
+pub fn matvec_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], ys: &mut [&mut [f32]]) {
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matvec_multi: {} weights but {} outputs",
+        ws.len(),
+        ys.len()
+    );
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes("matvec_multi", w, x, 1, y, isa);
+    }
+    let Some(first) = ws.first() else { return };
+    let shared = ws
+        .iter()
+        .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+        && first.dtype != Dtype::Q8_2f;
+    let plans: Vec<Plan> = ws.iter().map(|w| plan(w)).collect();
+    if !shared || plans.iter().any(|p| matches!(p, Plan::DecodeRows)) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matvec_with(isa, w, x, y);
+        }
+        return;
+    }
+    let cols = first.cols;
+    let prep = prepare(isa, &plans[0], x, 1, cols);
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    let chunk = row_chunk(total, cols);
+    // (weight, first row, end row) per task; chunks never straddle two weights.
+    let mut tasks = Vec::new();
+    for (j, w) in ws.iter().enumerate() {
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + chunk).min(w.rows);
+            tasks.push((j, r0, r1));
+            r0 = r1;
+        }
+    }
+    let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
+    pool::for_each_task(tasks.len(), |i| {
+        let (j, r0, r1) = tasks[i];
+        // SAFETY: task i owns ys[j][r0..r1]; the tasks' ranges are disjoint.
+        run_rows(isa, ws[j], &plans[j], &prep, 0, r0, unsafe {
+            yps[j].slice(r0, r1 - r0)
+        })
+    });
+}
+
 /// Inputs up to this many rows run the matvec kernels (blocked so each weight block is read from
 /// memory once for all rows); more take the packed GEMM on the SIMD paths.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

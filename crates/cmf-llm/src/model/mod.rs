@@ -314,9 +314,7 @@ impl<'a> Model<'a> {
             ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn)
         });
         time(Op::Qkv, || {
-            linear(&w.q, xn, n, q);
-            linear(&w.k, xn, n, k);
-            linear(&w.v, xn, n, v);
+            linear_shared_input([&w.q, &w.k, &w.v], xn, n, [q, k, v]);
         });
         time(Op::QkNormRope, || {
             if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
@@ -351,8 +349,7 @@ impl<'a> Model<'a> {
             ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn)
         });
         time(Op::GateUp, || {
-            linear(&w.gate, xn, n, gate);
-            linear(&w.up, xn, n, up);
+            linear_shared_input([&w.gate, &w.up], xn, n, [gate, up]);
         });
         time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
         time(Op::Down, || {
@@ -396,6 +393,29 @@ fn linear(l: &Linear, x: &[f32], n: usize, y: &mut [f32]) {
     }
     if let Some(b) = &l.bias {
         ops::add_rows(y, b);
+    }
+}
+
+/// `linear` for several weights reading the same input. Decode runs them as one
+/// `cmf_kernels::matvec_multi` (one input quantization and one pool dispatch for the group:
+/// q|k|v and gate|up are 5 of a layer's 7 products); prefill runs one GEMM each.
+fn linear_shared_input<const N: usize>(
+    ls: [&Linear; N],
+    x: &[f32],
+    n: usize,
+    mut ys: [&mut [f32]; N],
+) {
+    if n == 1 {
+        cmf_kernels::matvec_multi(&ls.map(|l| &l.w), x, &mut ys);
+    } else {
+        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+            cmf_kernels::matmul(&l.w, x, n, y);
+        }
+    }
+    for (l, y) in ls.iter().zip(ys.iter_mut()) {
+        if let Some(b) = &l.bias {
+            ops::add_rows(y, b);
+        }
     }
 }
 
