@@ -103,8 +103,9 @@ pub fn conv2d_with(
         pool::for_each_task(c_out.div_ceil(TR), |blk| {
             let (c0, c1) = (blk * TR, ((blk + 1) * TR).min(c_out));
             // SAFETY: channels c0..c1, rows y0..y0+rows, belong to this task.
-            let mut dst: Vec<&mut [f32]> =
-                (c0..c1).map(|co| unsafe { op.slice(co * h * w + y0 * w, n) }).collect();
+            let mut dst: Vec<&mut [f32]> = (c0..c1)
+                .map(|co| unsafe { op.slice(co * h * w + y0 * w, n) })
+                .collect();
             let b: Vec<f32> = (c0..c1).map(|co| bias.map_or(0.0, |b| b[co])).collect();
             for p in 0..n {
                 let src = &y[p * c_out + c0..p * c_out + c1];
