@@ -137,6 +137,8 @@ fn serve_refuses_bad_flags_files_and_ports() {
         ("--ctx", "1"),
         ("--threads", "0"),
         ("--api-key", " "),
+        ("--gpu", "sometimes"),
+        ("--gpu-layers", "3-x"),
     ] {
         let (code, text) = run(&[m, "--port", "0", flag, val]);
         assert_eq!(code, 2, "{flag} {val}: {text}");
@@ -146,6 +148,16 @@ fn serve_refuses_bad_flags_files_and_ports() {
     let (code, text) = run(&[missing.to_str().unwrap(), "--port", "0"]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("missing.cmf"), "{text}");
+
+    // `--gpu cuda` where no device answers (CI): refused at start, naming the flag.
+    let gpu = cmf_gpu::facade::Gpu::open(cmf_gpu::facade::GpuMode::Auto).unwrap();
+    if gpu.is_active() {
+        println!("SKIPPED --gpu cuda refusal: a CUDA device is present");
+    } else {
+        let (code, text) = run(&[m, "--port", "0", "--gpu", "cuda"]);
+        assert_eq!(code, 1, "{text}");
+        assert!(text.contains("--gpu cuda"), "{text}");
+    }
 
     // A port that is taken: the error names the address.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

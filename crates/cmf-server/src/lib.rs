@@ -22,4 +22,4 @@ pub mod worker;
 
 pub use error::ApiError;
 pub use server::{run_until_ctrl_c, RunningServer, ServerConfig};
-pub use worker::{EngineOptions, ModelInfo, StartError, WorkerStats};
+pub use worker::{EngineBuilder, EngineOptions, ModelInfo, StartError, WorkerStats};

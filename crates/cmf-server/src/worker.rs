@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
 use cmf_llm::chat::TextAssets;
-use cmf_llm::engine::CpuEngine;
+use cmf_llm::engine::{CpuEngine, Engine as LlmEngine};
 use cmf_llm::generate::{generate_cancellable, FinishReason, GenerationConfig, GenerationStats};
 use cmf_llm::{Model, ModelConfig};
 use std::panic::AssertUnwindSafe;
@@ -55,6 +55,36 @@ pub struct EngineOptions {
     /// a tiny model to be slow; not exposed on the command line.
     #[doc(hidden)]
     pub token_pacing: Option<Duration>,
+    /// Builds the generation engine once the worker has bound the weights (the CLI's puts the
+    /// model on the GPU when `--gpu` allows it). None: the CPU engine.
+    pub build_engine: Option<EngineBuilder>,
+}
+
+/// A function from the loaded model, the context length and the KV-cache type to the engine
+/// that runs it; called on the worker thread (GPU state is per thread).
+#[derive(Clone)]
+pub struct EngineBuilder(Arc<BuildFn>);
+
+type BuildFn = dyn for<'m, 'a> Fn(&'m Model<'a>, usize, KvDtype) -> Result<Box<dyn LlmEngine + 'm>, String>
+    + Send
+    + Sync;
+
+impl EngineBuilder {
+    pub fn new<F>(f: F) -> EngineBuilder
+    where
+        F: for<'m, 'a> Fn(&'m Model<'a>, usize, KvDtype) -> Result<Box<dyn LlmEngine + 'm>, String>
+            + Send
+            + Sync
+            + 'static,
+    {
+        EngineBuilder(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineBuilder(..)")
+    }
 }
 
 impl Default for EngineOptions {
@@ -64,6 +94,7 @@ impl Default for EngineOptions {
             kv_dtype: KvDtype::F16,
             queue_capacity: 16,
             token_pacing: None,
+            build_engine: None,
         }
     }
 }
@@ -156,6 +187,8 @@ impl Engine {
             ctx,
             kv_dtype: opts.kv_dtype,
             pacing: opts.token_pacing,
+            build: opts.build_engine.clone(),
+            path: shown.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("cmf-inference".into())
@@ -165,7 +198,7 @@ impl Engine {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 let _ = thread.join();
-                return Err(llm(e));
+                return Err(e);
             }
             Err(_) => {
                 let _ = thread.join();
@@ -225,26 +258,45 @@ struct Worker {
     ctx: usize,
     kv_dtype: KvDtype,
     pacing: Option<Duration>,
+    build: Option<EngineBuilder>,
+    /// The model file, for messages.
+    path: String,
 }
 
 impl Worker {
+    /// The engine for `model`: the builder's, else the CPU's.
+    fn engine<'m, 'a>(&self, model: &'m Model<'a>) -> Result<Box<dyn LlmEngine + 'm>, String> {
+        match &self.build {
+            Some(b) => (b.0)(model, self.ctx, self.kv_dtype),
+            None => Ok(Box::new(CpuEngine::new(model, self.ctx, self.kv_dtype))),
+        }
+    }
+
     fn run(
         self,
         file: CmfModel,
-        ready: std::sync::mpsc::Sender<Result<(), cmf_llm::LlmError>>,
+        ready: std::sync::mpsc::Sender<Result<(), StartError>>,
         mut rx: mpsc::Receiver<Job>,
     ) {
         let model = match Model::load(&file) {
             Ok(m) => m,
+            Err(source) => {
+                let path = self.path.clone();
+                let _ = ready.send(Err(StartError::Llm { path, source }));
+                return;
+            }
+        };
+        // One engine (and KV cache) for all requests, cleared before each (its buffers stay
+        // allocated).
+        let mut engine = match self.engine(&model) {
+            Ok(e) => e,
             Err(e) => {
-                let _ = ready.send(Err(e));
+                let _ = ready.send(Err(StartError::Other(format!("{}: {e}", self.path))));
                 return;
             }
         };
         let _ = ready.send(Ok(()));
         drop(ready);
-        // One state for all requests, cleared before each (its buffers stay allocated).
-        let mut engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
         while let Some(job) = rx.blocking_recv() {
             if job.events.is_closed() {
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -253,12 +305,18 @@ impl Worker {
             self.stats.busy.store(true, Ordering::Relaxed);
             // A panic in one request must not take the server down: it is reported to that
             // client, and the next request starts from a fresh state.
-            engine.state.clear();
+            engine.truncate(0);
             let result =
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&mut engine, &job)));
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&mut *engine, &job)));
             self.stats.busy.store(false, Ordering::Relaxed);
             if result.is_err() {
-                engine = CpuEngine::new(&model, self.ctx, self.kv_dtype);
+                // The engine may be mid-step: start over from a new one (the CPU's if the
+                // builder now fails).
+                drop(engine);
+                engine = self.engine(&model).unwrap_or_else(|e| {
+                    eprintln!("cmf serve: {e}; continuing on the CPU");
+                    Box::new(CpuEngine::new(&model, self.ctx, self.kv_dtype))
+                });
             }
             let event = match result {
                 Ok(Ok(stats)) => {
@@ -282,7 +340,7 @@ impl Worker {
         }
     }
 
-    fn run_job(&self, engine: &mut CpuEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
+    fn run_job(&self, engine: &mut dyn LlmEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
         let events = &job.events;
         let mut on_text = |t: &str| {
             let _ = events.send(Event::Text(t.to_string()));

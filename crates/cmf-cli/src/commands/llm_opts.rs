@@ -54,6 +54,21 @@ impl EngineOpts {
         }
     }
 
+    /// Checks `--gpu` and `--gpu-layers` (and their environment defaults) without opening a
+    /// device: usage errors before anything is loaded.
+    pub fn check_gpu_flags(&self) -> anyhow::Result<()> {
+        use cmf_gpu::facade::{GpuMode, LayerSet};
+        let flag = self
+            .gpu
+            .as_deref()
+            .map(str::parse::<GpuMode>)
+            .transpose()
+            .map_err(|e| UsageError(e.to_string()))?;
+        GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
+        LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+        Ok(())
+    }
+
     /// The generation engine: [`cmf_llm::gpu::GpuEngine`] when the model runs on the GPU,
     /// else the CPU engine.
     pub fn engine<'m, 'a: 'm>(

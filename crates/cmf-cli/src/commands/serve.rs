@@ -1,10 +1,10 @@
 //! `cmf serve FILE`: an OpenAI-compatible HTTP API over one LLM (see `docs/server.md`). The
 //! model loads first; the port opens once it is ready. Ctrl-C stops accepting, lets answers in
-//! flight finish, and exits.
+//! flight finish, and exits. `--gpu` / `--gpu-layers` place the model as for `cmf run`.
 
 use std::path::PathBuf;
 
-use cmf_server::{EngineOptions, ServerConfig};
+use cmf_server::{EngineBuilder, EngineOptions, ServerConfig};
 
 use super::llm_opts::EngineOpts;
 use crate::exit::UsageError;
@@ -41,6 +41,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let kv_dtype = args.engine.apply()?;
+    args.engine.check_gpu_flags()?;
     if args.max_tokens_default == 0 {
         return Err(UsageError("--max-tokens-default must be at least 1".into()).into());
     }
@@ -64,6 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kv_dtype,
             queue_capacity: args.queue,
             token_pacing: None,
+            build_engine: Some(engine_builder(args.engine.clone())),
         },
         max_tokens_default: args.max_tokens_default,
         api_key: args.api_key.clone(),
@@ -82,4 +84,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     })?;
     Ok(())
+}
+
+/// The model on the GPU when `--gpu` / `--gpu-layers` allow it (as `cmf run`), else the CPU.
+fn engine_builder(opts: EngineOpts) -> EngineBuilder {
+    EngineBuilder::new(move |model, ctx, kv_type| {
+        opts.engine(model, ctx, kv_type)
+            .map_err(|e| format!("{e:#}"))
+    })
 }
