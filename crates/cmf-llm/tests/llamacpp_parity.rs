@@ -165,6 +165,40 @@ fn smollm2_exact_weights_match_transformers() {
     }
 }
 
+/// Greedy decoding with the weights evaluated exactly (`import-gguf --quant f32`): on three of
+/// the six `greedy.json` prompts all 64 free-running ids equal llama.cpp's. On the other three
+/// (chat_capital_france, raw_story, raw_kjv) a step where llama.cpp's top-1/top-2 margin is small
+/// (≤ 0.24, measured: docs/llm.md) flips under its 8-bit activations, and the continuations part
+/// there; their agreeing prefix is printed, not asserted.
+#[test]
+fn smollm2_exact_weights_greedy_equals_llamacpp_for_64_tokens() {
+    const IDENTICAL: [&str; 3] = [
+        "chat_capital_france_system",
+        "chat_system_haiku",
+        "raw_code",
+    ];
+    let Some(file) = demo_model(Some(Quant::F32)) else {
+        return;
+    };
+    let model = Model::load(file).unwrap();
+    let refs = reference("greedy.json");
+    let mut checked = 0;
+    for p in refs["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let prompt = common::ids(&p["prompt_ids"]);
+        let want = common::ids(&p["generated_ids"]);
+        assert_eq!(want.len(), 64, "{name}");
+        let got = greedy(&model, &prompt, want.len());
+        let prefix = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        println!("{name} (exact weights): free-running ids equal llama.cpp's for {prefix}/64");
+        if IDENTICAL.contains(&name) {
+            assert_eq!(got, want, "{name}: differs from llama.cpp at id {prefix}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, IDENTICAL.len());
+}
+
 /// Greedy decoding against llama.cpp. Identical 64-token continuations are not attainable by an
 /// engine that computes exactly: llama.cpp quantizes the activations to 8 bits (Q8_1/Q8_0) inside
 /// its Q4_1/Q8_0 products, which moves logit gaps by up to ~0.8 (measured by emulating only that
