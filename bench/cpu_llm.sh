@@ -80,7 +80,7 @@ fi
 # ---------------------------------------------------------------- models
 declare -A GGUF
 prepare_smollm2() {
-  GGUF[smollm2]=$("$ROOT/scripts/smollm2_gguf.sh" "$CACHE" | tail -1)
+  GGUF[smollm2]=$("$ROOT/scripts/fetch-demo-model.sh" "$CACHE" | tail -1)
   for q in $SMOL_QUANTS; do
     local out="$WORK/smollm2-cortiq-$q.cmf"
     if [ -x "$CORTIQ" ] && [ ! -f "$out" ]; then

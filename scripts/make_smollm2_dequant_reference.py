@@ -6,7 +6,7 @@ the 20 largest (id, value) and the values at llama.cpp's top-5 ids. cmf-llm's
 `llamacpp_parity.rs` checks `cmf import-gguf --quant f32` against them.
 
 usage: python scripts/make_smollm2_dequant_reference.py GGUF_DIR
-       (GGUF_DIR holds SmolLM2-135M-Instruct.Q4_1.gguf; scripts/smollm2_gguf.sh fetches it)
+       (GGUF_DIR holds SmolLM2-135M-Instruct.Q4_1.gguf; scripts/fetch-demo-model.sh fetches it)
 writes crates/cmf-llm/tests/data/smollm2_dequant_logits.json
 """
 import json, os, sys

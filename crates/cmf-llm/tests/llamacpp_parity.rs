@@ -10,7 +10,7 @@
 //!
 //! The 98 MB GGUF is not in the repository. The tests look for it at `$CMF_SMOLLM2_GGUF`, then
 //! `$CMF_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf`, then `~/.cache/cmf/…`
-//! (`scripts/smollm2_gguf.sh` downloads it there); without it they print why and pass.
+//! (`scripts/fetch-demo-model.sh` downloads it there); without it they print why and pass.
 
 mod common;
 use cmf_convert::{Options, Quant};
@@ -42,7 +42,7 @@ fn demo_model(quant: Option<Quant>) -> Option<&'static CmfModel> {
     let cell = if quant.is_none() { &DEFAULT } else { &F32 };
     cell.get_or_init(|| {
         let Some(gguf) = find_gguf() else {
-            eprintln!("SKIPPED: {GGUF_NAME} not found (set CMF_SMOLLM2_GGUF or CMF_CACHE; scripts/smollm2_gguf.sh fetches it)");
+            eprintln!("SKIPPED: {GGUF_NAME} not found (set CMF_SMOLLM2_GGUF or CMF_CACHE; scripts/fetch-demo-model.sh fetches it)");
             return None;
         };
         let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
