@@ -1,8 +1,9 @@
 //! `cmf info` / `cmf verify` end to end: run the built binary on files written by our writer
 //! and by the reference crate, check output and exit codes (0 ok, 1 runtime, 2 usage, 3 verify).
 
+mod common;
+use common::{cmf, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use cmf_format::{
     codec, Arch, CmfFile, CmfWriter, Dtype, Header, LayerType, QuantType, TokenizerConfig,
@@ -10,21 +11,6 @@ use cmf_format::{
 
 const TEMPLATE: &str = "{% for m in messages %}{{ m.content }}{% endfor %}";
 const TOKENIZER: &[u8] = br#"{"version":"1.0","model":{"type":"BPE","vocab":{},"merges":[]}}"#;
-
-fn cmf(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cmf"))
-        .args(args)
-        .output()
-        .expect("run cmf")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn header() -> Header {
     let arch = Arch {

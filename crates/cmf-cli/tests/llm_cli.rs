@@ -2,6 +2,8 @@
 //! output equals the library's greedy generation, seeded sampling repeats, JSON outputs parse,
 //! and bad input exits with 1 (runtime) or 2 (usage) and a message naming the fault.
 
+mod common;
+use common::{cmf, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -9,17 +11,6 @@ use cmf_format::CmfModel;
 use cmf_llm::chat::{ChatSession, TextAssets};
 use cmf_llm::generate::GenerationConfig;
 use cmf_llm::Model;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn cmf(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cmf"))
-        .args(args)
-        .output()
-        .expect("run cmf")
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -1,23 +1,9 @@
 //! `cmf convert --zimage` and `cmf imagine` end to end on the tiny Z-Image fixture tree: a pack,
 //! a PNG, and the messages and exit codes of bad requests (2 = usage, 1 = runtime).
 
+mod common;
+use common::{cmf, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn cmf(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cmf"))
-        .args(args)
-        .output()
-        .expect("run cmf")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn tree() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zimage/tiny")
