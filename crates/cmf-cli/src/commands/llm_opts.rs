@@ -30,16 +30,8 @@ impl EngineOpts {
         model: &cmf_llm::Model,
         ctx: usize,
     ) -> anyhow::Result<Option<cmf_llm::gpu::GpuModel>> {
-        use cmf_gpu::facade::{Gpu, GpuMode, LayerSet};
-        let flag = self
-            .gpu
-            .as_deref()
-            .map(str::parse::<GpuMode>)
-            .transpose()
-            .map_err(|e| UsageError(e.to_string()))?;
-        let mode = GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
-        let layers =
-            LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+        use cmf_gpu::facade::{Gpu, GpuMode};
+        let (mode, layers) = self.gpu_settings()?;
         let gpu = Gpu::open(mode)?;
         if !gpu.is_active() {
             return Ok(None);
@@ -54,9 +46,11 @@ impl EngineOpts {
         }
     }
 
-    /// Checks `--gpu` and `--gpu-layers` (and their environment defaults) without opening a
-    /// device: usage errors before anything is loaded.
-    pub fn check_gpu_flags(&self) -> anyhow::Result<()> {
+    /// `--gpu` and `--gpu-layers` (or their environment defaults) resolved, without opening a
+    /// device; a bad value is a usage error.
+    pub fn gpu_settings(
+        &self,
+    ) -> anyhow::Result<(cmf_gpu::facade::GpuMode, Option<cmf_gpu::facade::LayerSet>)> {
         use cmf_gpu::facade::{GpuMode, LayerSet};
         let flag = self
             .gpu
@@ -64,9 +58,10 @@ impl EngineOpts {
             .map(str::parse::<GpuMode>)
             .transpose()
             .map_err(|e| UsageError(e.to_string()))?;
-        GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
-        LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
-        Ok(())
+        let mode = GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
+        let layers =
+            LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
+        Ok((mode, layers))
     }
 
     /// The generation engine: [`cmf_llm::gpu::GpuEngine`] when the model runs on the GPU,

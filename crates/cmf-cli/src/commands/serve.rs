@@ -41,7 +41,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let kv_dtype = args.engine.apply()?;
-    args.engine.check_gpu_flags()?;
+    args.engine.gpu_settings()?; // bad --gpu / --gpu-layers values fail before loading
     if args.max_tokens_default == 0 {
         return Err(UsageError("--max-tokens-default must be at least 1".into()).into());
     }
