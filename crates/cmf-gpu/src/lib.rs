@@ -17,12 +17,13 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 pub mod cuda;
+pub mod dit;
 pub mod facade;
 pub mod llm;
 
 pub use facade::{
-    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, Gpu, GpuError, GpuMode, LayerSet, LlmDevice,
-    MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
+    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode,
+    LayerSet, LlmDevice, MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
 };
 pub use llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,

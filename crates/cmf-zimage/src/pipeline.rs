@@ -7,14 +7,16 @@
 //! as one batch of two (one pass over the weights), and `pred = pos + g·(pos − neg)`, optionally
 //! renormalised (`cfg_normalization`) and switched off late in the schedule (`cfg_truncation`).
 
+use crate::denoiser::Denoiser;
 use crate::noise;
 use crate::scheduler::Schedule;
 use crate::tensors::{Loader, TensorSource};
 use crate::text_encoder::{PromptTokens, TextEncoder};
-use crate::transformer::{DitConfig, DitItem, ZImageDit};
+use crate::transformer::{DitConfig, ZImageDit};
 use crate::vae::{VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
+use cmf_gpu::Gpu;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -282,6 +284,8 @@ pub struct Timings {
     pub text_encoder: f64,
     pub text_encoder_cpu: f64,
     pub dit_load: f64,
+    /// Whether every step ran on the device.
+    pub dit_on_device: bool,
     pub steps: Vec<f64>,
     pub steps_cpu: Vec<f64>,
     pub vae: f64,
@@ -310,10 +314,11 @@ pub struct Generated {
     pub timings: Timings,
 }
 
-/// Runs `plan` on `pack`.
+/// Runs `plan` on `pack`; stages run on `gpu`'s device where it takes them (else the CPU).
 pub fn generate(
     pack: &ZimagePack,
     plan: &Plan,
+    gpu: &Gpu,
     events: &mut dyn FnMut(Event),
 ) -> Result<Generated, ZimageError> {
     let t_all = Instant::now();
@@ -379,8 +384,11 @@ pub fn generate(
                 .map_err(|why| ZimageError::request(flag, why))?;
         }
     }
-    let cond = dit.condition(&cap.0, cap.1);
-    let ncond = ncap.as_ref().map(|(c, n)| dit.condition(c, *n));
+    let n_caps = if ncap.is_some() { 2 } else { 1 };
+    let mut caps = vec![cap];
+    caps.extend(ncap);
+    let mut denoiser = Denoiser::new(&dit, gpu, caps, lh, lw);
+    tm.dit_on_device = denoiser.on_device();
     tm.dit_load = t0.elapsed().as_secs_f64();
     let sched = Schedule::new(plan.steps, plan.shift);
     for i in 0..plan.steps {
@@ -389,20 +397,10 @@ pub fn generate(
         let t = sched.model_t[i];
         // diffusers: CFG is off at steps whose t_norm = (1000 − t)/1000 exceeds cfg_truncation.
         let cfg_now = plan.cfg() && !(plan.cfg_truncation <= 1.0 && t > plan.cfg_truncation);
-        let mut items = vec![DitItem {
-            latents: &lat,
-            cond: &cond,
-            t,
-        }];
-        if cfg_now {
-            items.push(DitItem {
-                latents: &lat,
-                cond: ncond.as_ref().expect("negative conditioning"),
-                t,
-            });
-        }
-        let mut outs = dit.velocity(&items, lh, lw);
-        drop(items);
+        let items: &[usize] = if cfg_now { &[0, 1] } else { &[0] };
+        debug_assert!(items.len() <= n_caps);
+        let mut outs = denoiser.velocity(&lat, t, items);
+        tm.dit_on_device &= denoiser.on_device();
         let mut pred = outs.swap_remove(0);
         if cfg_now {
             cfg_combine(&mut pred, &outs[0], plan.guidance, plan.cfg_normalization);
@@ -418,7 +416,8 @@ pub fn generate(
             cfg: cfg_now,
         });
     }
-    drop((dit, cond, ncond));
+    drop(denoiser);
+    drop(dit);
     release(pack, "dit.");
     if let Some(i) = lat.iter().position(|v| !v.is_finite()) {
         return Err(ZimageError::NonFinite {

@@ -21,6 +21,7 @@
 use crate::ops;
 use crate::tensors::{Linear, Loader};
 use crate::ZimageError;
+use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel};
 use cmf_kernels::RopeTable;
 use rayon::prelude::*;
 
@@ -566,7 +567,7 @@ impl<'a> ZImageDit<'a> {
     }
 
     /// `TimestepEmbedder`: sinusoid [cos, sin] of `t` (already scaled) → Linear → SiLU → Linear.
-    fn t_embed(&self, t: f32) -> Vec<f32> {
+    pub fn t_embed(&self, t: f32) -> Vec<f32> {
         let f = timestep_features(t);
         let mut hid = self.t_mlp0.forward(&f, 1);
         ops::silu_inplace(&mut hid);
@@ -596,6 +597,77 @@ impl<'a> ZImageDit<'a> {
         ops::rope_table(&angles, pairs)
     }
 
+    /// The weights as a device backend takes them (borrowed, nothing decoded).
+    pub fn device_model<'s>(&'s self) -> DitModel<'s> {
+        let lin = |l: &'s Linear<'a>| DitLinear {
+            w: l.w,
+            b: l.b.as_deref(),
+        };
+        let blocks = |bs: &'s [Block<'a>]| -> Vec<DitBlockWeights<'s>> {
+            bs.iter()
+                .map(|b| DitBlockWeights {
+                    to_q: b.to_q.w,
+                    to_k: b.to_k.w,
+                    to_v: b.to_v.w,
+                    to_out: b.to_out.w,
+                    w1: b.w1.w,
+                    w2: b.w2.w,
+                    w3: b.w3.w,
+                    norm_q: &b.norm_q,
+                    norm_k: &b.norm_k,
+                    attention_norm1: &b.attention_norm1,
+                    attention_norm2: &b.attention_norm2,
+                    ffn_norm1: &b.ffn_norm1,
+                    ffn_norm2: &b.ffn_norm2,
+                    ada: b.ada.as_ref().map(lin),
+                })
+                .collect()
+        };
+        let cfg = &self.cfg;
+        let ffn = self
+            .layers
+            .iter()
+            .chain(&self.noise_refiner)
+            .next()
+            .map_or(0, |b| b.w1.out_dim());
+        DitModel {
+            geo: DitGeometry {
+                dim: cfg.dim,
+                n_heads: cfg.n_heads,
+                ffn,
+                norm_eps: cfg.norm_eps,
+                qk_eps: QK_NORM_EPS,
+                final_eps: FINAL_NORM_EPS,
+                patch_dim: cfg.patch_dim(),
+                cap_feat_dim: cfg.cap_feat_dim,
+                adaln_dim: cfg.adaln_dim(),
+            },
+            x_embedder: lin(&self.x_embedder),
+            x_pad_token: &self.x_pad_token,
+            cap_norm: &self.cap_norm,
+            cap_embedder: lin(&self.cap_embedder),
+            cap_pad_token: &self.cap_pad_token,
+            noise_refiner: blocks(&self.noise_refiner),
+            context_refiner: blocks(&self.context_refiner),
+            layers: blocks(&self.layers),
+            final_ada: lin(&self.final_ada),
+            final_linear: lin(&self.final_linear),
+        }
+    }
+
+    /// RoPE cos/sin rows `[rows, head_dim / 2]` of an item's joint sequence `[image ; caption]`
+    /// for an `h × w` latent and a caption padded to `lp` rows (what the device steps use).
+    pub fn joint_rope(&self, h: usize, w: usize, lp: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut ids = image_ids(h / 2, w / 2, lp);
+        ids.extend(caption_ids(lp));
+        flat_rope(&self.rope_table(&ids))
+    }
+
+    /// RoPE rows of a caption padded to `lp` rows (the device context refiner).
+    pub fn caption_rope(&self, lp: usize) -> (Vec<f32>, Vec<f32>) {
+        flat_rope(&self.rope_table(&caption_ids(lp)))
+    }
+
     /// The largest caption (padded) and image grid the RoPE tables of this config cover.
     pub fn check_geometry(&self, h_lat: usize, w_lat: usize, cap_len: usize) -> Result<(), String> {
         let lens = self.cfg.axes_lens;
@@ -617,6 +689,15 @@ impl<'a> ZImageDit<'a> {
         }
         Ok(())
     }
+}
+
+/// A RoPE table as flat cos and sin arrays.
+fn flat_rope(t: &RopeTable) -> (Vec<f32>, Vec<f32>) {
+    let rows = 0..t.rows();
+    (
+        rows.clone().flat_map(|r| t.cos(r).to_vec()).collect(),
+        rows.flat_map(|r| t.sin(r).to_vec()).collect(),
+    )
 }
 
 /// RoPE ids of the image tokens: `(cap_padded + 1, row, col)`, pad rows `(0, 0, 0)` (`_pad_with_ids`).

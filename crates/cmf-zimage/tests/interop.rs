@@ -102,7 +102,7 @@ fn render(pack: &Path) -> Vec<u8> {
         ..Default::default()
     };
     let plan = Plan::new(&req, &pack.recipe).unwrap();
-    let out = generate(&pack, &plan, &mut |_| {}).unwrap();
+    let out = generate(&pack, &plan, &cmf_gpu::Gpu::cpu_only(), &mut |_| {}).unwrap();
     assert_eq!((out.width, out.height), (W, H));
     out.rgb
 }

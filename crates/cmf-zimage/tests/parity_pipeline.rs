@@ -97,7 +97,7 @@ fn pipeline_case(name: &str) {
         latents: Some(lat_path),
     };
     let plan = Plan::new(&req, &pack.recipe).unwrap();
-    let out = generate(&pack, &plan, &mut |_| {}).unwrap();
+    let out = generate(&pack, &plan, &cmf_gpu::Gpu::cpu_only(), &mut |_| {}).unwrap();
     let err = rel_err(&out.final_latents, &e.f32(&format!("{name}.final_latents")));
     assert!(err < 1e-4, "{name}: final latents rel err {err}");
     let want = e.u8(&format!("{name}.image"));

@@ -47,6 +47,10 @@ pub struct Args {
     /// Output PNG.
     #[arg(long, short, default_value = "out.png")]
     output: PathBuf,
+    /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
+    /// Default: $CMF_GPU (0, 1, cuda), else auto.
+    #[arg(long = "gpu", value_name = "MODE")]
+    gpu: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,6 +65,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .num_threads(n)
             .build_global();
     }
+    let mode = cmf_gpu::GpuMode::resolve(
+        args.gpu
+            .as_deref()
+            .map(str::parse::<cmf_gpu::GpuMode>)
+            .transpose()
+            .map_err(|e| UsageError(e.to_string()))?,
+    )
+    .map_err(|e| UsageError(e.to_string()))?;
+    let gpu = cmf_gpu::Gpu::open(mode)?;
     let pack = ZimagePack::open(&args.file).map_err(classify)?;
     let req = Request {
         prompt: args.prompt,
@@ -127,8 +140,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Event::Decoded { .. } => {}
     };
-    let out = generate(&pack, &plan, &mut on_event).map_err(classify)?;
+    let out = generate(&pack, &plan, &gpu, &mut on_event).map_err(classify)?;
     bar.finish();
+    if mode == cmf_gpu::GpuMode::Cuda && !out.timings.dit_on_device {
+        eprintln!("warning: --gpu cuda: the DiT ran on the CPU (CMF_LOG=debug says why)");
+    }
     write_png(&args.output, &out.rgb, out.width, out.height)?;
     let tm = &out.timings;
     let steps_total: f64 = tm.steps.iter().sum();
@@ -137,6 +153,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     println!("{}: {}x{}", args.output.display(), out.width, out.height);
     let steps_cpu: f64 = tm.steps_cpu.iter().sum();
+    let device = gpu.info().map(|i| i.name).unwrap_or_else(|| "cpu".into());
+    println!(
+        "devices: text encoder cpu, DiT {}, VAE cpu",
+        if tm.dit_on_device {
+            device.as_str()
+        } else {
+            "cpu"
+        }
+    );
     println!(
         "timing: text encoder {:.2} s, conditioning {:.2} s, {} steps {:.2} s (median {:.2} s/step), VAE {:.2} s, total {:.2} s{}",
         tm.text_encoder,

@@ -184,6 +184,16 @@ impl Dev {
             .ctx(|| "cuMemsetD8Async".into())
     }
 
+    /// Device → device, ordered on the stream.
+    pub fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> DResult<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie inside our allocations (callers pass DBuf ranges).
+        unsafe { dr::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .ctx(|| format!("copying {bytes} bytes on the device"))
+    }
+
     /// Host → device, synchronous with respect to the host buffer; counted as uploaded.
     pub fn upload(&self, dst: u64, src: &[u8]) -> DResult<()> {
         if src.is_empty() {

@@ -16,6 +16,7 @@ pub const MATVEC: &str = include_str!("kernels/matvec.cu");
 pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
 pub const ATTENTION: &str = include_str!("kernels/attention.cu");
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
+pub const DIT: &str = include_str!("kernels/dit.cu");
 
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)
@@ -41,6 +42,9 @@ pub fn all_sources() -> SourceSet {
         ("attention", ATTENTION, model(16, 2, true)),
         ("attention", ATTENTION, model(16, 2, false)),
         ("rowops", ROWOPS, model(16, 2, true)),
+        ("dit", DIT, model(128, 1, false)),
+        ("dit", DIT, model(32, 1, false)),
+        ("attention", ATTENTION, model(32, 1, false)),
     ]
 }
 

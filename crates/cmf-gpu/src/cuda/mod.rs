@@ -9,6 +9,7 @@
 
 pub mod blas;
 pub mod device;
+pub mod dit;
 pub mod kernels;
 pub mod llm;
 pub mod matvec;
@@ -95,6 +96,10 @@ impl Backend for CudaBackend {
             opts,
             placement,
         )?))
+    }
+
+    fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {
+        Ok(Box::new(dit::CudaDit::load(self, model)?))
     }
 }
 

@@ -3,6 +3,8 @@
 //! each of which does its whole job or refuses before touching an output.
 
 use super::{DeviceInfo, MemStats, Placement, Refusal};
+use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
+use crate::facade::RefusalReason;
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
 use std::ops::Range;
 
@@ -33,6 +35,30 @@ pub trait Backend: Send + Sync {
         opts: &LlmOptions,
         placement: &Placement,
     ) -> Result<Box<dyn LlmDevice>, Refusal>;
+    /// Uploads a DiT (whole: a step needs every layer). Backends without a DiT path refuse.
+    fn load_dit(&self, _model: &DitModel) -> Result<Box<dyn DitDevice>, Refusal> {
+        Err(Refusal::new(
+            "dit.load",
+            RefusalReason::UnsupportedShape("this backend has no DiT path".into()),
+        ))
+    }
+}
+
+/// A DiT resident on a device: the per-prompt `condition` / `prepare` and the per-step `step`
+/// of the image pipeline. Honest refusal as for [`LlmDevice`]: on `Err` no output the caller
+/// passed has been written, and the caller runs the CPU model.
+pub trait DitDevice: Send {
+    /// Embeds (RMSNorm, `cap_embedder`, pad rows) and refines a caption `cap [len,
+    /// cap_feat_dim]`; the refined rows stay resident under the returned id. `rope` covers the
+    /// padded caption rows.
+    fn condition(&mut self, cap: &[f32], len: usize, rope: RopeRows) -> Result<CondId, Refusal>;
+    /// Sets up a batch for images of `ni` patches: its items (captions and RoPE rows) and the
+    /// activation buffers. Steps then name items by their index here.
+    fn prepare(&mut self, items: &[DitItemSetup], ni: usize) -> Result<(), Refusal>;
+    /// One forward of the listed items; `out` receives `[items.len(), ni, patch_dim]`.
+    fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal>;
+    /// Frees captions and activation buffers (the weights stay).
+    fn release(&mut self);
 }
 
 /// A model resident on a device. Positions are explicit: a call at `start` overwrites KV rows

@@ -16,7 +16,7 @@ mod placement;
 mod probe;
 mod refusal;
 
-pub use backend::{Backend, Footprint, LlmDevice};
+pub use backend::{Backend, DitDevice, Footprint, LlmDevice};
 pub use devices::{
     parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
 };
@@ -27,6 +27,7 @@ pub(crate) use probe::write_atomic;
 pub use probe::{cache_dir, Arm, OpClass, Probe, CLEAN_SAMPLES};
 pub use refusal::{Refusal, RefusalReason};
 
+use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -303,6 +304,60 @@ impl Gpu {
             dev,
             gate: self.gate.clone(),
         })
+    }
+}
+
+impl Gpu {
+    /// Uploads a DiT (the whole model: a denoising step needs every layer). Refuses when no
+    /// backend runs, the backend has no DiT path, or the weights do not fit.
+    pub fn load_dit(&self, model: &DitModel) -> Result<GpuDit, Refusal> {
+        self.check("dit.load")?;
+        let backend = self.backend.as_ref().expect("checked");
+        let dev = backend.load_dit(model).map_err(Refusal::logged)?;
+        log::debug("dit: resident on the device");
+        Ok(GpuDit {
+            dev,
+            gate: self.gate.clone(),
+        })
+    }
+}
+
+/// A DiT loaded through the facade; every entry point passes the gate first. Whole steps run
+/// on the device and are trusted (not probed): the activations never leave the card.
+pub struct GpuDit {
+    dev: Box<dyn DitDevice>,
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for GpuDit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GpuDit")
+    }
+}
+
+impl GpuDit {
+    /// See [`DitDevice::condition`].
+    pub fn condition(
+        &mut self,
+        cap: &[f32],
+        len: usize,
+        rope: RopeRows,
+    ) -> Result<CondId, Refusal> {
+        self.gate.check("dit.condition")?;
+        self.dev.condition(cap, len, rope).map_err(Refusal::logged)
+    }
+    /// See [`DitDevice::prepare`].
+    pub fn prepare(&mut self, items: &[DitItemSetup], ni: usize) -> Result<(), Refusal> {
+        self.gate.check("dit.prepare")?;
+        self.dev.prepare(items, ni).map_err(Refusal::logged)
+    }
+    /// See [`DitDevice::step`].
+    pub fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal> {
+        self.gate.check("dit.step")?;
+        self.dev.step(items, out).map_err(Refusal::logged)
+    }
+    pub fn release(&mut self) {
+        self.dev.release()
     }
 }
 

@@ -461,9 +461,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
 // double-buffered through cp.async (the next tile streams in while this one is multiplied)
 // and V kept row-major, its B fragments read transposed by ldmatrix.trans.
 // Grid (ceil(T/64), NH), 128 threads, dynamic smem 2 × 2 × 64 × (HD + 8) halves.
-extern "C" __global__ void __launch_bounds__(128)
-attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
-                 int NH, float* out) {
+// CAUSAL = false (attn_full_fa2, the DiT): every query sees keys 0..T of its cache; start and
+// window are ignored.
+template <bool CAUSAL>
+__device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u16* vc, int T, int start, int window,
+                                         int S_max, float scale, int NH, float* out) {
     extern __shared__ __align__(16) u16 fsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int h = blockIdx.y, kvh = h / GQA;
@@ -493,8 +495,8 @@ attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start,
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const int p0 = start + qw + g, p1 = p0 + 8;
-    const int k_end = start + min(T, qb + FA_BQ);
-    int k_lo = window > 0 ? max(0, start + qb - window + 1) : 0;
+    const int k_end = CAUSAL ? start + min(T, qb + FA_BQ) : T;
+    int k_lo = CAUSAL && window > 0 ? max(0, start + qb - window + 1) : 0;
     k_lo &= ~(FA_BK - 1);
 
     auto load_tile = [&](int stage, int kt) {
@@ -539,7 +541,7 @@ attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start,
             for (int e = 0; e < 4; e++) {
                 int key = kt + nt * 8 + tg * 2 + (e & 1);
                 int pos = e < 2 ? p0 : p1;
-                bool ok = key <= pos && (window <= 0 || key > pos - window);
+                bool ok = CAUSAL ? key <= pos && (window <= 0 || key > pos - window) : key < k_end;
                 float v = ok ? s[nt][e] * sl2 : NEG_INF;
                 s[nt][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
@@ -606,5 +608,18 @@ attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start,
             dst[1] = o[dn][3] / l1;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
+                 int NH, float* out) {
+    fa2_body<true>(q, kc, vc, T, start, window, S_max, scale, NH, out);
+}
+
+// Non-causal attention of T queries over the T keys of their own cache slice (the Z-Image
+// DiT: q [T, NH, HD] f32, k/v [NH, S_max, HD] f16, out [T, NH, HD] f32). Same grid and smem.
+extern "C" __global__ void __launch_bounds__(128)
+attn_full_fa2(const float* q, const u16* kc, const u16* vc, int T, int S_max, float scale, int NH, float* out) {
+    fa2_body<false>(q, kc, vc, T, 0, 0, S_max, scale, NH, out);
 }
 #endif

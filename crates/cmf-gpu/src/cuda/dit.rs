@@ -1,0 +1,1104 @@
+//! The Z-Image DiT resident on a CUDA device (the [`DitDevice`] contract).
+//!
+//! Weights: bf16 planes, dequantised on the device once at load (q8/q4/f16/f32 are uploaded in
+//! their codec and expanded there). Why not int8 with the row scale in the epilogue: a step is
+//! a few dozen GEMMs of ~4k rows — compute-bound, where bf16 tensor cores through cuBLAS run
+//! near peak, and int8 GEMMs would need the activations quantised per step (and the q8_2f
+//! column field folded in); the 12 GB of bf16 planes fit the card easily. Fused projections:
+//! q|k|v is one `[3D, D]` plane, w1|w3 one `[2F, D]`, and every block's adaLN one
+//! `[blocks·4D, A]` plane (all modulations of a step in one GEMM).
+//!
+//! A step (`step`): patches → x_embedder GEMM (+ bias, pad rows) → noise-refiner blocks over
+//! the image rows → the resident caption rows copied in → the joint layers → LayerNorm ·
+//! (1 + scale) → final Linear → the image rows back to the host. Per block: [rms·(1+s) → bf16]
+//! → qkv GEMM → q/k norm + RoPE (+ f16 K/V) → flash attention per item → gather → O GEMM →
+//! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
+//! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
+
+use super::blas::Blas;
+use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
+use super::kernels::{fa2_smem, Func, Module, ATTENTION, DIT, ROWOPS};
+use super::weights::{self, DevWeight};
+use super::CudaBackend;
+use crate::dit::{
+    pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitStepItem,
+    RopeRows,
+};
+use crate::facade::{DitDevice, Refusal, RefusalReason};
+use cmf_format::Dtype;
+use cmf_kernels::Weight;
+use half::bf16;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// Profile categories (`CMF_DIT_PROFILE=1`): device ms spent in GEMMs, attention, row kernels.
+pub const PROFILE_CATEGORIES: [&str; 3] = ["gemm", "attention", "rowops"];
+const GEMM: usize = 0;
+const ATTN: usize = 1;
+const ROWS: usize = 2;
+
+/// Ints per row in a row map (`MAPW` in dit.cu): item, J, L, p, rope_row.
+const MAPW: usize = 5;
+/// Threads of the per-row kernels.
+const ROW_THREADS: u32 = 256;
+
+struct Kernels {
+    rms_mod: Func,
+    residual_norm: Func,
+    qk_norm_rope: Func,
+    gather: Func,
+    swiglu: Func,
+    bias_pad: Func,
+    add_bias: Func,
+    rms: Func,
+    final_norm: Func,
+    attn: Func,
+    dequant: Func,
+    _mods: Vec<Module>,
+}
+
+impl Kernels {
+    fn load(dev: &Dev, hd: usize) -> DResult<Kernels> {
+        let defs = vec![
+            ("HD", hd.to_string()),
+            ("GQA", "1".to_string()),
+            ("KV_F32", "0".to_string()),
+        ];
+        let dit = Module::load(dev, "dit", DIT, &defs)?;
+        let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
+        let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
+        let fa = attn.func("attn_full_fa2")?;
+        fa.allow_smem(fa2_smem(hd))?;
+        Ok(Kernels {
+            rms_mod: dit.func("rms_mod_bf16")?,
+            residual_norm: dit.func("residual_norm")?,
+            qk_norm_rope: dit.func("qk_norm_rope")?,
+            gather: dit.func("gather_bf16")?,
+            swiglu: dit.func("swiglu_bf16")?,
+            bias_pad: dit.func("bias_pad_rows")?,
+            add_bias: dit.func("add_bias")?,
+            rms: dit.func("rms_bf16")?,
+            final_norm: dit.func("final_norm_bf16")?,
+            attn: fa,
+            dequant: rows.func("dequant_rows")?,
+            _mods: vec![dit, attn, rows],
+        })
+    }
+}
+
+/// One block's planes (bf16) and norm weights (f32).
+struct Block {
+    qkv: DBuf,
+    out: DBuf,
+    w13: DBuf,
+    w2: DBuf,
+    norm_q: DBuf,
+    norm_k: DBuf,
+    n1: DBuf,
+    n2: DBuf,
+    f1: DBuf,
+    f2: DBuf,
+}
+
+/// A refined caption: `[lp, D]` f32 rows.
+struct Cond {
+    rows: DBuf,
+    lp: usize,
+}
+
+/// Activation buffers for up to `rows` rows.
+struct Work {
+    rows: usize,
+    o: DBuf,
+    hb: DBuf,
+    qkv: DBuf,
+    q: DBuf,
+    a: DBuf,
+    kc: DBuf,
+    vc: DBuf,
+    g: DBuf,
+}
+
+/// A pass of blocks over `rows` rows of `x`.
+struct Pass<'p> {
+    x: u64,
+    rows: usize,
+    map: u64,
+    cos: u64,
+    sin: u64,
+    /// (J, L) of every item's attention sequence.
+    segs: &'p [(usize, usize)],
+}
+
+/// What `prepare` set up.
+struct Prepared {
+    ni: usize,
+    np: usize,
+    /// Per item: caption, its padded length, its first row in the RoPE tables.
+    items: Vec<(CondId, usize, usize)>,
+    cos: DBuf,
+    sin: DBuf,
+    x: DBuf,
+    work: Work,
+    map_main: DBuf,
+    map_nr: DBuf,
+    patches: DBuf,
+    temb: DBuf,
+    temb_silu: DBuf,
+    modv: DBuf,
+    fscale: DBuf,
+    out: DBuf,
+    /// The active slots the maps were last built for.
+    maps_for: Vec<usize>,
+}
+
+pub struct CudaDit {
+    dev: Arc<Dev>,
+    blas: Blas,
+    k: Kernels,
+    geo: DitGeometry,
+    x_embed: (DBuf, DBuf),
+    x_pad: DBuf,
+    cap_norm: DBuf,
+    cap_embed: (DBuf, DBuf),
+    cap_pad: DBuf,
+    /// Every modulated block's adaLN, stacked: `[n_mod·4D, A]` + bias.
+    ada: (DBuf, DBuf),
+    final_ada: (DBuf, DBuf),
+    final_lin: (DBuf, DBuf),
+    noise: Vec<Block>,
+    ctx: Vec<Block>,
+    layers: Vec<Block>,
+    conds: Vec<Option<Cond>>,
+    prep: Option<Prepared>,
+    /// Device ms per category when profiling (each region is synchronised: slower steps).
+    prof: Option<RefCell<[f64; 3]>>,
+}
+
+fn refuse(op: &'static str, why: impl Into<String>) -> Refusal {
+    Refusal::new(op, RefusalReason::UnsupportedShape(why.into()))
+}
+
+fn grid_stride(n: usize) -> (u32, u32, u32) {
+    (n.div_ceil(256).clamp(1, 65535) as u32, 1, 1)
+}
+
+/// Checks the geometry and every weight before anything is uploaded.
+fn check_model(m: &DitModel) -> Result<(), Refusal> {
+    let g = &m.geo;
+    let op = "dit.load";
+    if g.n_heads == 0 || g.dim % g.n_heads != 0 {
+        return Err(refuse(op, "n_heads must divide dim"));
+    }
+    let hd = g.head_dim();
+    if hd > 128 || hd % 16 != 0 {
+        return Err(refuse(
+            op,
+            format!("head dim {hd}: the device attention needs a multiple of 16 up to 128"),
+        ));
+    }
+    if g.dim % 32 != 0 || g.ffn % 32 != 0 || g.adaln_dim % 32 != 0 {
+        return Err(refuse(
+            op,
+            "dim, ffn and the adaLN width must be multiples of 32",
+        ));
+    }
+    let mut all: Vec<(String, &Weight)> = vec![
+        ("x_embedder".into(), &m.x_embedder.w),
+        ("cap_embedder".into(), &m.cap_embedder.w),
+        ("final_ada".into(), &m.final_ada.w),
+        ("final_linear".into(), &m.final_linear.w),
+    ];
+    for (part, blocks) in [
+        ("noise_refiner", &m.noise_refiner),
+        ("context_refiner", &m.context_refiner),
+        ("layers", &m.layers),
+    ] {
+        for (i, b) in blocks.iter().enumerate() {
+            let p = format!("{part}.{i}");
+            for (n, w) in [
+                ("to_q", &b.to_q),
+                ("to_k", &b.to_k),
+                ("to_v", &b.to_v),
+                ("to_out", &b.to_out),
+                ("w1", &b.w1),
+                ("w2", &b.w2),
+                ("w3", &b.w3),
+            ] {
+                all.push((format!("{p}.{n}"), w));
+            }
+            if let Some(a) = &b.ada {
+                all.push((format!("{p}.adaLN"), &a.w));
+            }
+            if (b.ada.is_some()) != (part != "context_refiner") {
+                return Err(refuse(
+                    op,
+                    format!("{p}: adaLN presence does not match the part"),
+                ));
+            }
+        }
+    }
+    for (name, w) in all {
+        weights::check(w, &name).map_err(|r| Refusal::new(op, r.reason))?;
+    }
+    let (d, f) = (g.dim, g.ffn);
+    for b in m
+        .noise_refiner
+        .iter()
+        .chain(&m.context_refiner)
+        .chain(&m.layers)
+    {
+        let shapes_ok = [&b.to_q, &b.to_k, &b.to_v, &b.to_out]
+            .iter()
+            .all(|w| (w.rows, w.cols) == (d, d))
+            && (b.w1.rows, b.w1.cols) == (f, d)
+            && (b.w3.rows, b.w3.cols) == (f, d)
+            && (b.w2.rows, b.w2.cols) == (d, f);
+        if !shapes_ok {
+            return Err(refuse(
+                op,
+                "a block's matrix shapes do not match the geometry",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl CudaDit {
+    pub fn load(backend: &CudaBackend, m: &DitModel) -> Result<CudaDit, Refusal> {
+        check_model(m)?;
+        let dev = backend.device().clone();
+        let need = weight_bytes(m);
+        let budget = (dev.free_bytes() as f64 * 0.9) as u64;
+        if need > budget {
+            return Err(Refusal::new(
+                "dit.load",
+                RefusalReason::OutOfMemory { need, budget },
+            ));
+        }
+        Self::upload(dev, m).map_err(|e| e.refusal("dit.load"))
+    }
+
+    fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
+        let k = Kernels::load(&dev, m.geo.head_dim())?;
+        let blas = Blas::new(&dev)?;
+        let up = Uploader { dev: &dev, k: &k };
+        let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
+            bs.iter().map(|b| up.block(b)).collect()
+        };
+        let ada_ws: Vec<&DitLinear> = m
+            .noise_refiner
+            .iter()
+            .chain(&m.layers)
+            .map(|b| b.ada.as_ref().expect("checked"))
+            .collect();
+        let ada_bias: Vec<f32> = ada_ws
+            .iter()
+            .flat_map(|l| match l.b {
+                Some(b) => b.to_vec(),
+                None => vec![0.0; l.w.rows],
+            })
+            .collect();
+        let ada_plane = up.plane(&ada_ws.iter().map(|l| &l.w).collect::<Vec<_>>())?;
+        let dit = CudaDit {
+            x_embed: up.linear(&m.x_embedder)?,
+            x_pad: up.vec(m.x_pad_token)?,
+            cap_norm: up.vec(m.cap_norm)?,
+            cap_embed: up.linear(&m.cap_embedder)?,
+            cap_pad: up.vec(m.cap_pad_token)?,
+            ada: (ada_plane, up.vec(&ada_bias)?),
+            final_ada: up.linear(&m.final_ada)?,
+            final_lin: up.linear(&m.final_linear)?,
+            noise: blocks(&m.noise_refiner)?,
+            ctx: blocks(&m.context_refiner)?,
+            layers: blocks(&m.layers)?,
+            geo: m.geo.clone(),
+            conds: Vec::new(),
+            prep: None,
+            prof: (std::env::var("CMF_DIT_PROFILE").as_deref() == Ok("1"))
+                .then(|| RefCell::new([0.0; 3])),
+            blas,
+            k,
+            dev: dev.clone(),
+        };
+        dev.sync()?;
+        Ok(dit)
+    }
+
+    /// Device ms per [`PROFILE_CATEGORIES`] since the last call (None unless `CMF_DIT_PROFILE=1`).
+    pub fn take_profile(&self) -> Option<[f64; 3]> {
+        self.prof
+            .as_ref()
+            .map(|p| std::mem::take(&mut *p.borrow_mut()))
+    }
+
+    fn prof_start(&self) -> DResult<Option<Timer>> {
+        if self.prof.is_none() {
+            return Ok(None);
+        }
+        let t = Timer::new()?;
+        t.start(&self.dev)?;
+        Ok(Some(t))
+    }
+
+    fn prof_stop(&self, t: Option<Timer>, cat: usize) -> DResult<()> {
+        if let (Some(t), Some(p)) = (t, &self.prof) {
+            p.borrow_mut()[cat] += t.stop_ms(&self.dev)? as f64;
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        f: &Func,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> DResult<()> {
+        self.dev.launch(f, grid, (block, 1, 1), smem, args)
+    }
+
+    /// y[t, 0..rows) = x[t, :] · Wᵀ for `t_n` rows of bf16 `x`.
+    fn gemm(&self, w: &DBuf, rows: usize, k: usize, x: u64, y: u64, t_n: usize) -> DResult<()> {
+        self.blas
+            .gemm(true, w.ptr(), x, y, rows, t_n, k, rows, false)
+    }
+
+    fn add_bias(&self, y: u64, n: usize, rows: usize, bias: &DBuf) -> DResult<()> {
+        self.launch(
+            &self.k.add_bias,
+            grid_stride(n * rows),
+            256,
+            0,
+            &[
+                Arg::Ptr(y),
+                Arg::I32(n as i32),
+                Arg::U64(rows as u64),
+                Arg::Ptr(bias.ptr()),
+            ],
+        )
+    }
+
+    fn new_work(&self, rows: usize) -> DResult<Work> {
+        let g = &self.geo;
+        let (d, f) = (g.dim, g.ffn);
+        let hb_w = d.max(f).max(g.cap_feat_dim).max(g.patch_dim);
+        Ok(Work {
+            rows,
+            o: self.dev.alloc(rows * d * 4)?,
+            hb: self.dev.alloc(rows * hb_w * 2)?,
+            qkv: self.dev.alloc(rows * 3 * d * 4)?,
+            q: self.dev.alloc(rows * d * 4)?,
+            a: self.dev.alloc(rows * d * 4)?,
+            kc: self.dev.alloc(rows * d * 2)?,
+            vc: self.dev.alloc(rows * d * 2)?,
+            g: self.dev.alloc(rows * 2 * f * 4)?,
+        })
+    }
+
+    /// Runs `blocks` over a pass; `mods[i]` is block i's modulation slice (0: unmodulated).
+    fn run_blocks(
+        &self,
+        blocks: &[Block],
+        mods: &[u64],
+        mod_stride: usize,
+        p: &Pass,
+        w: &Work,
+    ) -> DResult<()> {
+        let g = &self.geo;
+        let (d, f, nh, hd) = (g.dim, g.ffn, g.n_heads, g.head_dim());
+        let r = p.rows;
+        debug_assert!(r <= w.rows);
+        let rows_grid = (r as u32, 1, 1);
+        let first = &blocks[0];
+        let t = self.prof_start()?;
+        self.launch(
+            &self.k.rms_mod,
+            rows_grid,
+            ROW_THREADS,
+            0,
+            &[
+                Arg::Ptr(p.x),
+                Arg::Ptr(first.n1.ptr()),
+                Arg::F32(g.norm_eps),
+                Arg::I32(d as i32),
+                Arg::Ptr(mods[0]),
+                Arg::U64(mod_stride as u64),
+                Arg::I32(0),
+                Arg::Ptr(p.map),
+                Arg::Ptr(w.hb.ptr()),
+            ],
+        )?;
+        self.prof_stop(t, ROWS)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (i, b) in blocks.iter().enumerate() {
+            let m = mods[i];
+            let t = self.prof_start()?;
+            self.gemm(&b.qkv, 3 * d, d, w.hb.ptr(), w.qkv.ptr(), r)?;
+            self.prof_stop(t, GEMM)?;
+            let t = self.prof_start()?;
+            self.launch(
+                &self.k.qk_norm_rope,
+                ((3 * nh).div_ceil(4) as u32, r as u32, 1),
+                128,
+                0,
+                &[
+                    Arg::Ptr(w.qkv.ptr()),
+                    Arg::Ptr(b.norm_q.ptr()),
+                    Arg::Ptr(b.norm_k.ptr()),
+                    Arg::F32(g.qk_eps),
+                    Arg::Ptr(p.cos),
+                    Arg::Ptr(p.sin),
+                    Arg::Ptr(p.map),
+                    Arg::I32(nh as i32),
+                    Arg::Ptr(w.q.ptr()),
+                    Arg::Ptr(w.kc.ptr()),
+                    Arg::Ptr(w.vc.ptr()),
+                ],
+            )?;
+            self.prof_stop(t, ROWS)?;
+            let t = self.prof_start()?;
+            for &(j, l) in p.segs {
+                self.launch(
+                    &self.k.attn,
+                    (l.div_ceil(64) as u32, nh as u32, 1),
+                    128,
+                    fa2_smem(hd) as u32,
+                    &[
+                        Arg::Ptr(w.q.at(j * d * 4)),
+                        Arg::Ptr(w.kc.at(j * d * 2)),
+                        Arg::Ptr(w.vc.at(j * d * 2)),
+                        Arg::I32(l as i32),
+                        Arg::I32(l as i32),
+                        Arg::F32(scale),
+                        Arg::I32(nh as i32),
+                        Arg::Ptr(w.a.at(j * d * 4)),
+                    ],
+                )?;
+            }
+            self.prof_stop(t, ATTN)?;
+            let t = self.prof_start()?;
+            self.launch(
+                &self.k.gather,
+                rows_grid,
+                ROW_THREADS,
+                0,
+                &[
+                    Arg::Ptr(w.a.ptr()),
+                    Arg::Ptr(p.map),
+                    Arg::I32(d as i32),
+                    Arg::Ptr(w.hb.ptr()),
+                ],
+            )?;
+            self.prof_stop(t, ROWS)?;
+            let t = self.prof_start()?;
+            self.gemm(&b.out, d, d, w.hb.ptr(), w.o.ptr(), r)?;
+            self.prof_stop(t, GEMM)?;
+            let t = self.prof_start()?;
+            self.residual(p, w, &b.n2, m, 1, Some((&b.f1, m, 2)), mod_stride)?;
+            self.prof_stop(t, ROWS)?;
+            let t = self.prof_start()?;
+            self.gemm(&b.w13, 2 * f, d, w.hb.ptr(), w.g.ptr(), r)?;
+            self.prof_stop(t, GEMM)?;
+            let t = self.prof_start()?;
+            self.launch(
+                &self.k.swiglu,
+                grid_stride(r * f),
+                256,
+                0,
+                &[
+                    Arg::Ptr(w.g.ptr()),
+                    Arg::I32(f as i32),
+                    Arg::U64(r as u64),
+                    Arg::Ptr(w.hb.ptr()),
+                ],
+            )?;
+            self.prof_stop(t, ROWS)?;
+            let t = self.prof_start()?;
+            self.gemm(&b.w2, d, f, w.hb.ptr(), w.o.ptr(), r)?;
+            self.prof_stop(t, GEMM)?;
+            let t = self.prof_start()?;
+            let next = blocks.get(i + 1).map(|nb| (&nb.n1, mods[i + 1], 0));
+            self.residual(p, w, &b.f2, m, 3, next, mod_stride)?;
+            self.prof_stop(t, ROWS)?;
+        }
+        Ok(())
+    }
+
+    /// x += gate · rmsnorm(o) · w, then (when `next`) hb = rmsnorm(x) · w' · (1 + scale).
+    #[allow(clippy::too_many_arguments)]
+    fn residual(
+        &self,
+        p: &Pass,
+        w: &Work,
+        norm: &DBuf,
+        m: u64,
+        gate_slot: i32,
+        next: Option<(&DBuf, u64, i32)>,
+        mod_stride: usize,
+    ) -> DResult<()> {
+        let d = self.geo.dim;
+        let (nw, nm, ns) = next.map_or((0, 0, 0), |(b, m, s)| (b.ptr(), m, s));
+        self.launch(
+            &self.k.residual_norm,
+            (p.rows as u32, 1, 1),
+            ROW_THREADS,
+            (d * 4) as u32,
+            &[
+                Arg::Ptr(p.x),
+                Arg::Ptr(w.o.ptr()),
+                Arg::Ptr(norm.ptr()),
+                Arg::F32(self.geo.norm_eps),
+                Arg::I32(d as i32),
+                Arg::Ptr(m),
+                Arg::I32(gate_slot),
+                Arg::Ptr(nw),
+                Arg::Ptr(nm),
+                Arg::I32(ns),
+                Arg::U64(mod_stride as u64),
+                Arg::Ptr(p.map),
+                Arg::Ptr(w.hb.ptr()),
+            ],
+        )
+    }
+
+    fn condition_dev(&mut self, cap: &[f32], len: usize, rope: RopeRows) -> DResult<CondId> {
+        let g = self.geo.clone();
+        let (d, cf) = (g.dim, g.cap_feat_dim);
+        let lp = pad_rows(len.max(1));
+        let dev = self.dev.clone();
+        let work = self.new_work(lp)?;
+        let capd = dev.upload_new(bytes_of(cap))?;
+        let rows = dev.alloc(lp * d * 4)?;
+        self.launch(
+            &self.k.rms,
+            (len as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &[
+                Arg::Ptr(capd.ptr()),
+                Arg::Ptr(self.cap_norm.ptr()),
+                Arg::F32(g.norm_eps),
+                Arg::I32(cf as i32),
+                Arg::Ptr(work.hb.ptr()),
+            ],
+        )?;
+        self.gemm(&self.cap_embed.0, d, cf, work.hb.ptr(), rows.ptr(), len)?;
+        self.launch(
+            &self.k.bias_pad,
+            grid_stride(lp * d),
+            256,
+            0,
+            &[
+                Arg::Ptr(rows.ptr()),
+                Arg::I32(d as i32),
+                Arg::U64(lp as u64),
+                Arg::I32(lp as i32),
+                Arg::I32(len as i32),
+                Arg::Ptr(self.cap_embed.1.ptr()),
+                Arg::Ptr(self.cap_pad.ptr()),
+            ],
+        )?;
+        let map: Vec<i32> = (0..lp)
+            .flat_map(|j| [0, 0, lp as i32, j as i32, j as i32])
+            .collect();
+        let mapd = dev.upload_new(bytes_of(&map))?;
+        let cos = dev.upload_new(bytes_of(rope.cos))?;
+        let sin = dev.upload_new(bytes_of(rope.sin))?;
+        if !self.ctx.is_empty() {
+            let segs = [(0usize, lp)];
+            let pass = Pass {
+                x: rows.ptr(),
+                rows: lp,
+                map: mapd.ptr(),
+                cos: cos.ptr(),
+                sin: sin.ptr(),
+                segs: &segs,
+            };
+            let mods = vec![0u64; self.ctx.len()];
+            self.run_blocks(&self.ctx, &mods, 0, &pass, &work)?;
+        }
+        dev.sync()?;
+        let id = CondId(self.conds.len());
+        self.conds.push(Some(Cond { rows, lp }));
+        Ok(id)
+    }
+
+    fn prepare_dev(&mut self, items: &[DitItemSetup], ni: usize) -> DResult<()> {
+        self.prep = None;
+        let g = self.geo.clone();
+        let (d, a, pd) = (g.dim, g.adaln_dim, g.patch_dim);
+        let half = g.head_dim() / 2;
+        let np = pad_rows(ni);
+        let nb = items.len();
+        let mut rope_rows = 0;
+        let mut its = Vec::with_capacity(nb);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for it in items {
+            let lp = self.conds[it.cond.0].as_ref().expect("checked").lp;
+            its.push((it.cond, lp, rope_rows));
+            rope_rows += np + lp;
+            cos.extend_from_slice(it.rope.cos);
+            sin.extend_from_slice(it.rope.sin);
+        }
+        debug_assert_eq!(cos.len(), rope_rows * half);
+        let rows: usize = its.iter().map(|&(_, lp, _)| np + lp).sum();
+        let n_mod = self.noise.len() + self.layers.len();
+        let dev = self.dev.clone();
+        let prep = Prepared {
+            ni,
+            np,
+            items: its,
+            cos: dev.upload_new(bytes_of(&cos))?,
+            sin: dev.upload_new(bytes_of(&sin))?,
+            x: dev.alloc(rows * d * 4)?,
+            work: self.new_work(rows)?,
+            map_main: dev.alloc(rows * MAPW * 4)?,
+            map_nr: dev.alloc(nb * np * MAPW * 4)?,
+            patches: dev.alloc(nb * ni * pd * 2)?,
+            temb: dev.alloc(nb * a * 2)?,
+            temb_silu: dev.alloc(nb * a * 2)?,
+            modv: dev.alloc(nb * n_mod * 4 * d * 4)?,
+            fscale: dev.alloc(nb * d * 4)?,
+            out: dev.alloc(nb * ni * pd * 4)?,
+            maps_for: Vec::new(),
+        };
+        dev.sync()?;
+        self.prep = Some(prep);
+        Ok(())
+    }
+
+    fn step_dev(&mut self, items: &[DitStepItem], out: &mut Vec<f32>) -> DResult<()> {
+        let g = self.geo.clone();
+        let (d, a, pd) = (g.dim, g.adaln_dim, g.patch_dim);
+        let p = self.prep.as_ref().expect("checked");
+        let (ni, np, nb) = (p.ni, p.np, items.len());
+        let active: Vec<usize> = items.iter().map(|it| it.slot).collect();
+        let lay = layout_rows(np, &p.items, &active);
+        let dev = self.dev.clone();
+        if p.maps_for != active {
+            dev.upload(p.map_main.ptr(), bytes_of(&lay.main))?;
+            dev.upload(p.map_nr.ptr(), bytes_of(&lay.nr))?;
+        }
+        // Host inputs: patches and t-embeddings as bf16 GEMM operands.
+        let to_bf16 = |v: &mut Vec<u16>, xs: &[f32]| {
+            v.extend(xs.iter().map(|&x| bf16::from_f32(x).to_bits()))
+        };
+        let mut pb = Vec::with_capacity(nb * ni * pd);
+        let mut tb = Vec::with_capacity(nb * a);
+        let mut sb = Vec::with_capacity(nb * a);
+        for it in items {
+            to_bf16(&mut pb, it.patches);
+            to_bf16(&mut tb, it.t_emb);
+            let silu: Vec<f32> = it.t_emb.iter().map(|&x| x / (1.0 + (-x).exp())).collect();
+            to_bf16(&mut sb, &silu);
+        }
+        dev.upload(p.patches.ptr(), bytes_of(&pb))?;
+        dev.upload(p.temb.ptr(), bytes_of(&tb))?;
+        dev.upload(p.temb_silu.ptr(), bytes_of(&sb))?;
+
+        // Modulations of every block (one GEMM) and the final layer's scale.
+        let n_mod = self.noise.len() + self.layers.len();
+        let mod_stride = n_mod * 4 * d;
+        self.gemm(&self.ada.0, mod_stride, a, p.temb.ptr(), p.modv.ptr(), nb)?;
+        self.add_bias(p.modv.ptr(), mod_stride, nb, &self.ada.1)?;
+        self.gemm(
+            &self.final_ada.0,
+            d,
+            a,
+            p.temb_silu.ptr(),
+            p.fscale.ptr(),
+            nb,
+        )?;
+        self.add_bias(p.fscale.ptr(), d, nb, &self.final_ada.1)?;
+
+        // Embed the patches of each item into its Np image rows; pad rows take x_pad_token.
+        for k in 0..nb {
+            self.gemm(
+                &self.x_embed.0,
+                d,
+                pd,
+                p.patches.at(k * ni * pd * 2),
+                p.x.at(k * np * d * 4),
+                ni,
+            )?;
+        }
+        self.launch(
+            &self.k.bias_pad,
+            grid_stride(nb * np * d),
+            256,
+            0,
+            &[
+                Arg::Ptr(p.x.ptr()),
+                Arg::I32(d as i32),
+                Arg::U64((nb * np) as u64),
+                Arg::I32(np as i32),
+                Arg::I32(ni as i32),
+                Arg::Ptr(self.x_embed.1.ptr()),
+                Arg::Ptr(self.x_pad.ptr()),
+            ],
+        )?;
+        let mod_at = |b: usize| p.modv.at(b * 4 * d * 4);
+        if !self.noise.is_empty() {
+            let mods: Vec<u64> = (0..self.noise.len()).map(mod_at).collect();
+            let pass = Pass {
+                x: p.x.ptr(),
+                rows: nb * np,
+                map: p.map_nr.ptr(),
+                cos: p.cos.ptr(),
+                sin: p.sin.ptr(),
+                segs: &lay.segs_nr,
+            };
+            self.run_blocks(&self.noise, &mods, mod_stride, &pass, &p.work)?;
+        }
+        for (k, &s) in active.iter().enumerate() {
+            let (cond, lp, _) = p.items[s];
+            let c = self.conds[cond.0].as_ref().expect("checked");
+            dev.copy_d2d(p.x.at(lay.cap_rows[k] * d * 4), c.rows.ptr(), lp * d * 4)?;
+        }
+        if !self.layers.is_empty() {
+            let mods: Vec<u64> = (0..self.layers.len())
+                .map(|l| mod_at(self.noise.len() + l))
+                .collect();
+            let pass = Pass {
+                x: p.x.ptr(),
+                rows: lay.rows,
+                map: p.map_main.ptr(),
+                cos: p.cos.ptr(),
+                sin: p.sin.ptr(),
+                segs: &lay.segs_main,
+            };
+            self.run_blocks(&self.layers, &mods, mod_stride, &pass, &p.work)?;
+        }
+        // Final layer on the real image rows.
+        self.launch(
+            &self.k.final_norm,
+            ((nb * ni) as u32, 1, 1),
+            ROW_THREADS,
+            0,
+            &[
+                Arg::Ptr(p.x.ptr()),
+                Arg::I32(d as i32),
+                Arg::F32(g.final_eps),
+                Arg::I32(np as i32),
+                Arg::I32(ni as i32),
+                Arg::Ptr(p.fscale.ptr()),
+                Arg::Ptr(p.work.hb.ptr()),
+            ],
+        )?;
+        self.gemm(
+            &self.final_lin.0,
+            pd,
+            d,
+            p.work.hb.ptr(),
+            p.out.ptr(),
+            nb * ni,
+        )?;
+        self.add_bias(p.out.ptr(), pd, nb * ni, &self.final_lin.1)?;
+        out.resize(nb * ni * pd, 0.0);
+        dev.download_f32(out, p.out.ptr())?;
+        let p = self.prep.as_mut().expect("checked");
+        p.maps_for = active;
+        Ok(())
+    }
+}
+
+/// Row maps and attention segments of a step over the `active` prepared items.
+fn layout_rows(np: usize, items: &[(CondId, usize, usize)], active: &[usize]) -> Layout {
+    let n = active.len();
+    let mut main = vec![0i32; 0];
+    let mut nr = vec![0i32; 0];
+    let mut segs_main = Vec::with_capacity(n);
+    let mut segs_nr = Vec::with_capacity(n);
+    let mut cap_rows = Vec::with_capacity(n);
+    let mut joint = 0;
+    let mut caps = Vec::with_capacity(n);
+    for (k, &s) in active.iter().enumerate() {
+        let (_, lp, ro) = items[s];
+        segs_main.push((joint, np + lp));
+        segs_nr.push((k * np, np));
+        caps.push((k, joint, lp, ro));
+        joint += np + lp;
+    }
+    // X rows: [img of each active item] then [caption of each].
+    for &(k, j, lp, ro) in &caps {
+        for q in 0..np {
+            main.extend([k, j, np + lp, q, ro + q].map(|v| v as i32));
+            nr.extend([k, k * np, np, q, ro + q].map(|v| v as i32));
+        }
+    }
+    let mut cap_row = n * np;
+    for &(k, j, lp, ro) in &caps {
+        cap_rows.push(cap_row);
+        for q in 0..lp {
+            let pos = np + q;
+            main.extend([k, j, np + lp, pos, ro + pos].map(|v| v as i32));
+        }
+        cap_row += lp;
+    }
+    Layout {
+        main,
+        nr,
+        segs_main,
+        segs_nr,
+        cap_rows,
+        rows: cap_row,
+    }
+}
+
+struct Layout {
+    main: Vec<i32>,
+    nr: Vec<i32>,
+    segs_main: Vec<(usize, usize)>,
+    segs_nr: Vec<(usize, usize)>,
+    /// First X row of each active item's caption.
+    cap_rows: Vec<usize>,
+    rows: usize,
+}
+
+/// Device bytes of the bf16 planes and f32 vectors.
+fn weight_bytes(m: &DitModel) -> u64 {
+    let w = |w: &Weight| (w.rows * w.cols * 2) as u64;
+    let blk = |b: &DitBlockWeights| {
+        [&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.w1, &b.w2, &b.w3]
+            .iter()
+            .map(|x| w(x))
+            .sum::<u64>()
+            + b.ada.as_ref().map_or(0, |a| w(&a.w))
+    };
+    let blocks: u64 = m
+        .noise_refiner
+        .iter()
+        .chain(&m.context_refiner)
+        .chain(&m.layers)
+        .map(blk)
+        .sum();
+    blocks
+        + [
+            &m.x_embedder,
+            &m.cap_embedder,
+            &m.final_ada,
+            &m.final_linear,
+        ]
+        .iter()
+        .map(|l| w(&l.w))
+        .sum::<u64>()
+}
+
+/// Weight upload: any codec → a bf16 plane on the device.
+struct Uploader<'u> {
+    dev: &'u Dev,
+    k: &'u Kernels,
+}
+
+impl Uploader<'_> {
+    /// Stacks `ws` (same column count) row-wise into one bf16 plane.
+    fn plane(&self, ws: &[&Weight]) -> DResult<DBuf> {
+        let cols = ws[0].cols;
+        let rows: usize = ws.iter().map(|w| w.rows).sum();
+        let plane = self.dev.alloc(rows * cols * 2)?;
+        let mut r0 = 0;
+        for w in ws {
+            if w.cols != cols {
+                return Err(DevError(
+                    "stacked matrices must share their column count".into(),
+                ));
+            }
+            let dst = plane.at(r0 * cols * 2);
+            if w.dtype == Dtype::Bf16 {
+                self.dev.upload(dst, w.data)?;
+            } else {
+                let tmp = DevWeight::upload(self.dev, w)?;
+                let n = w.rows * cols;
+                self.dev.launch(
+                    &self.k.dequant,
+                    (n.div_ceil(256 * 8).clamp(1, 65535) as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &[
+                        Arg::I32(tmp.codec as i32),
+                        Arg::Ptr(tmp.w()),
+                        Arg::Ptr(tmp.rs()),
+                        Arg::Ptr(tmp.colp()),
+                        Arg::U64(cols as u64),
+                        Arg::U64(0),
+                        Arg::U64(w.rows as u64),
+                        Arg::Ptr(dst),
+                        Arg::Ptr(0),
+                    ],
+                )?;
+                // The temporary codec planes are freed on drop: wait for the kernel first.
+                self.dev.sync()?;
+            }
+            r0 += w.rows;
+        }
+        Ok(plane)
+    }
+
+    fn vec(&self, v: &[f32]) -> DResult<DBuf> {
+        self.dev.upload_new(bytes_of(v))
+    }
+
+    fn linear(&self, l: &DitLinear) -> DResult<(DBuf, DBuf)> {
+        let b = match l.b {
+            Some(b) => b.to_vec(),
+            None => vec![0.0; l.w.rows],
+        };
+        Ok((self.plane(&[&l.w])?, self.vec(&b)?))
+    }
+
+    fn block(&self, b: &DitBlockWeights) -> DResult<Block> {
+        Ok(Block {
+            qkv: self.plane(&[&b.to_q, &b.to_k, &b.to_v])?,
+            out: self.plane(&[&b.to_out])?,
+            w13: self.plane(&[&b.w1, &b.w3])?,
+            w2: self.plane(&[&b.w2])?,
+            norm_q: self.vec(b.norm_q)?,
+            norm_k: self.vec(b.norm_k)?,
+            n1: self.vec(b.attention_norm1)?,
+            n2: self.vec(b.attention_norm2)?,
+            f1: self.vec(b.ffn_norm1)?,
+            f2: self.vec(b.ffn_norm2)?,
+        })
+    }
+}
+
+impl DitDevice for CudaDit {
+    fn condition(&mut self, cap: &[f32], len: usize, rope: RopeRows) -> Result<CondId, Refusal> {
+        let g = &self.geo;
+        let half = g.head_dim() / 2;
+        let lp = pad_rows(len.max(1));
+        if len == 0 || cap.len() != len * g.cap_feat_dim {
+            return Err(refuse(
+                "dit.condition",
+                format!(
+                    "caption of {} floats is not [{len}, {}]",
+                    cap.len(),
+                    g.cap_feat_dim
+                ),
+            ));
+        }
+        if rope.cos.len() != lp * half || rope.sin.len() != lp * half {
+            return Err(refuse(
+                "dit.condition",
+                "RoPE rows do not cover the padded caption",
+            ));
+        }
+        self.condition_dev(cap, len, rope)
+            .map_err(|e| e.refusal("dit.condition"))
+    }
+
+    fn prepare(&mut self, items: &[DitItemSetup], ni: usize) -> Result<(), Refusal> {
+        let half = self.geo.head_dim() / 2;
+        let np = pad_rows(ni);
+        if items.is_empty() || ni == 0 {
+            return Err(refuse("dit.prepare", "no items or an empty image"));
+        }
+        for it in items {
+            let Some(Some(c)) = self.conds.get(it.cond.0) else {
+                return Err(refuse("dit.prepare", "unknown caption id"));
+            };
+            let want = (np + c.lp) * half;
+            if it.rope.cos.len() != want || it.rope.sin.len() != want {
+                return Err(refuse(
+                    "dit.prepare",
+                    "RoPE rows do not cover [image ; caption]",
+                ));
+            }
+        }
+        let rows: usize = items
+            .iter()
+            .map(|it| np + self.conds[it.cond.0].as_ref().map_or(0, |c| c.lp))
+            .sum();
+        if rows > 65535 {
+            return Err(refuse(
+                "dit.prepare",
+                format!("{rows} rows exceed one grid dimension"),
+            ));
+        }
+        self.prepare_dev(items, ni)
+            .map_err(|e| e.refusal("dit.prepare"))
+    }
+
+    fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal> {
+        let Some(p) = &self.prep else {
+            return Err(refuse("dit.step", "prepare was not called"));
+        };
+        let (ni, pd, a) = (p.ni, self.geo.patch_dim, self.geo.adaln_dim);
+        if items.is_empty() || out.len() != items.len() * ni * pd {
+            return Err(refuse("dit.step", "output is not [items, Ni, patch_dim]"));
+        }
+        let mut seen = vec![false; p.items.len()];
+        for it in items {
+            if it.slot >= p.items.len() || std::mem::replace(&mut seen[it.slot], true) {
+                return Err(refuse("dit.step", "an item slot is unknown or repeated"));
+            }
+            if it.patches.len() != ni * pd || it.t_emb.len() != a {
+                return Err(refuse(
+                    "dit.step",
+                    "patches or t-embedding of the wrong size",
+                ));
+            }
+        }
+        let mut host = Vec::new();
+        self.step_dev(items, &mut host)
+            .map_err(|e| e.refusal("dit.step"))?;
+        out.copy_from_slice(&host);
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        self.prep = None;
+        self.conds.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared_stub(np: usize, lps: &[usize]) -> Vec<(CondId, usize, usize)> {
+        let mut ro = 0;
+        lps.iter()
+            .enumerate()
+            .map(|(i, &lp)| {
+                let r = (CondId(i), lp, ro);
+                ro += np + lp;
+                r
+            })
+            .collect()
+    }
+
+    /// The row map ties every X row to its item, joint position and RoPE row (host logic only).
+    #[test]
+    fn layout_of_two_items_puts_images_first_then_captions() {
+        let np = 32;
+        let items = prepared_stub(np, &[32, 64]);
+        let lay = layout_for(np, &items, &[0, 1]);
+        assert_eq!(lay.rows, 2 * np + 32 + 64);
+        assert_eq!(lay.segs_main, vec![(0, 64), (64, 96)]);
+        assert_eq!(lay.segs_nr, vec![(0, 32), (32, 32)]);
+        assert_eq!(lay.cap_rows, vec![64, 96]);
+        let row = |m: &[i32], r: usize| m[r * MAPW..(r + 1) * MAPW].to_vec();
+        // item 1's first image row: X row 32, joint J = 64, L = 96, p = 0, rope row 64.
+        assert_eq!(row(&lay.main, 32), vec![1, 64, 96, 0, 64]);
+        // item 0's first caption row: X row 64, position np in its joint sequence.
+        assert_eq!(row(&lay.main, 64), vec![0, 0, 64, 32, 32]);
+        // item 1's last caption row.
+        assert_eq!(
+            row(&lay.main, 2 * np + 96 - 1),
+            vec![1, 64, 96, 95, 64 + 95]
+        );
+        // noise-refiner map: compact joint space, RoPE rows of the image part.
+        assert_eq!(row(&lay.nr, 33), vec![1, 32, 32, 1, 65]);
+        // Only the negative item (CFG truncation off-steps use a subset).
+        let lay = layout_for(np, &items, &[1]);
+        assert_eq!(lay.segs_main, vec![(0, 96)]);
+        assert_eq!(row(&lay.main, 0), vec![0, 0, 96, 0, 64]);
+    }
+
+    fn layout_for(np: usize, items: &[(CondId, usize, usize)], active: &[usize]) -> Layout {
+        super::layout_rows(np, items, active)
+    }
+}

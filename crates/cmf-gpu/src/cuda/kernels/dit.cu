@@ -1,0 +1,208 @@
+// dit.cu — the row operations of the Z-Image DiT between its GEMMs (cuda/dit.rs).
+//
+// Design. The residual stream X [R, D] stays f32 on the device; every GEMM takes bf16 operands
+// (cuBLAS, f32 accumulate, f32 out), so each kernel here that feeds a GEMM writes bf16. Rows of
+// several batch items share the weights: the host lays them out [img0 | img1 | cap0 | cap1] and
+// describes each row by a map entry (MAPW ints):
+//   {item, J, L, p, rope_row}: the row belongs to `item`, whose joint sequence starts at row J
+//   of the attention buffers and has L rows; the row is position p of it; its RoPE angles are row
+//   `rope_row` of the cos/sin tables.
+// Attention runs per item over its own joint sequence (attn_full_fa2 in attention.cu), so Q is
+// written in joint order (row J + p) and K/V into the item's [NH, L, HD] f16 slice at offset
+// NH·J·HD; `gather_bf16` brings the attention output back to X order for the O projection.
+// Modulation (adaLN): `mod` points at one block's [4, D] slice of item 0; item i's slice is
+// `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp (raw Linear
+// outputs: the kernels apply 1 + scale and tanh(gate), as diffusers does). mod = 0: unmodulated
+// (the context refiner).
+// Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
+// pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`).
+// Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
+// instead of becoming inf.
+// Compile-time: HD (head dim). Reference: cmf-zimage transformer.rs `Block::forward`.
+
+#ifndef HD
+#define HD 128
+#endif
+#define MAPW 5
+#define F16_MAX 65504.f
+
+__device__ __forceinline__ u16 to_f16_sat(float v) { return f32_to_f16(fminf(fmaxf(v, -F16_MAX), F16_MAX)); }
+
+// out_b[r] = bf16(rmsnorm(x[r]) · w · (1 + scale[item]))   (R blocks; scale slot `slot`)
+extern "C" __global__ void rms_mod_bf16(const float* x, const float* w, float eps, int D, const float* mod,
+                                        long long mod_stride, int slot, const int* map, u16* out_b) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const float* xr = x + r * D;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)D + eps);
+    const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = xr[i] * inv * w[i];
+        if (sc) v *= 1.f + sc[i];
+        out_b[r * D + i] = f32_to_bf16(v);
+    }
+}
+
+// x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0), then, when next_w:
+// out_b[r] = bf16(rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]))  (R blocks).
+// Dynamic smem: D floats (the updated row).
+extern "C" __global__ void residual_norm(float* x, const float* o, const float* w, float eps, int D, const float* mod,
+                                         int gate_slot, const float* next_w, const float* next_mod, int next_slot,
+                                         long long mod_stride, const int* map, u16* out_b) {
+    __shared__ float red[32];
+    extern __shared__ float row[];
+    const long long r = blockIdx.x;
+    const float* orow = o + r * D;
+    float* xr = x + r * D;
+    const int item = map[r * MAPW];
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += orow[i] * orow[i];
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)D + eps);
+    const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
+    float ss2 = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = orow[i] * inv * w[i];
+        if (g) v *= tanhf(g[i]);
+        float nx = xr[i] + v;
+        xr[i] = nx;
+        row[i] = nx;
+        ss2 += nx * nx;
+    }
+    if (!next_w) return;
+    ss2 = block_sum(ss2, red);
+    const float inv2 = rsqrtf(ss2 / (float)D + eps);
+    const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = row[i] * inv2 * next_w[i];
+        if (sc) v *= 1.f + sc[i];
+        out_b[r * D + i] = f32_to_bf16(v);
+    }
+}
+
+// qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
+// RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, [*, NH,
+// HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
+// Grid (ceil(3·NH / 4), R), 128 threads: one warp per (row, q|k|v head).
+extern "C" __global__ void __launch_bounds__(128)
+qk_norm_rope(const float* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
+             const float* sinb, const int* map, int NH, float* q_out, u16* kc, u16* vc) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int u = blockIdx.x * 4 + warp;
+    if (u >= 3 * NH) return;
+    const long long r = blockIdx.y;
+    const int kind = u / NH, h = u - kind * NH;
+    const int* m = map + r * MAPW;
+    const long long J = m[1], L = m[2], p = m[3], rr = m[4];
+    const int D = NH * HD;
+    const float* src = qkv + r * 3 * D + kind * D + h * HD;
+    // Each lane holds pairs (2·(lane + 32·k), +1): coalesced float2 loads.
+    constexpr int PL = (HD / 2 + 31) / 32;
+    float2 v[PL];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < PL; k++) {
+        int j = lane + 32 * k;
+        v[k] = j < HD / 2 ? *(const float2*)(src + 2 * j) : make_float2(0.f, 0.f);
+        ss += v[k].x * v[k].x + v[k].y * v[k].y;
+    }
+    if (kind < 2) {
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / (float)HD + eps);
+        const float* nw = kind == 0 ? norm_q : norm_k;
+        const float* c = cosb + rr * (HD / 2);
+        const float* s = sinb + rr * (HD / 2);
+#pragma unroll
+        for (int k = 0; k < PL; k++) {
+            int j = lane + 32 * k;
+            if (j >= HD / 2) continue;
+            float a = v[k].x * inv * nw[2 * j], b = v[k].y * inv * nw[2 * j + 1];
+            float cs = c[j], sn = s[j];
+            v[k] = make_float2(a * cs - b * sn, a * sn + b * cs);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < PL; k++) {
+        int j = lane + 32 * k;
+        if (j >= HD / 2) continue;
+        if (kind == 0) {
+            *(float2*)(q_out + ((J + p) * NH + h) * HD + 2 * j) = v[k];
+        } else {
+            u16* dst = (kind == 1 ? kc : vc) + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j;
+            *(u32*)dst = (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
+        }
+    }
+}
+
+// out_b[r] = bf16(a[J + p])  (R blocks): attention output from joint order back to X order.
+extern "C" __global__ void gather_bf16(const float* a, const int* map, int D, u16* out_b) {
+    const long long r = blockIdx.x;
+    const int* m = map + r * MAPW;
+    const float* src = a + ((long long)m[1] + m[3]) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16(src[i]);
+}
+
+// gu [R, 2F] (w1 | w3 per row) → out_b[r, i] = bf16(silu(gu[r, i]) · gu[r, F + i]).
+extern "C" __global__ void swiglu_bf16(const float* gu, int F, long long R, u16* out_b) {
+    const long long n = R * F;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        long long r = k / F, i = k - r * F;
+        out_b[k] = f32_to_bf16(silu(gu[r * 2 * F + i]) * gu[r * 2 * F + F + i]);
+    }
+}
+
+// x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.
+// (Embedding epilogue: the GEMM wrote the real rows; pad rows take the pad token.)
+extern "C" __global__ void bias_pad_rows(float* x, int D, long long R, int per, int real, const float* bias,
+                                         const float* pad) {
+    const long long n = R * D;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+        long long r = k / D;
+        int i = (int)(k - r * D), q = (int)(r % per);
+        if (q < real) x[k] += bias[i];
+        else x[k] = pad[i];
+    }
+}
+
+// y [R, N] += bias (R·N elements).
+extern "C" __global__ void add_bias(float* y, int N, long long R, const float* bias) {
+    const long long n = R * N;
+    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x)
+        y[k] += bias[k % N];
+}
+
+// out_b[r] = bf16(rmsnorm(x[r]) · w)   (R blocks; the caption's cap_embedder.0 norm).
+extern "C" __global__ void rms_bf16(const float* x, const float* w, float eps, int D, u16* out_b) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const float* xr = x + r * D;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16(xr[i] * inv * w[i]);
+}
+
+// Final layer prologue: out_b[r] = bf16(layernorm(x[src_row(r)]) · (1 + scale[item])), no affine.
+// Rows r = b·real + q read x row b·per + q (the real image rows of item b). R blocks.
+extern "C" __global__ void final_norm_bf16(const float* x, int D, float eps, int per, int real, const float* scale,
+                                           u16* out_b) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const long long b = r / real, q = r - b * real;
+    const float* xr = x + (b * per + q) * D;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s, red) / (float)D;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float d = xr[i] - mean;
+        ss += d * d;
+    }
+    const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
+    const float* sc = scale + b * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16((xr[i] - mean) * inv * (1.f + sc[i]));
+}

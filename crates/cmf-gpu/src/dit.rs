@@ -1,0 +1,111 @@
+//! The neutral description of a Z-Image-style DiT that a backend can make resident
+//! (`Gpu::load_dit`): geometry plus borrowed weights, filled by the model crate (cmf-zimage's
+//! `ZImageDit::device_model`). Nothing here depends on a model crate.
+//!
+//! What runs where (see `docs/gpu.md`): the device does the caption embedding + context
+//! refiner (`condition`), and every step's embed → noise refiner → joint layers → final layer;
+//! the host computes the tiny timestep MLP, patchifies the latent and unpatchifies the output.
+
+use cmf_kernels::Weight;
+
+/// Sizes and constants of the transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DitGeometry {
+    pub dim: usize,
+    pub n_heads: usize,
+    /// Hidden width of the SwiGLU feed-forward (w1/w3 rows).
+    pub ffn: usize,
+    /// RMSNorm eps of the block norms and the caption norm.
+    pub norm_eps: f32,
+    /// RMSNorm eps of the per-head q/k norms.
+    pub qk_eps: f32,
+    /// LayerNorm eps of the final layer.
+    pub final_eps: f32,
+    /// Features of one patch (2·2·latent channels).
+    pub patch_dim: usize,
+    pub cap_feat_dim: usize,
+    /// Width of the adaLN conditioning vector (the t-embedding).
+    pub adaln_dim: usize,
+}
+
+impl DitGeometry {
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.n_heads
+    }
+}
+
+/// `y = x · Wᵀ (+ b)`.
+#[derive(Clone, Copy)]
+pub struct DitLinear<'a> {
+    pub w: Weight<'a>,
+    pub b: Option<&'a [f32]>,
+}
+
+/// One transformer block; `ada` (`adaLN_modulation`, `[4·dim, adaln_dim]` + bias) is `None` for
+/// the unmodulated context refiner.
+pub struct DitBlockWeights<'a> {
+    pub to_q: Weight<'a>,
+    pub to_k: Weight<'a>,
+    pub to_v: Weight<'a>,
+    pub to_out: Weight<'a>,
+    pub w1: Weight<'a>,
+    pub w2: Weight<'a>,
+    pub w3: Weight<'a>,
+    pub norm_q: &'a [f32],
+    pub norm_k: &'a [f32],
+    pub attention_norm1: &'a [f32],
+    pub attention_norm2: &'a [f32],
+    pub ffn_norm1: &'a [f32],
+    pub ffn_norm2: &'a [f32],
+    pub ada: Option<DitLinear<'a>>,
+}
+
+pub struct DitModel<'a> {
+    pub geo: DitGeometry,
+    pub x_embedder: DitLinear<'a>,
+    pub x_pad_token: &'a [f32],
+    pub cap_norm: &'a [f32],
+    pub cap_embedder: DitLinear<'a>,
+    pub cap_pad_token: &'a [f32],
+    pub noise_refiner: Vec<DitBlockWeights<'a>>,
+    pub context_refiner: Vec<DitBlockWeights<'a>>,
+    pub layers: Vec<DitBlockWeights<'a>>,
+    /// `all_final_layer.2-1.adaLN_modulation.1` (input: SiLU of the t-embedding).
+    pub final_ada: DitLinear<'a>,
+    pub final_linear: DitLinear<'a>,
+}
+
+/// RoPE rows as cos/sin tables `[rows, head_dim / 2]` (interleaved pairs).
+#[derive(Clone, Copy)]
+pub struct RopeRows<'a> {
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
+}
+
+/// One item of a prepared batch: a resident caption and the RoPE rows of its joint sequence
+/// `[image (Np) ; caption (Lp)]`.
+#[derive(Clone, Copy)]
+pub struct DitItemSetup<'a> {
+    pub cond: CondId,
+    pub rope: RopeRows<'a>,
+}
+
+/// One item of a step: which prepared item, its patchified latent `[Ni, patch_dim]`, and its
+/// t-embedding `[adaln_dim]` (the output of the timestep MLP).
+#[derive(Clone, Copy)]
+pub struct DitStepItem<'a> {
+    pub slot: usize,
+    pub patches: &'a [f32],
+    pub t_emb: &'a [f32],
+}
+
+/// A caption refined and resident on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CondId(pub usize);
+
+/// Rows are padded to a multiple of this (diffusers `SEQ_MULTI_OF`).
+pub const SEQ_MULTI_OF: usize = 32;
+
+pub fn pad_rows(n: usize) -> usize {
+    n.div_ceil(SEQ_MULTI_OF) * SEQ_MULTI_OF
+}

@@ -1,0 +1,139 @@
+//! The DiT as the pipeline drives it: on the device when one takes the model, else on the CPU,
+//! with the same results either way (within the device's bf16 tolerance).
+//!
+//! The device contract (cmf-gpu `DitDevice`): `load` (weights resident), `condition` per
+//! caption (embedding + context refiner on the device), `prepare` per resolution (RoPE rows,
+//! activation buffers), `step` per denoising step. Any refusal — at load, while conditioning,
+//! or at any step — hands the rest of the run to the CPU model; the CPU's caption conditioning
+//! is computed then, so nothing is computed twice when the device runs the whole way.
+
+use crate::transformer::{pad_to, patchify, unpatchify, Conditioning, DitItem, ZImageDit};
+use cmf_gpu::dit::{CondId, DitItemSetup, DitStepItem, RopeRows};
+use cmf_gpu::{Gpu, GpuDit};
+
+pub struct Denoiser<'d, 'a> {
+    dit: &'d ZImageDit<'a>,
+    /// Caption features `[len, cap_feat_dim]` and their lengths.
+    caps: Vec<(Vec<f32>, usize)>,
+    /// Latent grid.
+    h: usize,
+    w: usize,
+    device: Option<GpuDit>,
+    cpu_conds: Option<Vec<Conditioning>>,
+}
+
+impl<'d, 'a> Denoiser<'d, 'a> {
+    /// Sets up the denoiser for `caps` (one per batch item: positive, then negative under CFG)
+    /// and an `h × w` latent. Tries the device first.
+    pub fn new(
+        dit: &'d ZImageDit<'a>,
+        gpu: &Gpu,
+        caps: Vec<(Vec<f32>, usize)>,
+        h: usize,
+        w: usize,
+    ) -> Denoiser<'d, 'a> {
+        let mut d = Denoiser {
+            dit,
+            caps,
+            h,
+            w,
+            device: None,
+            cpu_conds: None,
+        };
+        if gpu.is_active() {
+            d.device = d.setup_device(gpu);
+        }
+        d
+    }
+
+    /// Whether steps run on the device (so far).
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    fn setup_device(&self, gpu: &Gpu) -> Option<GpuDit> {
+        let mut dev = gpu.load_dit(&self.dit.device_model()).ok()?;
+        let mut conds: Vec<CondId> = Vec::new();
+        let mut ropes = Vec::new();
+        for (cap, len) in &self.caps {
+            let lp = pad_to((*len).max(1));
+            let (cos, sin) = self.dit.caption_rope(lp);
+            conds.push(
+                dev.condition(
+                    cap,
+                    *len,
+                    RopeRows {
+                        cos: &cos,
+                        sin: &sin,
+                    },
+                )
+                .ok()?,
+            );
+            ropes.push(self.dit.joint_rope(self.h, self.w, lp));
+        }
+        let items: Vec<DitItemSetup> = conds
+            .iter()
+            .zip(&ropes)
+            .map(|(&cond, (cos, sin))| DitItemSetup {
+                cond,
+                rope: RopeRows { cos, sin },
+            })
+            .collect();
+        dev.prepare(&items, (self.h / 2) * (self.w / 2)).ok()?;
+        Some(dev)
+    }
+
+    /// The model output for the listed caption items (indices into `caps`) at model time `t`,
+    /// each `[C, h, w]`.
+    pub fn velocity(&mut self, latents: &[f32], t: f32, items: &[usize]) -> Vec<Vec<f32>> {
+        if let Some(out) = self.device_velocity(latents, t, items) {
+            return out;
+        }
+        self.device = None;
+        let conds = self.cpu_conds.get_or_insert_with(|| {
+            self.caps
+                .iter()
+                .map(|(c, n)| self.dit.condition(c, *n))
+                .collect()
+        });
+        let batch: Vec<DitItem> = items
+            .iter()
+            .map(|&i| DitItem {
+                latents,
+                cond: &conds[i],
+                t,
+            })
+            .collect();
+        self.dit.velocity(&batch, self.h, self.w)
+    }
+
+    fn device_velocity(
+        &mut self,
+        latents: &[f32],
+        t: f32,
+        items: &[usize],
+    ) -> Option<Vec<Vec<f32>>> {
+        let dev = self.device.as_mut()?;
+        let cfg = &self.dit.cfg;
+        let c = cfg.in_channels;
+        let ni = (self.h / 2) * (self.w / 2);
+        let pd = cfg.patch_dim();
+        let patches = patchify(latents, c, self.h, self.w);
+        let t_emb = self.dit.t_embed(t * cfg.t_scale);
+        let step: Vec<DitStepItem> = items
+            .iter()
+            .map(|&slot| DitStepItem {
+                slot,
+                patches: &patches,
+                t_emb: &t_emb,
+            })
+            .collect();
+        let mut out = vec![0f32; items.len() * ni * pd];
+        dev.step(&step, &mut out).ok()?;
+        Some(
+            out.chunks_exact(ni * pd)
+                .map(|o| unpatchify(o, c, self.h, self.w))
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,356 @@
+//! The DiT on the device (cmf-gpu's CUDA backend, through the facade) against the CPU path,
+//! which the other tests tie to diffusers. Needs a CUDA GPU: without one each test prints
+//! `skipped: …` and passes (CI has none).
+//!
+//! Tolerances: the device multiplies bf16 operands (8-bit mantissa, f32 accumulation) and runs
+//! attention on f16 operands, where the CPU runs f32 throughout; one step's output is held to
+//! 2e-2 of its scale (bf16 rounding of each GEMM input is ~4e-3 relative, accumulated over a few
+//! dozen chained projections). Whole images: within 2/255 on at least 99 % of the values.
+
+mod common;
+
+use cmf_convert::zimage::{convert_zimage, Codec, ZimageOptions};
+use cmf_format::Dtype;
+use cmf_gpu::{Gpu, GpuMode};
+use cmf_zimage::denoiser::Denoiser;
+use cmf_zimage::pipeline::{generate, Plan, Request, ZimagePack};
+use cmf_zimage::tensors::{Loader, MemTensors, TensorSource};
+use cmf_zimage::transformer::{DitConfig, DitItem, ZImageDit};
+use common::*;
+
+const STEP_TOL: f32 = 2e-2;
+
+fn device() -> Option<Gpu> {
+    match Gpu::open(GpuMode::Cuda) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// A deterministic stream of values in [-1, 1).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// The fixture transformer, its matrices re-encoded in `codec` (None: f32 as stored).
+fn fixture_dit(codec: Option<Dtype>) -> (MemTensors, DitConfig) {
+    let mut f32s = MemTensors::new("fixtures/zimage/tiny/transformer");
+    load_component("transformer", "dit.", &mut f32s);
+    let cfg = DitConfig::from_json(&config("transformer", "config.json"), "fixture").unwrap();
+    (requantize(&f32s, codec), cfg)
+}
+
+/// Copies `src`, re-encoding every 2-D `.weight` whose columns are a multiple of 32.
+fn requantize(src: &MemTensors, codec: Option<Dtype>) -> MemTensors {
+    let mut out = MemTensors::new(src.origin.clone());
+    for name in src.names() {
+        let t = src.tensor(name).unwrap();
+        let shape = t.shape.to_vec();
+        match codec {
+            Some(dt) if name.ends_with(".weight") && shape.len() == 2 && shape[1] % 32 == 0 => {
+                let v: Vec<f32> = t
+                    .data
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let bytes = cmf_format::codec::encode(dt, &shape, &v).unwrap();
+                out.insert(name, dt, shape, bytes);
+            }
+            _ => out.insert(name, t.dtype, shape, t.data.to_vec()),
+        }
+    }
+    out
+}
+
+/// A random DiT with the real head dim (128), so the HD = 128 kernels are exercised.
+fn random_dit_hd128() -> (MemTensors, DitConfig) {
+    let (d, heads, f, cf, a, p) = (256usize, 2usize, 512usize, 64usize, 256usize, 64usize);
+    let cfg_json = serde_json::json!({
+        "dim": d, "n_heads": heads, "n_kv_heads": heads, "n_layers": 2, "n_refiner_layers": 1,
+        "cap_feat_dim": cf, "axes_dims": [32, 48, 48], "axes_lens": [1024, 512, 512],
+        "in_channels": 16, "norm_eps": 1e-5, "rope_theta": 256.0, "t_scale": 1000.0,
+    });
+    let cfg = DitConfig::from_json(&cfg_json, "random").unwrap();
+    let mut m = MemTensors::new("random-hd128");
+    let mut rng = Rng(99);
+    let mat =
+        |m: &mut MemTensors, rng: &mut Rng, name: &str, rows: usize, cols: usize, bias: bool| {
+            let s = 1.0 / (cols as f32).sqrt();
+            m.insert_f32(
+                format!("dit.{name}.weight"),
+                vec![rows, cols],
+                &rng.vec(rows * cols, s * 1.7),
+            );
+            if bias {
+                m.insert_f32(format!("dit.{name}.bias"), vec![rows], &rng.vec(rows, 0.1));
+            }
+        };
+    let norm = |m: &mut MemTensors, rng: &mut Rng, name: &str, n: usize| {
+        let v: Vec<f32> = rng.vec(n, 0.2).iter().map(|x| 1.0 + x).collect();
+        m.insert_f32(format!("dit.{name}"), vec![n], &v);
+    };
+    mat(&mut m, &mut rng, "all_x_embedder.2-1", d, p, true);
+    m.insert_f32("dit.x_pad_token", vec![1, d], &rng.vec(d, 0.5));
+    norm(&mut m, &mut rng, "cap_embedder.0.weight", cf);
+    mat(&mut m, &mut rng, "cap_embedder.1", d, cf, true);
+    m.insert_f32("dit.cap_pad_token", vec![1, d], &rng.vec(d, 0.5));
+    mat(&mut m, &mut rng, "t_embedder.mlp.0", 1024, 256, true);
+    mat(&mut m, &mut rng, "t_embedder.mlp.2", a, 1024, true);
+    for (part, modulated) in [
+        ("noise_refiner.0", true),
+        ("context_refiner.0", false),
+        ("layers.0", true),
+        ("layers.1", true),
+    ] {
+        for n in [
+            "attention.to_q",
+            "attention.to_k",
+            "attention.to_v",
+            "attention.to_out.0",
+        ] {
+            mat(&mut m, &mut rng, &format!("{part}.{n}"), d, d, false);
+        }
+        mat(
+            &mut m,
+            &mut rng,
+            &format!("{part}.feed_forward.w1"),
+            f,
+            d,
+            false,
+        );
+        mat(
+            &mut m,
+            &mut rng,
+            &format!("{part}.feed_forward.w3"),
+            f,
+            d,
+            false,
+        );
+        mat(
+            &mut m,
+            &mut rng,
+            &format!("{part}.feed_forward.w2"),
+            d,
+            f,
+            false,
+        );
+        for n in ["attention.norm_q.weight", "attention.norm_k.weight"] {
+            norm(&mut m, &mut rng, &format!("{part}.{n}"), d / heads);
+        }
+        for n in [
+            "attention_norm1.weight",
+            "attention_norm2.weight",
+            "ffn_norm1.weight",
+            "ffn_norm2.weight",
+        ] {
+            norm(&mut m, &mut rng, &format!("{part}.{n}"), d);
+        }
+        if modulated {
+            let name = format!("dit.{part}.adaLN_modulation.0");
+            m.insert_f32(
+                format!("{name}.weight"),
+                vec![4 * d, a],
+                &rng.vec(4 * d * a, 0.05),
+            );
+            m.insert_f32(format!("{name}.bias"), vec![4 * d], &rng.vec(4 * d, 0.2));
+        }
+    }
+    let name = "dit.all_final_layer.2-1.adaLN_modulation.1";
+    m.insert_f32(format!("{name}.weight"), vec![d, a], &rng.vec(d * a, 0.05));
+    m.insert_f32(format!("{name}.bias"), vec![d], &rng.vec(d, 0.2));
+    mat(&mut m, &mut rng, "all_final_layer.2-1.linear", p, d, true);
+    (m, cfg)
+}
+
+/// Device vs CPU velocity for `caps` (lengths) and an `h × w` latent; both the whole batch and
+/// (when two items) the second item alone (the CFG-truncation subset).
+fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize, seed: u64) {
+    let Some(gpu) = device() else { return };
+    let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
+    let mut rng = Rng(seed);
+    let cf = cfg.cap_feat_dim;
+    let cap_feats: Vec<(Vec<f32>, usize)> =
+        caps.iter().map(|&l| (rng.vec(l * cf, 2.0), l)).collect();
+    let lat = rng.vec(16 * h * w, 1.5);
+    let t = 0.37;
+    let mut den = Denoiser::new(&dit, &gpu, cap_feats.clone(), h, w);
+    assert!(
+        den.on_device(),
+        "the device refused the DiT (CMF_LOG=debug says why)"
+    );
+    let conds: Vec<_> = cap_feats
+        .iter()
+        .map(|(c, l)| dit.condition(c, *l))
+        .collect();
+    let mut subsets: Vec<Vec<usize>> = vec![(0..caps.len()).collect()];
+    if caps.len() > 1 {
+        subsets.push(vec![caps.len() - 1]);
+    }
+    for items in subsets {
+        let got = den.velocity(&lat, t, &items);
+        assert!(den.on_device(), "a step fell back to the CPU");
+        let batch: Vec<DitItem> = items
+            .iter()
+            .map(|&i| DitItem {
+                latents: &lat,
+                cond: &conds[i],
+                t,
+            })
+            .collect();
+        let want = dit.velocity(&batch, h, w);
+        for (k, (g, wv)) in got.iter().zip(&want).enumerate() {
+            let err = rel_err(g, wv);
+            eprintln!("caps {caps:?} latent {h}x{w} items {items:?} [{k}]: rel err {err:.2e}");
+            assert!(err < STEP_TOL, "item {k}: rel err {err} ≥ {STEP_TOL}");
+        }
+    }
+}
+
+#[test]
+fn fixture_step_matches_cpu_f32_weights() {
+    let (src, cfg) = fixture_dit(None);
+    compare(&src, &cfg, &[7], 4, 4, 1);
+    compare(&src, &cfg, &[40], 16, 12, 2);
+}
+
+#[test]
+fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
+    for codec in [Dtype::Q8_2f, Dtype::Bf16, Dtype::Q4Block] {
+        eprintln!("codec {codec}");
+        let (src, cfg) = fixture_dit(Some(codec));
+        compare(&src, &cfg, &[19], 8, 8, 3);
+    }
+}
+
+#[test]
+fn head_dim_128_batch_of_two_matches_cpu() {
+    let (src, cfg) = random_dit_hd128();
+    // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
+    compare(&src, &cfg, &[77, 5], 32, 32, 4);
+    compare(&src, &cfg, &[33], 20, 28, 5);
+}
+
+/// A refusal after the first device step: that step's output buffer is untouched, the CPU
+/// computes it (bit-identical to the CPU path) and the rest of the run stays on the CPU.
+#[test]
+fn forced_refusal_mid_run_continues_on_cpu_with_cpu_results() {
+    let Some(gpu) = device() else { return };
+    let (src, cfg) = fixture_dit(Some(Dtype::Q8_2f));
+    let dit = ZImageDit::load(&Loader::new(&src, "dit."), cfg.clone()).unwrap();
+    let mut rng = Rng(11);
+    let caps = vec![(rng.vec(9 * cfg.cap_feat_dim, 2.0), 9)];
+    let lat = rng.vec(16 * 8 * 8, 1.0);
+    let mut den = Denoiser::new(&dit, &gpu, caps.clone(), 8, 8);
+    assert!(den.on_device());
+    den.velocity(&lat, 0.2, &[0]);
+    gpu.inject_refusal_after(0);
+    let got = den.velocity(&lat, 0.6, &[0]);
+    assert!(!den.on_device(), "the refusal did not switch to the CPU");
+    let cond = dit.condition(&caps[0].0, 9);
+    let want = dit.velocity(
+        &[DitItem {
+            latents: &lat,
+            cond: &cond,
+            t: 0.6,
+        }],
+        8,
+        8,
+    );
+    assert_eq!(got, want, "the fallback step differs from the CPU path");
+}
+
+/// A refusal at load: the whole image is the CPU's, bit for bit.
+#[test]
+fn refusal_at_load_gives_the_cpu_image() {
+    let Some(gpu) = device() else { return };
+    let pack = ZimagePack::open(q8_pack()).unwrap();
+    let plan = turbo_plan(&pack);
+    gpu.inject_refusal_after(0);
+    let dev = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
+    let cpu = generate(&pack, &plan, &Gpu::cpu_only(), &mut |_| {}).unwrap();
+    assert!(!dev.timings.dit_on_device);
+    assert_eq!(dev.rgb, cpu.rgb);
+}
+
+fn q8_pack() -> &'static std::path::PathBuf {
+    static PACK: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    &PACK
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("tiny-q8.cmf");
+            let opts = ZimageOptions {
+                dit: Codec::Quant(Dtype::Q8_2f),
+                te: Codec::F32,
+                ..Default::default()
+            };
+            convert_zimage(&tree(), &out, &opts, &mut |_| {}).unwrap();
+            (dir, out)
+        })
+        .1
+}
+
+fn turbo_plan(pack: &ZimagePack) -> Plan {
+    let req = Request {
+        prompt: "a red fox in the snow".into(),
+        width: Some(64),
+        height: Some(48),
+        steps: Some(4),
+        seed: 5,
+        ..Default::default()
+    };
+    Plan::new(&req, &pack.recipe).unwrap()
+}
+
+/// The whole pipeline with the DiT on the device against the CPU pipeline: the image
+/// criterion (within 2/255 on ≥ 99 % of the values), Turbo and CFG recipes.
+#[test]
+fn pipeline_image_matches_cpu() {
+    let Some(gpu) = device() else { return };
+    let pack = ZimagePack::open(q8_pack()).unwrap();
+    for guidance in [0.0, 3.0] {
+        let mut plan = turbo_plan(&pack);
+        plan.guidance = guidance;
+        let dev = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
+        let cpu = generate(&pack, &plan, &Gpu::cpu_only(), &mut |_| {}).unwrap();
+        assert!(
+            dev.timings.dit_on_device,
+            "guidance {guidance}: the DiT ran on the CPU"
+        );
+        let off = dev
+            .rgb
+            .iter()
+            .zip(&cpu.rgb)
+            .filter(|(a, b)| a.abs_diff(**b) > 2)
+            .count();
+        let max = dev
+            .rgb
+            .iter()
+            .zip(&cpu.rgb)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        let lat_err = rel_err(&dev.final_latents, &cpu.final_latents);
+        eprintln!(
+            "guidance {guidance}: {off}/{} values off by > 2/255 (max {max}), final latents rel err {lat_err:.2e}",
+            cpu.rgb.len()
+        );
+        assert!(
+            (off as f64) <= 0.01 * cpu.rgb.len() as f64,
+            "guidance {guidance}: {off} values off"
+        );
+    }
+}
