@@ -19,6 +19,7 @@
 pub mod cuda;
 pub mod facade;
 pub mod llm;
+pub mod vae;
 
 pub use facade::{
     cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, Gpu, GpuError, GpuMode, LayerSet, LlmDevice,

@@ -16,6 +16,7 @@ pub const MATVEC: &str = include_str!("kernels/matvec.cu");
 pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
 pub const ATTENTION: &str = include_str!("kernels/attention.cu");
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
+pub const VAE: &str = include_str!("kernels/vae.cu");
 
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)
@@ -41,6 +42,8 @@ pub fn all_sources() -> SourceSet {
         ("attention", ATTENTION, model(16, 2, true)),
         ("attention", ATTENTION, model(16, 2, false)),
         ("rowops", ROWOPS, model(16, 2, true)),
+        ("rowops", ROWOPS, vec![]),
+        ("vae", VAE, vec![]),
     ]
 }
 
