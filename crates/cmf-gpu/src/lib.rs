@@ -20,6 +20,7 @@ pub mod cuda;
 pub mod dit;
 pub mod facade;
 pub mod llm;
+pub mod vae;
 
 pub use facade::{
     cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode,

@@ -15,6 +15,7 @@
 use crate::ops;
 use crate::tensors::{Linear, Loader};
 use crate::ZimageError;
+use cmf_gpu::vae as gpu;
 use cmf_kernels::Weight;
 use rayon::prelude::*;
 
@@ -452,6 +453,71 @@ impl<'a> VaeDecoder<'a> {
             });
         }
         Ok(to_rgb8(&img))
+    }
+}
+
+/// The neutral description the device backend takes (`cmf_gpu::cuda::vae::CudaVae::load`),
+/// borrowing this decoder's weights. Conv kernels stay `[out, in·k·k]` in their stored codec.
+impl VaeDecoder<'_> {
+    pub fn gpu_model(&self) -> gpu::VaeModel<'_> {
+        fn conv<'s>(c: &'s Conv2d<'_>) -> gpu::ConvW<'s> {
+            gpu::ConvW {
+                weight: c.w,
+                bias: &c.bias,
+            }
+        }
+        fn lin<'s>(l: &'s Linear<'_>) -> gpu::ConvW<'s> {
+            gpu::ConvW {
+                weight: l.w,
+                bias: l.b.as_deref().unwrap_or(&[]),
+            }
+        }
+        fn gn(g: &GroupNorm) -> gpu::GroupNormW<'_> {
+            gpu::GroupNormW {
+                weight: &g.weight,
+                bias: &g.bias,
+            }
+        }
+        fn resnet<'s>(r: &'s Resnet<'_>) -> gpu::ResnetW<'s> {
+            gpu::ResnetW {
+                norm1: gn(&r.norm1),
+                conv1: conv(&r.conv1),
+                norm2: gn(&r.norm2),
+                conv2: conv(&r.conv2),
+                shortcut: r.shortcut.as_ref().map(conv),
+            }
+        }
+        let c = &self.cfg;
+        gpu::VaeModel {
+            geometry: gpu::VaeGeometry {
+                latent_channels: c.latent_channels,
+                out_channels: c.out_channels,
+                block_out_channels: c.block_out_channels.clone(),
+                layers_per_block: c.layers_per_block,
+                norm_groups: c.norm_num_groups,
+                eps: GN_EPS,
+                mid_attention: self.mid_attention.is_some(),
+            },
+            conv_in: conv(&self.conv_in),
+            mid_resnets: [resnet(&self.mid_resnets[0]), resnet(&self.mid_resnets[1])],
+            mid_attention: self.mid_attention.as_ref().map(|a| gpu::AttentionW {
+                norm: gn(&a.norm),
+                q: lin(&a.q),
+                k: lin(&a.k),
+                v: lin(&a.v),
+                out: lin(&a.out),
+            }),
+            up_blocks: self
+                .up_blocks
+                .iter()
+                .map(|b| gpu::UpBlockW {
+                    resnets: b.resnets.iter().map(resnet).collect(),
+                    upsampler: b.upsampler.as_ref().map(conv),
+                })
+                .collect(),
+            norm_out: gn(&self.norm_out),
+            conv_out: conv(&self.conv_out),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
 pub const ATTENTION: &str = include_str!("kernels/attention.cu");
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 pub const DIT: &str = include_str!("kernels/dit.cu");
+pub const VAE: &str = include_str!("kernels/vae.cu");
 
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)
@@ -45,6 +46,8 @@ pub fn all_sources() -> SourceSet {
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
         ("attention", ATTENTION, model(32, 1, false)),
+        ("rowops", ROWOPS, vec![]),
+        ("vae", VAE, vec![]),
     ]
 }
 

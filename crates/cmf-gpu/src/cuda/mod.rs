@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod llm;
 pub mod matvec;
 pub mod nvrtc;
+pub mod vae;
 pub mod weights;
 
 use crate::facade::{Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal};

@@ -6,8 +6,14 @@ use cmf_zimage::tensors::MemTensors;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// `$CMF_FIXTURES/zimage`, else `./fixtures/zimage` (a staged test binary run from a copy of the
+/// repository), else the source tree's.
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zimage")
+    match std::env::var_os("CMF_FIXTURES") {
+        Some(d) => PathBuf::from(d).join("zimage"),
+        None if PathBuf::from("fixtures/zimage").is_dir() => PathBuf::from("fixtures/zimage"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zimage"),
+    }
 }
 
 pub fn tree() -> PathBuf {

@@ -1,0 +1,878 @@
+//! The FLUX VAE decoder resident on the device: weights uploaded once, then each decode is one
+//! latent upload, the whole decoder on the stream, one readback of the image.
+//!
+//! Weights live as bf16 planes, dequantised on the device at load from whatever codec the file
+//! holds (`dequant_rows` in rowops.cu), 3×3 kernels permuted to tap-major columns. Why bf16 and
+//! not the stored codec: every VAE product is a large GEMM (at a 1024² image, up to 1M pixel
+//! rows against K = 1152…4608), compute-bound, so tensor cores want bf16 operands, and
+//! dequantising per call would only add passes; the whole decoder is ~50M parameters (~100 MB
+//! in bf16), small next to the workspace.
+//!
+//! Numerics: f32 activations (NHWC), bf16 GEMM operands (conv inputs, attention Q/K/V/P), f32
+//! accumulation, GroupNorm statistics in f32 partials finished in f64. Kernels and the data
+//! flow are described in `kernels/vae.cu`; buffer sizes and tilings in [`plan`].
+//!
+//! Contract (as the rest of the backend): `decode` does the whole job or refuses before writing
+//! `out` (bad shapes, geometry the kernels do not take, a workspace that does not fit the free
+//! device memory, a device error); the image is read back into a host staging buffer and only
+//! copied into `out` once everything succeeded.
+
+pub mod plan;
+
+use super::blas::Blas;
+use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError};
+use super::kernels::{Func, Module, ROWOPS, VAE};
+use super::weights::{DevCodec, DevWeight};
+use super::CudaBackend;
+use crate::facade::{Refusal, RefusalReason};
+use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
+use cmf_format::Dtype;
+use plan::{elementwise_layout, grid1, stats_layout, AttnPlan, RowLayout};
+pub use plan::{VaeOptions, VaePlan};
+use std::sync::Arc;
+
+const OP_LOAD: &str = "vae.load";
+const OP_DECODE: &str = "vae.decode";
+/// Device memory left free beyond our estimate (cuBLAS workspaces, fragmentation).
+const MARGIN_BYTES: u64 = 512 << 20;
+
+struct Kernels {
+    dequant_rows: Func,
+    to_bf16: Func,
+    nchw_to_nhwc: Func,
+    permute_taps: Func,
+    gn_partial: Func,
+    gn_finalize: Func,
+    gn_apply: Func,
+    im2col3: Func,
+    bias_res: Func,
+    bias_bf16: Func,
+    softmax_rows: Func,
+    conv3_small: Func,
+    _mods: Vec<Module>,
+}
+
+impl Kernels {
+    fn load(dev: &Dev) -> DResult<Kernels> {
+        // rowops with its default defines: only the geometry-free kernels are used here.
+        let rows = Module::load(dev, "rowops", ROWOPS, &[])?;
+        let vae = Module::load(dev, "vae", VAE, &[])?;
+        Ok(Kernels {
+            dequant_rows: rows.func("dequant_rows")?,
+            to_bf16: rows.func("to_bf16")?,
+            nchw_to_nhwc: vae.func("vae_nchw_to_nhwc_bf16")?,
+            permute_taps: vae.func("vae_permute_taps")?,
+            gn_partial: vae.func("vae_gn_partial")?,
+            gn_finalize: vae.func("vae_gn_finalize")?,
+            gn_apply: vae.func("vae_gn_apply")?,
+            im2col3: vae.func("vae_im2col3")?,
+            bias_res: vae.func("vae_bias_res")?,
+            bias_bf16: vae.func("vae_bias_bf16")?,
+            softmax_rows: vae.func("vae_softmax_rows")?,
+            conv3_small: vae.func("vae_conv3_small")?,
+            _mods: vec![rows, vae],
+        })
+    }
+}
+
+/// A conv or Linear on the device: bf16 weight `[cout, cols]` (3×3: tap-major columns), f32 bias.
+struct DConv {
+    w: DBuf,
+    bias: DBuf,
+    cout: usize,
+    cols: usize,
+}
+
+struct DNorm {
+    w: DBuf,
+    b: DBuf,
+}
+
+struct DResnet {
+    norm1: DNorm,
+    conv1: DConv,
+    norm2: DNorm,
+    conv2: DConv,
+    shortcut: Option<DConv>,
+    /// conv2's bias (+ the shortcut's): added once after the shortcut GEMM accumulated.
+    out_bias: DBuf,
+    cin: usize,
+    cout: usize,
+}
+
+struct DAttn {
+    norm: DNorm,
+    q: DConv,
+    k: DConv,
+    v: DConv,
+    out: DConv,
+}
+
+struct DUp {
+    resnets: Vec<DResnet>,
+    upsampler: Option<DConv>,
+}
+
+struct AttnBufs {
+    proj: DBuf,
+    q: DBuf,
+    k: DBuf,
+    vt: DBuf,
+}
+
+/// Buffers of a decode, sized by `plan` (reused by any decode it covers).
+struct Workspace {
+    plan: VaePlan,
+    f: [DBuf; 3],
+    nb: DBuf,
+    scratch: DBuf,
+    partial: DBuf,
+    mean: DBuf,
+    inv: DBuf,
+    latent: DBuf,
+    image: DBuf,
+    attn: Option<AttnBufs>,
+}
+
+impl Workspace {
+    fn alloc(dev: &Dev, plan: &VaePlan) -> DResult<Workspace> {
+        let f32s = |n: usize| dev.alloc(4 * n);
+        let attn = match plan.attn {
+            Some(a) => Some(AttnBufs {
+                proj: f32s(a.n * a.c)?,
+                q: dev.alloc(2 * a.n * a.c)?,
+                k: dev.alloc(2 * a.n * a.c)?,
+                vt: dev.alloc(2 * a.n * a.c)?,
+            }),
+            None => None,
+        };
+        Ok(Workspace {
+            plan: plan.clone(),
+            f: [
+                f32s(plan.act_f32)?,
+                f32s(plan.act_f32)?,
+                f32s(plan.act_f32)?,
+            ],
+            nb: dev.alloc(2 * plan.act_bf16)?,
+            scratch: dev.alloc(plan.scratch_bytes)?,
+            partial: f32s(plan.gn_partial)?,
+            mean: f32s(plan.groups)?,
+            inv: f32s(plan.groups)?,
+            latent: f32s(plan.latent)?,
+            image: f32s(plan.image)?,
+            attn,
+        })
+    }
+}
+
+/// The resident decoder.
+pub struct CudaVae {
+    dev: Arc<Dev>,
+    blas: Blas,
+    k: Kernels,
+    geo: VaeGeometry,
+    opts: VaeOptions,
+    conv_in: DConv,
+    mid: [DResnet; 2],
+    attn: Option<DAttn>,
+    ups: Vec<DUp>,
+    norm_out: DNorm,
+    conv_out: DConv,
+    weight_bytes: u64,
+    ws: Option<Workspace>,
+    /// Readback staging: `out` is written only after the whole decode succeeded.
+    host: Vec<f32>,
+}
+
+fn shape_refusal(op: &'static str, why: String) -> Refusal {
+    Refusal::new(op, RefusalReason::UnsupportedShape(why))
+}
+
+/// Bytes of the resident weights: bf16 planes, f32 biases and GroupNorm parameters.
+fn resident_bytes(model: &VaeModel) -> u64 {
+    let mats: usize = model
+        .weights()
+        .iter()
+        .map(|(_, c)| 2 * c.weight.rows * c.weight.cols + 4 * c.weight.rows)
+        .sum();
+    let resnets = model
+        .mid_resnets
+        .iter()
+        .chain(model.up_blocks.iter().flat_map(|b| &b.resnets));
+    // norm1 + norm2 (w and b), and the combined output bias.
+    let mut vecs: usize = resnets
+        .map(|r| 2 * r.norm1.weight.len() + 3 * r.norm2.weight.len())
+        .sum();
+    vecs += 2 * model.norm_out.weight.len();
+    if let Some(a) = &model.mid_attention {
+        vecs += 2 * a.norm.weight.len();
+    }
+    (mats + 4 * vecs) as u64
+}
+
+/// The codecs `dequant_rows` reads; q4 needs whole 32-value groups.
+fn check_codec(name: &str, c: &ConvW) -> Result<(), Refusal> {
+    let w = &c.weight;
+    DevCodec::of(w.dtype).map_err(|r| Refusal::new(OP_LOAD, r))?;
+    if matches!(w.dtype, Dtype::Q4Block | Dtype::Q4Tiled) && (w.rows * w.cols) % 32 != 0 {
+        return Err(shape_refusal(
+            OP_LOAD,
+            format!(
+                "{name}: q4 weight [{}, {}] is not whole 32-value groups",
+                w.rows, w.cols
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl CudaVae {
+    /// Uploads `model` with the default options.
+    pub fn load(backend: &CudaBackend, model: &VaeModel) -> Result<CudaVae, Refusal> {
+        CudaVae::load_with(backend, model, VaeOptions::default())
+    }
+
+    /// Uploads `model` once (weights to bf16 planes on the device). Refuses before allocating
+    /// anything when a shape, geometry or codec is not supported or the weights do not fit.
+    pub fn load_with(
+        backend: &CudaBackend,
+        model: &VaeModel,
+        opts: VaeOptions,
+    ) -> Result<CudaVae, Refusal> {
+        model
+            .check_shapes()
+            .map_err(|s| shape_refusal(OP_LOAD, s))?;
+        plan::check_geometry(&model.geometry).map_err(|s| shape_refusal(OP_LOAD, s))?;
+        let weights = model.weights();
+        for (name, c) in &weights {
+            check_codec(name, c)?;
+        }
+        let dev = backend.device().clone();
+        // Resident planes plus the largest transient (stored codec + its bf16 plane).
+        let transient = weights
+            .iter()
+            .map(|(_, c)| (c.weight.data.len() + 2 * c.weight.rows * c.weight.cols) as u64)
+            .max()
+            .unwrap_or(0);
+        let need = resident_bytes(model) + transient;
+        let free = dev.free_bytes();
+        if need + MARGIN_BYTES > free {
+            return Err(Refusal::new(
+                OP_LOAD,
+                RefusalReason::OutOfMemory {
+                    need,
+                    budget: free.saturating_sub(MARGIN_BYTES),
+                },
+            ));
+        }
+        dev.ctx
+            .bind_to_thread()
+            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_LOAD))?;
+        let k = Kernels::load(&dev).map_err(|e| e.refusal(OP_LOAD))?;
+        let blas = Blas::new(&dev).map_err(|e| e.refusal(OP_LOAD))?;
+        let up = Uploader { dev: &dev, k: &k };
+        let built = (|| -> DResult<_> {
+            let mid = [
+                up.resnet(&model.mid_resnets[0])?,
+                up.resnet(&model.mid_resnets[1])?,
+            ];
+            let attn = match &model.mid_attention {
+                Some(a) => Some(DAttn {
+                    norm: up.norm(&a.norm)?,
+                    q: up.conv(&a.q, false)?,
+                    k: up.conv(&a.k, false)?,
+                    v: up.conv(&a.v, false)?,
+                    out: up.conv(&a.out, false)?,
+                }),
+                None => None,
+            };
+            let mut ups = Vec::new();
+            for b in &model.up_blocks {
+                ups.push(DUp {
+                    resnets: b
+                        .resnets
+                        .iter()
+                        .map(|r| up.resnet(r))
+                        .collect::<DResult<_>>()?,
+                    upsampler: b.upsampler.as_ref().map(|c| up.conv(c, true)).transpose()?,
+                });
+            }
+            let conv_in = up.conv(&model.conv_in, true)?;
+            let norm_out = up.norm(&model.norm_out)?;
+            let conv_out = up.conv(&model.conv_out, true)?;
+            dev.sync()?;
+            Ok((conv_in, mid, attn, ups, norm_out, conv_out))
+        })();
+        let (conv_in, mid, attn, ups, norm_out, conv_out) =
+            built.map_err(|e| e.refusal(OP_LOAD))?;
+        Ok(CudaVae {
+            dev: dev.clone(),
+            blas,
+            k,
+            geo: model.geometry.clone(),
+            opts,
+            conv_in,
+            mid,
+            attn,
+            ups,
+            norm_out,
+            conv_out,
+            weight_bytes: resident_bytes(model),
+            ws: None,
+            host: Vec::new(),
+        })
+    }
+
+    pub fn geometry(&self) -> &VaeGeometry {
+        &self.geo
+    }
+
+    /// Device bytes of the resident weights.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Device bytes a decode of an `h × w` latent allocates (its workspace).
+    pub fn workspace_bytes(&self, h: usize, w: usize) -> Result<u64, Refusal> {
+        VaePlan::new(&self.geo, h, w, &self.opts)
+            .map(|p| p.device_bytes())
+            .map_err(|s| shape_refusal(OP_DECODE, s))
+    }
+
+    /// Frees the workspace (the next decode allocates it again).
+    pub fn release_workspace(&mut self) {
+        self.ws = None;
+    }
+
+    /// `Decoder.forward` of `z` `[latent_channels, h, w]` f32 (already `z / scaling_factor +
+    /// shift_factor`, as `VaeDecoder::decode` takes it) into `out` `[out_channels, 8h, 8w]` f32,
+    /// before the [-1, 1] → [0, 1] mapping. On `Err`, `out` is untouched.
+    pub fn decode(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [f32],
+    ) -> Result<(), Refusal> {
+        let g = &self.geo;
+        if h == 0 || w == 0 || z.len() != g.latent_channels * h * w {
+            return Err(shape_refusal(
+                OP_DECODE,
+                format!(
+                    "latent of {} values for [{}, {h}, {w}]",
+                    z.len(),
+                    g.latent_channels
+                ),
+            ));
+        }
+        let plan = VaePlan::new(g, h, w, &self.opts).map_err(|s| shape_refusal(OP_DECODE, s))?;
+        if out.len() != plan.image {
+            return Err(shape_refusal(
+                OP_DECODE,
+                format!(
+                    "output of {} values for [{}, {}, {}]",
+                    out.len(),
+                    g.out_channels,
+                    plan.out_h,
+                    plan.out_w
+                ),
+            ));
+        }
+        self.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_DECODE))?;
+        self.ensure_workspace(&plan)?;
+        let mut host = std::mem::take(&mut self.host);
+        host.resize(plan.image, 0.0);
+        let ran = self.run(&plan, z, &mut host);
+        self.host = host;
+        ran.map_err(|e| e.refusal(OP_DECODE))?;
+        out.copy_from_slice(&self.host[..plan.image]);
+        Ok(())
+    }
+
+    fn ensure_workspace(&mut self, plan: &VaePlan) -> Result<(), Refusal> {
+        if self.ws.as_ref().is_some_and(|ws| ws.plan.covers(plan)) {
+            return Ok(());
+        }
+        self.ws = None;
+        let need = plan.device_bytes();
+        let free = self.dev.free_bytes();
+        if need + MARGIN_BYTES > free {
+            return Err(Refusal::new(
+                OP_DECODE,
+                RefusalReason::OutOfMemory {
+                    need,
+                    budget: free.saturating_sub(MARGIN_BYTES),
+                },
+            ));
+        }
+        self.ws = Some(Workspace::alloc(&self.dev, plan).map_err(|e| e.refusal(OP_DECODE))?);
+        Ok(())
+    }
+
+    /// The whole decoder on the stream; the image lands in `host`.
+    fn run(&self, plan: &VaePlan, z: &[f32], host: &mut [f32]) -> DResult<()> {
+        let ws = self.ws.as_ref().expect("workspace ensured");
+        let g = &self.geo;
+        let (h, w) = (plan.h, plan.w);
+        let top = g.top_channels();
+        let f = |i: usize| ws.f[i].ptr();
+        self.dev.upload_f32(ws.latent.ptr(), z)?;
+        let p0 = h * w;
+        self.dev.launch(
+            &self.k.nchw_to_nhwc,
+            grid1(p0 * g.latent_channels, 256),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.latent.ptr()),
+                Arg::I32(g.latent_channels as i32),
+                Arg::U64(p0 as u64),
+                Arg::Ptr(ws.nb.ptr()),
+            ],
+        )?;
+        // Activation buffers: x (the stage's input), t (conv1 output), y (the output).
+        let (mut x, t, mut y) = (0usize, 1usize, 2usize);
+        self.conv3(
+            ws,
+            &self.conv_in,
+            ws.nb.ptr(),
+            g.latent_channels,
+            h,
+            w,
+            false,
+            f(x),
+        )?;
+        self.bias_res(f(x), self.conv_in.bias.ptr(), 0, top, p0, f(x))?;
+        let (mut hh, mut ww) = (h, w);
+        self.resnet(ws, &self.mid[0], hh, ww, f(x), f(t), f(y))?;
+        std::mem::swap(&mut x, &mut y);
+        if let (Some(a), Some(ap)) = (&self.attn, plan.attn) {
+            self.attention(ws, a, ap, f(x), f(y))?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        self.resnet(ws, &self.mid[1], hh, ww, f(x), f(t), f(y))?;
+        std::mem::swap(&mut x, &mut y);
+        for b in &self.ups {
+            for r in &b.resnets {
+                self.resnet(ws, r, hh, ww, f(x), f(t), f(y))?;
+                std::mem::swap(&mut x, &mut y);
+            }
+            if let Some(u) = &b.upsampler {
+                // Nearest ×2 folded into the im2col: convert the low-res map to bf16 only.
+                let c = u.cout;
+                self.to_bf16(f(x), hh * ww * c, ws.nb.ptr())?;
+                self.conv3(ws, u, ws.nb.ptr(), c, hh, ww, true, f(y))?;
+                hh *= 2;
+                ww *= 2;
+                self.bias_res(f(y), u.bias.ptr(), 0, c, hh * ww, f(y))?;
+                std::mem::swap(&mut x, &mut y);
+            }
+        }
+        let c0 = g.block_out_channels[0];
+        let p = hh * ww;
+        self.group_norm(ws, &self.norm_out, f(x), 0, c0, p, true, ws.nb.ptr())?;
+        self.dev.launch(
+            &self.k.conv3_small,
+            (p.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.nb.ptr()),
+                Arg::I32(c0 as i32),
+                Arg::I32(hh as i32),
+                Arg::I32(ww as i32),
+                Arg::Ptr(self.conv_out.w.ptr()),
+                Arg::Ptr(self.conv_out.bias.ptr()),
+                Arg::I32(g.out_channels as i32),
+                Arg::Ptr(ws.image.ptr()),
+            ],
+        )?;
+        self.dev.download_f32(host, ws.image.ptr())
+    }
+
+    /// `ResnetBlock2D` at `h × w`: x → out; `t` is scratch for conv1's output.
+    #[allow(clippy::too_many_arguments)]
+    fn resnet(
+        &self,
+        ws: &Workspace,
+        r: &DResnet,
+        h: usize,
+        w: usize,
+        x: u64,
+        t: u64,
+        out: u64,
+    ) -> DResult<()> {
+        let p = h * w;
+        let nb = ws.nb.ptr();
+        self.group_norm(ws, &r.norm1, x, 0, r.cin, p, true, nb)?;
+        self.conv3(ws, &r.conv1, nb, r.cin, h, w, false, t)?;
+        // conv1's bias is folded into norm2 (statistics and apply).
+        self.group_norm(ws, &r.norm2, t, r.conv1.bias.ptr(), r.cout, p, true, nb)?;
+        self.conv3(ws, &r.conv2, nb, r.cout, h, w, false, out)?;
+        match &r.shortcut {
+            Some(sc) => {
+                // out += bf16(x) · W_scᵀ, then both biases at once.
+                self.to_bf16(x, p * r.cin, nb)?;
+                self.blas
+                    .gemm(true, sc.w.ptr(), nb, out, r.cout, p, r.cin, r.cout, true)?;
+                self.bias_res(out, r.out_bias.ptr(), 0, r.cout, p, out)
+            }
+            None => self.bias_res(out, r.out_bias.ptr(), x, r.cout, p, out),
+        }
+    }
+
+    /// The mid attention over `a.n` pixels of `a.c` channels: x → out = x + attn(GN(x)).
+    fn attention(&self, ws: &Workspace, at: &DAttn, a: AttnPlan, x: u64, out: u64) -> DResult<()> {
+        let bufs = ws.attn.as_ref().expect("attention buffers");
+        let (n, c) = (a.n, a.c);
+        let nb = ws.nb.ptr();
+        self.group_norm(ws, &at.norm, x, 0, c, n, false, nb)?;
+        for (lin, dst, transpose) in [
+            (&at.q, &bufs.q, false),
+            (&at.k, &bufs.k, false),
+            (&at.v, &bufs.vt, true),
+        ] {
+            self.blas
+                .gemm(true, lin.w.ptr(), nb, bufs.proj.ptr(), c, n, c, c, false)?;
+            let l = elementwise_layout(c, n);
+            self.dev.launch(
+                &self.k.bias_bf16,
+                (l.blocks, 1, 1),
+                (l.threads, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(bufs.proj.ptr()),
+                    Arg::Ptr(lin.bias.ptr()),
+                    Arg::I32(c as i32),
+                    Arg::U64(n as u64),
+                    Arg::I32(l.ppb as i32),
+                    Arg::I32(transpose as i32),
+                    Arg::Ptr(dst.ptr()),
+                ],
+            )?;
+        }
+        // Query tiles: S = Q Kᵀ [tq, n] f32, P = softmax(S / √c) bf16, O = P V [tq, c] f32.
+        let (s_ptr, p_ptr) = (ws.scratch.ptr(), ws.scratch.ptr() + a.p_offset as u64);
+        let scale = 1.0 / (c as f32).sqrt();
+        let mut q0 = 0;
+        while q0 < n {
+            let m = a.tq.min(n - q0);
+            self.blas.gemm(
+                true,
+                bufs.k.ptr(),
+                bufs.q.ptr() + (2 * q0 * c) as u64,
+                s_ptr,
+                n,
+                m,
+                c,
+                n,
+                false,
+            )?;
+            self.dev.launch(
+                &self.k.softmax_rows,
+                (m as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(s_ptr),
+                    Arg::I32(n as i32),
+                    Arg::F32(scale),
+                    Arg::Ptr(p_ptr),
+                ],
+            )?;
+            self.blas.gemm(
+                true,
+                bufs.vt.ptr(),
+                p_ptr,
+                bufs.proj.ptr() + (4 * q0 * c) as u64,
+                c,
+                m,
+                n,
+                c,
+                false,
+            )?;
+            q0 += m;
+        }
+        // Output projection + bias + residual (Q is dead: its buffer takes bf16(O)).
+        self.to_bf16(bufs.proj.ptr(), n * c, bufs.q.ptr())?;
+        self.blas
+            .gemm(true, at.out.w.ptr(), bufs.q.ptr(), out, c, n, c, c, false)?;
+        self.bias_res(out, at.out.bias.ptr(), x, c, n, out)
+    }
+
+    /// 3×3 conv of `src` (bf16 NHWC `[h, w, cin]`, nearest-upsampled ×2 first when `up`) into
+    /// `out` (f32 `[pixels, cout]`, no bias), im2col tile by tile.
+    #[allow(clippy::too_many_arguments)]
+    fn conv3(
+        &self,
+        ws: &Workspace,
+        cv: &DConv,
+        src: u64,
+        cin: usize,
+        h: usize,
+        w: usize,
+        up: bool,
+        out: u64,
+    ) -> DResult<()> {
+        let s = up as usize;
+        let pixels = (h << s) * (w << s);
+        let k = 9 * cin;
+        debug_assert_eq!(cv.cols, k);
+        // The plan's tiling: its scratch (≤ the workspace's) holds one tile.
+        let tile = plan::conv_tile(pixels, k, plan::scratch_budget(&self.opts));
+        let mut p0 = 0;
+        while p0 < pixels {
+            let np = tile.min(pixels - p0);
+            self.dev.launch(
+                &self.k.im2col3,
+                grid1(np * cin / 8, 256),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(src),
+                    Arg::I32(cin as i32),
+                    Arg::I32(h as i32),
+                    Arg::I32(w as i32),
+                    Arg::I32(s as i32),
+                    Arg::I32(p0 as i32),
+                    Arg::I32(np as i32),
+                    Arg::Ptr(ws.scratch.ptr()),
+                ],
+            )?;
+            self.blas.gemm(
+                true,
+                cv.w.ptr(),
+                ws.scratch.ptr(),
+                out + (4 * p0 * cv.cout) as u64,
+                cv.cout,
+                np,
+                k,
+                cv.cout,
+                false,
+            )?;
+            p0 += np;
+        }
+        Ok(())
+    }
+
+    /// GroupNorm (+ SiLU) of `x + bias` (`bias` 0: none) `[p, c]` f32 → `out` bf16.
+    #[allow(clippy::too_many_arguments)]
+    fn group_norm(
+        &self,
+        ws: &Workspace,
+        n: &DNorm,
+        x: u64,
+        bias: u64,
+        c: usize,
+        p: usize,
+        silu: bool,
+        out: u64,
+    ) -> DResult<()> {
+        let groups = self.geo.norm_groups;
+        let st = stats_layout(c, p);
+        let count = (p * (c / groups)) as u64;
+        for mode in 0..2 {
+            self.dev.launch(
+                &self.k.gn_partial,
+                (st.blocks, 1, 1),
+                (st.threads, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(bias),
+                    Arg::I32(c as i32),
+                    Arg::I32(groups as i32),
+                    Arg::U64(p as u64),
+                    Arg::I32(st.ppb as i32),
+                    Arg::Ptr(if mode == 0 { 0 } else { ws.mean.ptr() }),
+                    Arg::Ptr(ws.partial.ptr()),
+                ],
+            )?;
+            self.dev.launch(
+                &self.k.gn_finalize,
+                (groups as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(ws.partial.ptr()),
+                    Arg::I32(st.blocks as i32),
+                    Arg::I32(groups as i32),
+                    Arg::U64(count),
+                    Arg::F32(self.geo.eps),
+                    Arg::I32(mode),
+                    Arg::Ptr(ws.mean.ptr()),
+                    Arg::Ptr(ws.inv.ptr()),
+                ],
+            )?;
+        }
+        let l = elementwise_layout(c, p);
+        self.dev.launch(
+            &self.k.gn_apply,
+            (l.blocks, 1, 1),
+            (l.threads, 1, 1),
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(bias),
+                Arg::I32(c as i32),
+                Arg::I32(groups as i32),
+                Arg::U64(p as u64),
+                Arg::I32(l.ppb as i32),
+                Arg::Ptr(ws.mean.ptr()),
+                Arg::Ptr(ws.inv.ptr()),
+                Arg::Ptr(n.w.ptr()),
+                Arg::Ptr(n.b.ptr()),
+                Arg::I32(silu as i32),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    /// out = y + bias (+ skip; 0: none), `[p, c]` f32.
+    fn bias_res(&self, y: u64, bias: u64, skip: u64, c: usize, p: usize, out: u64) -> DResult<()> {
+        let l: RowLayout = elementwise_layout(c, p);
+        self.dev.launch(
+            &self.k.bias_res,
+            (l.blocks, 1, 1),
+            (l.threads, 1, 1),
+            0,
+            &[
+                Arg::Ptr(y),
+                Arg::Ptr(bias),
+                Arg::Ptr(skip),
+                Arg::I32(c as i32),
+                Arg::U64(p as u64),
+                Arg::I32(l.ppb as i32),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    fn to_bf16(&self, x: u64, n: usize, out: u64) -> DResult<()> {
+        self.dev.launch(
+            &self.k.to_bf16,
+            grid1(n, 256 * 8),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(x), Arg::U64(n as u64), Arg::Ptr(out)],
+        )
+    }
+}
+
+/// Load-time uploads: weights to bf16 planes, vectors to f32.
+struct Uploader<'d> {
+    dev: &'d Dev,
+    k: &'d Kernels,
+}
+
+impl Uploader<'_> {
+    fn vec(&self, v: &[f32]) -> DResult<DBuf> {
+        self.dev.upload_new(bytes_of(v))
+    }
+
+    fn norm(&self, n: &GroupNormW) -> DResult<DNorm> {
+        Ok(DNorm {
+            w: self.vec(n.weight)?,
+            b: self.vec(n.bias)?,
+        })
+    }
+
+    /// A weight as a bf16 plane `[rows, cols]`; `taps`: a 3×3 kernel, permuted to tap-major.
+    fn conv(&self, c: &ConvW, taps: bool) -> DResult<DConv> {
+        let w = &c.weight;
+        let (rows, cols) = (w.rows, w.cols);
+        let n = rows * cols;
+        let dw = DevWeight::upload(self.dev, w)?;
+        let plane = if dw.codec == DevCodec::Bf16 {
+            None
+        } else {
+            let b = self.dev.alloc(2 * n)?;
+            self.dev.launch(
+                &self.k.dequant_rows,
+                grid1(n, 256 * 8),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::I32(dw.codec as i32),
+                    Arg::Ptr(dw.w()),
+                    Arg::Ptr(dw.rs()),
+                    Arg::Ptr(dw.colp()),
+                    Arg::U64(cols as u64),
+                    Arg::U64(0),
+                    Arg::U64(rows as u64),
+                    Arg::Ptr(b.ptr()),
+                    Arg::Ptr(0),
+                ],
+            )?;
+            Some(b)
+        };
+        let src = plane.as_ref().map_or(dw.w(), |b| b.ptr());
+        let wbuf = if taps {
+            let out = self.dev.alloc(2 * n)?;
+            self.dev.launch(
+                &self.k.permute_taps,
+                grid1(n, 256 * 4),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(src),
+                    Arg::U64(rows as u64),
+                    Arg::I32((cols / 9) as i32),
+                    Arg::Ptr(out.ptr()),
+                ],
+            )?;
+            out
+        } else {
+            match plane {
+                Some(b) => b,
+                None => dw.main,
+            }
+        };
+        // The transient planes are freed when this returns: wait for the kernels reading them.
+        self.dev.sync()?;
+        let bias = if c.bias.is_empty() {
+            self.vec(&vec![0f32; rows])?
+        } else {
+            self.vec(c.bias)?
+        };
+        Ok(DConv {
+            w: wbuf,
+            bias,
+            cout: rows,
+            cols,
+        })
+    }
+
+    fn resnet(&self, r: &ResnetW) -> DResult<DResnet> {
+        let conv2 = self.conv(&r.conv2, true)?;
+        let shortcut = r
+            .shortcut
+            .as_ref()
+            .map(|s| self.conv(s, false))
+            .transpose()?;
+        let cout = r.conv2.weight.rows;
+        let mut out_bias: Vec<f32> = if r.conv2.bias.is_empty() {
+            vec![0.0; cout]
+        } else {
+            r.conv2.bias.to_vec()
+        };
+        if let Some(s) = &r.shortcut {
+            for (o, b) in out_bias.iter_mut().zip(s.bias) {
+                *o += b;
+            }
+        }
+        Ok(DResnet {
+            norm1: self.norm(&r.norm1)?,
+            conv1: self.conv(&r.conv1, true)?,
+            norm2: self.norm(&r.norm2)?,
+            conv2,
+            shortcut,
+            out_bias: self.vec(&out_bias)?,
+            cin: r.conv1.weight.cols / 9,
+            cout,
+        })
+    }
+}
