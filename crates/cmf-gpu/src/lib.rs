@@ -23,7 +23,7 @@ pub mod llm;
 pub mod vae;
 
 pub use facade::{
-    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode,
+    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuVae, GpuMode,
     LayerSet, LlmDevice, MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
 };
 pub use llm::{

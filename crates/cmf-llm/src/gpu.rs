@@ -33,6 +33,18 @@ pub fn describe<'m>(
             c.num_layers
         ));
     }
+    describe_bound(model, max_context, &w.final_norm)
+}
+
+/// [`describe`] of the layers `model` has bound (all, or the first few of a text encoder),
+/// with `final_norm` standing in when the model has none bound.
+fn describe_bound<'m>(
+    model: &'m Model<'_>,
+    max_context: usize,
+    final_norm: &'m [f32],
+) -> std::result::Result<LlmModel<'m>, String> {
+    let c = &model.config;
+    let w = &model.weights;
     if let RopeScaling::Dynamic {
         max_position_embeddings,
         ..
@@ -76,7 +88,7 @@ pub fn describe<'m>(
     let spec = LlmSpec {
         hidden: c.hidden_size,
         intermediate: c.intermediate_size,
-        num_layers: c.num_layers,
+        num_layers: w.layers.len(),
         num_heads: c.num_heads,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
@@ -86,14 +98,14 @@ pub fn describe<'m>(
             inv_freq: model.rope.inv_freq_for(max_context).to_vec(),
             attention_factor: model.rope.attention_scaling(),
         },
-        sliding_window: c.sliding_window.clone(),
+        sliding_window: c.sliding_window[..w.layers.len()].to_vec(),
         attn_scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
     Ok(LlmModel {
         spec,
         embed: w.embed,
         layers,
-        final_norm: &w.final_norm,
+        final_norm,
         lm_head: w.lm_head,
     })
 }
@@ -181,6 +193,76 @@ impl GpuModel {
             .decode(token, pos, &Sampler::Greedy, want_logits, &mut out)?;
         self.pos = pos + 1;
         Ok(out)
+    }
+}
+
+/// The bound layers of a model resident on the device for hidden states (a text encoder's
+/// `hidden_states[k]`, k = the layers bound): the embedding rows are looked up on the CPU, the
+/// layers run on the device through the prefill path (`forward_layers`).
+pub struct GpuEncoder {
+    llm: GpuLlm,
+    layers: usize,
+}
+
+impl GpuEncoder {
+    /// None when the device refuses (the facade logs why at debug verbosity).
+    pub fn load(gpu: &Gpu, model: &Model, max_tokens: usize) -> Option<GpuEncoder> {
+        let max_context = max_tokens.clamp(1, model.config.max_position_embeddings.max(1));
+        // The head is never used; a unit norm stands in when the model bound none.
+        let unit = vec![1f32; model.config.hidden_size];
+        let norm = if model.weights.final_norm.is_empty() {
+            &unit[..]
+        } else {
+            &model.weights.final_norm[..]
+        };
+        let desc = match describe_bound(model, max_context, norm) {
+            Ok(d) => d,
+            Err(why) => {
+                cmf_gpu::facade::log::debug(&format!("encoder: runs on the CPU: {why}"));
+                return None;
+            }
+        };
+        let opts = LlmOptions {
+            max_context,
+            ..LlmOptions::default()
+        };
+        let layers = model.weights.layers.len();
+        let llm = gpu.load_llm(&desc, &opts, Some(&LayerSet::All)).ok()?;
+        if llm.placement().device_layer_count() != layers {
+            return None;
+        }
+        Some(GpuEncoder { llm, layers })
+    }
+
+    /// `hidden_states[layers]` of `tokens`: `[tokens.len(), hidden]`.
+    pub fn hidden_states(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+    ) -> std::result::Result<Vec<f32>, Refusal> {
+        let h = model.config.hidden_size;
+        let vocab = model.config.vocab_size;
+        if tokens.is_empty() || tokens.len() > self.llm.max_context() || tokens.iter().any(|&t| t as usize >= vocab) {
+            return Err(Refusal::new(
+                "llm.forward_layers",
+                cmf_gpu::RefusalReason::UnsupportedShape(format!(
+                    "{} tokens for a device context of {}",
+                    tokens.len(),
+                    self.llm.max_context()
+                )),
+            ));
+        }
+        let mut x = vec![0f32; tokens.len() * h];
+        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            cmf_kernels::reference::decode_row(&model.weights.embed, t as usize, row);
+        }
+        // Causal chunks through every layer (each chunk reads the KV rows of the ones before).
+        let chunk = LlmOptions::default().prefill_chunk.max(1);
+        for (i, rows) in x.chunks_mut(chunk * h).enumerate() {
+            let t = rows.len() / h;
+            self.llm.forward_layers(0..self.layers, rows, t, i * chunk)?;
+        }
+        Ok(x)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::scheduler::Schedule;
 use crate::tensors::{Loader, TensorSource};
 use crate::text_encoder::{PromptTokens, TextEncoder};
 use crate::transformer::{DitConfig, ZImageDit};
-use crate::vae::{VaeConfig, VaeDecoder};
+use crate::vae::{to_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
 use cmf_gpu::Gpu;
@@ -283,6 +283,8 @@ pub enum Event {
 pub struct Timings {
     pub text_encoder: f64,
     pub text_encoder_cpu: f64,
+    /// Whether the text encoder ran on the device.
+    pub te_on_device: bool,
     pub dit_load: f64,
     /// Whether every step ran on the device.
     pub dit_on_device: bool,
@@ -290,6 +292,8 @@ pub struct Timings {
     pub steps_cpu: Vec<f64>,
     pub vae: f64,
     pub vae_cpu: f64,
+    /// Whether the VAE decoded on the device.
+    pub vae_on_device: bool,
     pub total: f64,
 }
 
@@ -348,9 +352,16 @@ pub fn generate(
             negative: neg.clone(),
             max_tokens: plan.max_tokens,
         });
-        let cap = (te.encode(&pos.ids)?, pos.ids.len());
+        let mut dev = te.on_device(gpu, plan.max_tokens);
+        let (feats, on_dev) = te.encode_with(&mut dev, &pos.ids)?;
+        tm.te_on_device = on_dev;
+        let cap = (feats, pos.ids.len());
         let ncap = match &neg {
-            Some(n) => Some((te.encode(&n.ids)?, n.ids.len())),
+            Some(n) => {
+                let (feats, on_dev) = te.encode_with(&mut dev, &n.ids)?;
+                tm.te_on_device &= on_dev;
+                Some((feats, n.ids.len()))
+            }
             None => None,
         };
         (cap, ncap)
@@ -430,7 +441,8 @@ pub fn generate(
     let t0 = Instant::now();
     let c0 = cpu_seconds();
     let vae = pack.vae()?;
-    let rgb = vae.decode_to_rgb(&lat, lh, lw)?;
+    let (rgb, on_device) = decode_image(&vae, gpu, &lat, lh, lw)?;
+    tm.vae_on_device = on_device;
     drop(vae);
     release(pack, "vae.");
     tm.vae = t0.elapsed().as_secs_f64();
@@ -444,6 +456,43 @@ pub fn generate(
         final_latents: lat,
         timings: tm,
     })
+}
+
+/// The VAE decode on the device when it takes the decoder, else (or on any refusal) the CPU.
+/// Returns the RGB bytes and whether the device made them.
+fn decode_image(
+    vae: &VaeDecoder,
+    gpu: &Gpu,
+    lat: &[f32],
+    lh: usize,
+    lw: usize,
+) -> Result<(Vec<u8>, bool), ZimageError> {
+    if gpu.is_active() {
+        if let Ok(mut dev) = gpu.load_vae(&vae.gpu_model()) {
+            let c = &vae.cfg;
+            let z: Vec<f32> = lat
+                .iter()
+                .map(|&v| v / c.scaling_factor + c.shift_factor)
+                .collect();
+            let s = c.scale_factor();
+            let mut img = Tensor3 {
+                c: c.out_channels,
+                h: lh * s,
+                w: lw * s,
+                data: vec![0f32; c.out_channels * lh * s * lw * s],
+            };
+            if dev.decode(&z, lh, lw, &mut img.data).is_ok() {
+                if img.data.iter().any(|v| !v.is_finite()) {
+                    return Err(ZimageError::NonFinite {
+                        stage: "VAE decode (device)".into(),
+                        why: "NaN or infinity in the image".into(),
+                    });
+                }
+                return Ok((to_rgb8(&img), true));
+            }
+        }
+    }
+    Ok((vae.decode_to_rgb(lat, lh, lw)?, false))
 }
 
 /// `pred = pos + g·(pos − neg)` in f32 (diffusers' order); with `norm_clip` c > 0 the whole tensor

@@ -179,6 +179,33 @@ impl<'a> TextEncoder<'a> {
     }
 }
 
+impl TextEncoder<'_> {
+    /// The encoder's layers resident on `gpu`'s device, or None when it refuses.
+    pub fn on_device(&self, gpu: &cmf_gpu::Gpu, max_tokens: usize) -> Option<cmf_llm::gpu::GpuEncoder> {
+        if !gpu.is_active() {
+            return None;
+        }
+        cmf_llm::gpu::GpuEncoder::load(gpu, &self.model, max_tokens)
+    }
+
+    /// [`TextEncoder::encode`] on the device, else (on any refusal) on the CPU; says which.
+    pub fn encode_with(
+        &self,
+        dev: &mut Option<cmf_llm::gpu::GpuEncoder>,
+        ids: &[u32],
+    ) -> Result<(Vec<f32>, bool), ZimageError> {
+        if let Some(d) = dev.as_mut() {
+            if !ids.is_empty() {
+                if let Ok(h) = d.hidden_states(&self.model, ids) {
+                    return Ok((h, true));
+                }
+            }
+            *dev = None;
+        }
+        Ok((self.encode(ids)?, false))
+    }
+}
+
 /// Renders a Hugging Face chat template (Jinja) for one user message with
 /// `add_generation_prompt=True, enable_thinking=True`, as `apply_chat_template` does.
 pub fn render_template(template: &str, prompt: &str) -> Result<String, String> {

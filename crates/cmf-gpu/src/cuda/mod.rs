@@ -102,6 +102,19 @@ impl Backend for CudaBackend {
     fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {
         Ok(Box::new(dit::CudaDit::load(self, model)?))
     }
+
+    fn load_vae(
+        &self,
+        model: &crate::vae::VaeModel,
+    ) -> Result<Box<dyn crate::facade::VaeDevice>, Refusal> {
+        Ok(Box::new(vae::CudaVae::load(self, model)?))
+    }
+}
+
+impl crate::facade::VaeDevice for vae::CudaVae {
+    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+        vae::CudaVae::decode(self, z, h, w, out)
+    }
 }
 
 #[cfg(test)]

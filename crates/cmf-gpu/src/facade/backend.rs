@@ -4,6 +4,7 @@
 
 use super::{DeviceInfo, MemStats, Placement, Refusal};
 use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
+use crate::vae::VaeModel;
 use crate::facade::RefusalReason;
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
 use std::ops::Range;
@@ -42,6 +43,20 @@ pub trait Backend: Send + Sync {
             RefusalReason::UnsupportedShape("this backend has no DiT path".into()),
         ))
     }
+    /// Uploads a VAE decoder. Backends without a VAE path refuse.
+    fn load_vae(&self, _model: &VaeModel) -> Result<Box<dyn VaeDevice>, Refusal> {
+        Err(Refusal::new(
+            "vae.load",
+            RefusalReason::UnsupportedShape("this backend has no VAE path".into()),
+        ))
+    }
+}
+
+/// A VAE decoder resident on a device. Honest refusal: on `Err`, `out` is untouched.
+pub trait VaeDevice: Send {
+    /// `z [latent_channels, h, w]` (already `z / scaling_factor + shift_factor`) into
+    /// `out [out_channels, 8h, 8w]`, before the [-1, 1] → [0, 1] mapping.
+    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal>;
 }
 
 /// A DiT resident on a device: the per-prompt `condition` / `prepare` and the per-step `step`

@@ -16,7 +16,7 @@ mod placement;
 mod probe;
 mod refusal;
 
-pub use backend::{Backend, DitDevice, Footprint, LlmDevice};
+pub use backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
 pub use devices::{
     parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
 };
@@ -319,6 +319,39 @@ impl Gpu {
             dev,
             gate: self.gate.clone(),
         })
+    }
+}
+
+impl Gpu {
+    /// Uploads a VAE decoder (whole). Refuses when no backend runs or it has no VAE path.
+    pub fn load_vae(&self, model: &crate::vae::VaeModel) -> Result<GpuVae, Refusal> {
+        self.check("vae.load")?;
+        let backend = self.backend.as_ref().expect("checked");
+        let dev = backend.load_vae(model).map_err(Refusal::logged)?;
+        Ok(GpuVae {
+            dev,
+            gate: self.gate.clone(),
+        })
+    }
+}
+
+/// A VAE decoder loaded through the facade (trusted, not probed: one upload, one readback).
+pub struct GpuVae {
+    dev: Box<dyn VaeDevice>,
+    gate: Arc<Gate>,
+}
+
+impl std::fmt::Debug for GpuVae {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GpuVae")
+    }
+}
+
+impl GpuVae {
+    /// See [`VaeDevice::decode`].
+    pub fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+        self.gate.check("vae.decode")?;
+        self.dev.decode(z, h, w, out).map_err(Refusal::logged)
     }
 }
 
