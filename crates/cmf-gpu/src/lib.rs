@@ -23,8 +23,8 @@ pub mod llm;
 pub mod vae;
 
 pub use facade::{
-    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuVae, GpuMode,
-    LayerSet, LlmDevice, MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
+    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode,
+    GpuVae, LayerSet, LlmDevice, MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
 };
 pub use llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,

@@ -242,7 +242,10 @@ impl GpuEncoder {
     ) -> std::result::Result<Vec<f32>, Refusal> {
         let h = model.config.hidden_size;
         let vocab = model.config.vocab_size;
-        if tokens.is_empty() || tokens.len() > self.llm.max_context() || tokens.iter().any(|&t| t as usize >= vocab) {
+        if tokens.is_empty()
+            || tokens.len() > self.llm.max_context()
+            || tokens.iter().any(|&t| t as usize >= vocab)
+        {
             return Err(Refusal::new(
                 "llm.forward_layers",
                 cmf_gpu::RefusalReason::UnsupportedShape(format!(
@@ -260,7 +263,8 @@ impl GpuEncoder {
         let chunk = LlmOptions::default().prefill_chunk.max(1);
         for (i, rows) in x.chunks_mut(chunk * h).enumerate() {
             let t = rows.len() / h;
-            self.llm.forward_layers(0..self.layers, rows, t, i * chunk)?;
+            self.llm
+                .forward_layers(0..self.layers, rows, t, i * chunk)?;
         }
         Ok(x)
     }

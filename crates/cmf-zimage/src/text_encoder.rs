@@ -181,7 +181,11 @@ impl<'a> TextEncoder<'a> {
 
 impl TextEncoder<'_> {
     /// The encoder's layers resident on `gpu`'s device, or None when it refuses.
-    pub fn on_device(&self, gpu: &cmf_gpu::Gpu, max_tokens: usize) -> Option<cmf_llm::gpu::GpuEncoder> {
+    pub fn on_device(
+        &self,
+        gpu: &cmf_gpu::Gpu,
+        max_tokens: usize,
+    ) -> Option<cmf_llm::gpu::GpuEncoder> {
         if !gpu.is_active() {
             return None;
         }

@@ -4,9 +4,9 @@
 
 use super::{DeviceInfo, MemStats, Placement, Refusal};
 use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
-use crate::vae::VaeModel;
 use crate::facade::RefusalReason;
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
+use crate::vae::VaeModel;
 use std::ops::Range;
 
 /// Device bytes a model needs, per part (for placement).

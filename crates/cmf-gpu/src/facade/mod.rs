@@ -349,7 +349,13 @@ impl std::fmt::Debug for GpuVae {
 
 impl GpuVae {
     /// See [`VaeDevice::decode`].
-    pub fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+    pub fn decode(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [f32],
+    ) -> Result<(), Refusal> {
         self.gate.check("vae.decode")?;
         self.dev.decode(z, h, w, out).map_err(Refusal::logged)
     }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One H200 session for issue 5 (Z-Image on the device): the GPU parity tests, the DiT step
+# benchmark at the real geometry (cmf-dit-bench), `cmf imagine --gpu cuda` end to end on a
+# full-size random-weight pack made there (`cmf synth --preset z-image-turbo`), and diffusers
+# (../shared/bench/zimage_diffusers.py) on the same card in the same session.
+# Runs on the GPU machine from the repository root, with (built here, stripped, xz-compressed):
+#   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
+#   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
+#             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"), SIZES (default "512 1024").
+set -u
+cd "$(dirname "$0")/.."
+export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+for f in .dev/bin/*.xz .dev/tests/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done
+chmod +x .dev/bin/* .dev/tests/* 2>/dev/null
+T0=$SECONDS
+stamp() { echo "[$((SECONDS-T0)) s] $*"; }
+has() { case " ${PARTS:-tests bench e2e anchor} " in *" $1 "*) return 0;; *) return 1;; esac; }
+SIZES=${SIZES:-512 1024}
+C=./.dev/bin/cmf
+PACK=/tmp/zimage-turbo-random-q8_2f.cmf
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if has e2e && [ ! -f $PACK ]; then
+  ( $C synth --preset z-image-turbo --quant q8_2f -o $PACK > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log ) &
+  SYNTH=$!
+fi
+if has tests; then
+  stamp tests
+  for t in gpu_dit-test gpu_vae-test cmf_gpu-lib cuda-test gpu_parity-test; do
+    [ -x .dev/tests/$t ] || continue
+    ./.dev/tests/$t --nocapture --test-threads 1 > $OUT/$t.log 2>&1; echo "$t rc=$?"
+    grep -E "^test result|FAILED|panicked|skipped|rel err|values off" $OUT/$t.log | head -14
+  done
+fi
+if has bench; then
+  stamp dit bench
+  ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tee $OUT/dit-bench.log
+  CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -3 | tee -a $OUT/dit-bench.log
+fi
+if has e2e; then
+  stamp "waiting for the pack"
+  [ -n "${SYNTH:-}" ] && wait $SYNTH
+  tail -2 $OUT/synth.log; ls -la $PACK
+  PROMPT="A red fox standing in a snowy birch forest at dawn, soft light, highly detailed photograph"
+  for s in $SIZES; do
+    for run in cold warm; do
+      CMF_LOG=debug /usr/bin/time -v $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda \
+        -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
+      echo "imagine ${s}² ($run page cache) rc=$?"; grep -E "^devices|^timing|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
+      grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
+    done
+  done
+fi
+if has anchor; then
+  stamp diffusers
+  pip install --no-index --no-deps --target /tmp/site .anchor/whl/*.whl > /dev/null 2>&1
+  PYTHONPATH=/tmp/site timeout ${ANCHOR_TIMEOUT:-400} python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $(echo $SIZES | tr ' ' ,) 2>&1 | grep -v Warning | tee $OUT/diffusers.log | tail -4
+fi
+stamp done
