@@ -7,7 +7,8 @@
 #   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"), SIZES (default "512 1024").
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"), SIZES (default "512 1024"),
+# ATTN (attention variants to time, default "base k w8").
 set -u
 cd "$(dirname "$0")/.."
 export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
@@ -35,8 +36,11 @@ if has tests; then
 fi
 if has bench; then
   stamp dit bench
-  ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tee $OUT/dit-bench.log
-  CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -3 | tee -a $OUT/dit-bench.log
+  for v in ${ATTN:-base k w8}; do
+    echo "CMF_DIT_ATTN=$v" | tee -a $OUT/dit-bench.log
+    CMF_DIT_ATTN=$v ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
+    CMF_DIT_ATTN=$v CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
+  done
 fi
 if has e2e; then
   stamp "waiting for the pack"
@@ -49,6 +53,7 @@ if has e2e; then
         -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
       echo "imagine ${s}² ($run page cache) rc=$?"; grep -E "^devices|^timing|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
       grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
+      grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
     done
   done
 fi

@@ -1,4 +1,5 @@
-//! The DiT on the device (cmf-gpu's CUDA backend, through the facade) against the CPU path,
+//! The DiT on the device (cmf-gpu's CUDA backend, through the facade) against the CPU path
+//! (and the whole pipeline: text encoder, DiT and VAE on the device),
 //! which the other tests tie to diffusers. Needs a CUDA GPU: without one each test prints
 //! `skipped: …` and passes (CI has none).
 //!
@@ -235,12 +236,18 @@ fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
     }
 }
 
+/// Every attention variant (`CMF_DIT_ATTN`, read when the model loads), then the default.
 #[test]
 fn head_dim_128_batch_of_two_matches_cpu() {
     let (src, cfg) = random_dit_hd128();
-    // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
-    compare(&src, &cfg, &[77, 5], 32, 32, 4);
-    compare(&src, &cfg, &[33], 20, 28, 5);
+    for variant in ["base", "k", "w8", ""] {
+        eprintln!("CMF_DIT_ATTN={variant}");
+        std::env::set_var("CMF_DIT_ATTN", variant);
+        // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
+        compare(&src, &cfg, &[77, 5], 32, 32, 4);
+        compare(&src, &cfg, &[33], 20, 28, 5);
+    }
+    std::env::remove_var("CMF_DIT_ATTN");
 }
 
 /// A refusal after the first device step: that step's output buffer is untouched, the CPU
@@ -281,7 +288,7 @@ fn refusal_at_load_gives_the_cpu_image() {
     gpu.inject_refusal_after(0);
     let dev = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
     let cpu = generate(&pack, &plan, &Gpu::cpu_only(), &mut |_| {}).unwrap();
-    assert!(!dev.timings.dit_on_device);
+    assert!(!dev.timings.dit_on_device && !dev.timings.te_on_device && !dev.timings.vae_on_device);
     assert_eq!(dev.rgb, cpu.rgb);
 }
 

@@ -154,13 +154,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("{}: {}x{}", args.output.display(), out.width, out.height);
     let steps_cpu: f64 = tm.steps_cpu.iter().sum();
     let device = gpu.info().map(|i| i.name).unwrap_or_else(|| "cpu".into());
+    let on = |b: bool| if b { device.as_str() } else { "cpu" };
     println!(
-        "devices: text encoder cpu, DiT {}, VAE cpu",
-        if tm.dit_on_device {
-            device.as_str()
-        } else {
-            "cpu"
-        }
+        "devices: text encoder {}, DiT {}, VAE {}",
+        on(tm.te_on_device),
+        on(tm.dit_on_device),
+        on(tm.vae_on_device)
     );
     println!(
         "timing: text encoder {:.2} s, conditioning {:.2} s, {} steps {:.2} s (median {:.2} s/step), VAE {:.2} s, total {:.2} s{}",

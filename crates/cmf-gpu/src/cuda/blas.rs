@@ -120,6 +120,48 @@ impl Blas {
     }
 }
 
+impl Blas {
+    /// As [`Blas::gemm`] with bf16 operands, writing y as bf16 (f32 accumulation), no accumulate.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_out(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        t_n: usize,
+        k: usize,
+        ldc: usize,
+    ) -> DResult<()> {
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: pointers are device buffers sized by the caller for these shapes.
+        let s = unsafe {
+            cb::cublasGemmEx(
+                self.handle,
+                cb::cublasOperation_t::CUBLAS_OP_T,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                rows as i32,
+                t_n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                cb::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                x as *const c_void,
+                cb::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                cb::cudaDataType::CUDA_R_16BF,
+                ldc as i32,
+                cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        check(s, "cuBLAS GEMM (bf16 out)")
+    }
+}
+
 impl Drop for Blas {
     fn drop(&mut self) {
         // SAFETY: created in new(), destroyed once.

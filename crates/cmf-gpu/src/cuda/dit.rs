@@ -18,7 +18,7 @@
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
 use super::kernels::{fa2_smem, Func, Module, ATTENTION, DIT, ROWOPS};
-use super::weights::{self, DevWeight};
+use super::weights::{DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::dit::{
     pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitStepItem,
@@ -46,13 +46,14 @@ struct Kernels {
     rms_mod: Func,
     residual_norm: Func,
     qk_norm_rope: Func,
-    gather: Func,
     swiglu: Func,
     bias_pad: Func,
     add_bias: Func,
     rms: Func,
     final_norm: Func,
+    /// The attention variant (`CMF_DIT_ATTN`) and its warps per block.
     attn: Func,
+    attn_warps: u32,
     dequant: Func,
     _mods: Vec<Module>,
 }
@@ -67,22 +68,33 @@ impl Kernels {
         let dit = Module::load(dev, "dit", DIT, &defs)?;
         let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
         let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
-        let fa = attn.func("attn_full_fa2")?;
+        let (name, warps) = attention_variant();
+        let fa = attn.func(name)?;
         fa.allow_smem(fa2_smem(hd))?;
         Ok(Kernels {
             rms_mod: dit.func("rms_mod_bf16")?,
             residual_norm: dit.func("residual_norm")?,
             qk_norm_rope: dit.func("qk_norm_rope")?,
-            gather: dit.func("gather_bf16")?,
             swiglu: dit.func("swiglu_bf16")?,
             bias_pad: dit.func("bias_pad_rows")?,
             add_bias: dit.func("add_bias")?,
             rms: dit.func("rms_bf16")?,
             final_norm: dit.func("final_norm_bf16")?,
             attn: fa,
+            attn_warps: warps,
             dequant: rows.func("dequant_rows")?,
             _mods: vec![dit, attn, rows],
         })
+    }
+}
+
+/// `CMF_DIT_ATTN`: `base` (4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8`
+/// (8 warps = 128 queries per block, ldmatrix). Default: `base`.
+fn attention_variant() -> (&'static str, u32) {
+    match std::env::var("CMF_DIT_ATTN").as_deref() {
+        Ok("k") => ("attn_full_fa2_k", 4),
+        Ok("w8") => ("attn_full_fa2_w8", 8),
+        _ => ("attn_full_fa2", 4),
     }
 }
 
@@ -113,7 +125,6 @@ struct Work {
     hb: DBuf,
     qkv: DBuf,
     q: DBuf,
-    a: DBuf,
     kc: DBuf,
     vc: DBuf,
     g: DBuf,
@@ -126,8 +137,19 @@ struct Pass<'p> {
     map: u64,
     cos: u64,
     sin: u64,
-    /// (J, L) of every item's attention sequence.
-    segs: &'p [(usize, usize)],
+    /// Every item's attention sequence.
+    segs: &'p [Seg],
+}
+
+/// One item's attention sequence: joint rows `j .. j + l`; its first `np` rows are X rows
+/// `img_row0 ..`, the rest X rows `cap_row0 ..`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seg {
+    j: usize,
+    l: usize,
+    img_row0: usize,
+    np: usize,
+    cap_row0: usize,
 }
 
 /// What `prepare` set up.
@@ -197,11 +219,8 @@ fn check_model(m: &DitModel) -> Result<(), Refusal> {
             format!("head dim {hd}: the device attention needs a multiple of 16 up to 128"),
         ));
     }
-    if g.dim % 32 != 0 || g.ffn % 32 != 0 || g.adaln_dim % 32 != 0 {
-        return Err(refuse(
-            op,
-            "dim, ffn and the adaLN width must be multiples of 32",
-        ));
+    if g.dim % 8 != 0 {
+        return Err(refuse(op, "dim must be a multiple of 8"));
     }
     let mut all: Vec<(String, &Weight)> = vec![
         ("x_embedder".into(), &m.x_embedder.w),
@@ -238,8 +257,13 @@ fn check_model(m: &DitModel) -> Result<(), Refusal> {
             }
         }
     }
+    // Any column count: matrices whose columns the device dequantiser cannot take (not a
+    // multiple of 32, e.g. the tiny fixture's FFN of 341) are expanded to bf16 on the host.
     for (name, w) in all {
-        weights::check(w, &name).map_err(|r| Refusal::new(op, r.reason))?;
+        DevCodec::of(w.dtype).map_err(|r| Refusal::new(op, r))?;
+        if w.rows == 0 || w.cols == 0 {
+            return Err(refuse(op, format!("{name}: empty matrix")));
+        }
     }
     let (d, f) = (g.dim, g.ffn);
     for b in m
@@ -388,12 +412,11 @@ impl CudaDit {
             rows,
             o: self.dev.alloc(rows * d * 4)?,
             hb: self.dev.alloc(rows * hb_w * 2)?,
-            qkv: self.dev.alloc(rows * 3 * d * 4)?,
+            qkv: self.dev.alloc(rows * 3 * d * 2)?,
             q: self.dev.alloc(rows * d * 4)?,
-            a: self.dev.alloc(rows * d * 4)?,
             kc: self.dev.alloc(rows * d * 2)?,
             vc: self.dev.alloc(rows * d * 2)?,
-            g: self.dev.alloc(rows * 2 * f * 4)?,
+            g: self.dev.alloc(rows * 2 * f * 2)?,
         })
     }
 
@@ -435,7 +458,8 @@ impl CudaDit {
         for (i, b) in blocks.iter().enumerate() {
             let m = mods[i];
             let t = self.prof_start()?;
-            self.gemm(&b.qkv, 3 * d, d, w.hb.ptr(), w.qkv.ptr(), r)?;
+            self.blas
+                .gemm_bf16_out(b.qkv.ptr(), w.hb.ptr(), w.qkv.ptr(), 3 * d, r, d, 3 * d)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -459,39 +483,29 @@ impl CudaDit {
             )?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            for &(j, l) in p.segs {
+            for sg in p.segs {
+                let warps = self.k.attn_warps;
                 self.launch(
                     &self.k.attn,
-                    (l.div_ceil(64) as u32, nh as u32, 1),
-                    128,
+                    (sg.l.div_ceil(16 * warps as usize) as u32, nh as u32, 1),
+                    32 * warps,
                     fa2_smem(hd) as u32,
                     &[
-                        Arg::Ptr(w.q.at(j * d * 4)),
-                        Arg::Ptr(w.kc.at(j * d * 2)),
-                        Arg::Ptr(w.vc.at(j * d * 2)),
-                        Arg::I32(l as i32),
-                        Arg::I32(l as i32),
+                        Arg::Ptr(w.q.at(sg.j * d * 4)),
+                        Arg::Ptr(w.kc.at(sg.j * d * 2)),
+                        Arg::Ptr(w.vc.at(sg.j * d * 2)),
+                        Arg::I32(sg.l as i32),
+                        Arg::I32(sg.l as i32),
                         Arg::F32(scale),
                         Arg::I32(nh as i32),
-                        Arg::Ptr(w.a.at(j * d * 4)),
+                        Arg::I32(sg.img_row0 as i32),
+                        Arg::I32(sg.np as i32),
+                        Arg::I32(sg.cap_row0 as i32),
+                        Arg::Ptr(w.hb.ptr()),
                     ],
                 )?;
             }
             self.prof_stop(t, ATTN)?;
-            let t = self.prof_start()?;
-            self.launch(
-                &self.k.gather,
-                rows_grid,
-                ROW_THREADS,
-                0,
-                &[
-                    Arg::Ptr(w.a.ptr()),
-                    Arg::Ptr(p.map),
-                    Arg::I32(d as i32),
-                    Arg::Ptr(w.hb.ptr()),
-                ],
-            )?;
-            self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             self.gemm(&b.out, d, d, w.hb.ptr(), w.o.ptr(), r)?;
             self.prof_stop(t, GEMM)?;
@@ -499,7 +513,8 @@ impl CudaDit {
             self.residual(p, w, &b.n2, m, 1, Some((&b.f1, m, 2)), mod_stride)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.gemm(&b.w13, 2 * f, d, w.hb.ptr(), w.g.ptr(), r)?;
+            self.blas
+                .gemm_bf16_out(b.w13.ptr(), w.hb.ptr(), w.g.ptr(), 2 * f, r, d, 2 * f)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -607,7 +622,13 @@ impl CudaDit {
         let cos = dev.upload_new(bytes_of(rope.cos))?;
         let sin = dev.upload_new(bytes_of(rope.sin))?;
         if !self.ctx.is_empty() {
-            let segs = [(0usize, lp)];
+            let segs = [Seg {
+                j: 0,
+                l: lp,
+                img_row0: 0,
+                np: lp,
+                cap_row0: 0,
+            }];
             let pass = Pass {
                 x: rows.ptr(),
                 rows: lp,
@@ -816,8 +837,13 @@ fn layout_rows(np: usize, items: &[(CondId, usize, usize)], active: &[usize]) ->
     let mut caps = Vec::with_capacity(n);
     for (k, &s) in active.iter().enumerate() {
         let (_, lp, ro) = items[s];
-        segs_main.push((joint, np + lp));
-        segs_nr.push((k * np, np));
+        segs_nr.push(Seg {
+            j: k * np,
+            l: np,
+            img_row0: k * np,
+            np,
+            cap_row0: 0,
+        });
         caps.push((k, joint, lp, ro));
         joint += np + lp;
     }
@@ -831,6 +857,13 @@ fn layout_rows(np: usize, items: &[(CondId, usize, usize)], active: &[usize]) ->
     let mut cap_row = n * np;
     for &(k, j, lp, ro) in &caps {
         cap_rows.push(cap_row);
+        segs_main.push(Seg {
+            j,
+            l: np + lp,
+            img_row0: k * np,
+            np,
+            cap_row0: cap_row,
+        });
         for q in 0..lp {
             let pos = np + q;
             main.extend([k, j, np + lp, pos, ro + pos].map(|v| v as i32));
@@ -850,8 +883,8 @@ fn layout_rows(np: usize, items: &[(CondId, usize, usize)], active: &[usize]) ->
 struct Layout {
     main: Vec<i32>,
     nr: Vec<i32>,
-    segs_main: Vec<(usize, usize)>,
-    segs_nr: Vec<(usize, usize)>,
+    segs_main: Vec<Seg>,
+    segs_nr: Vec<Seg>,
     /// First X row of each active item's caption.
     cap_rows: Vec<usize>,
     rows: usize,
@@ -886,6 +919,17 @@ fn weight_bytes(m: &DitModel) -> u64 {
         .sum::<u64>()
 }
 
+/// `w` decoded to bf16 bytes on the host (the slow path for odd column counts).
+fn host_bf16(w: &Weight) -> Vec<u8> {
+    let mut row = vec![0f32; w.cols];
+    let mut out = Vec::with_capacity(w.rows * w.cols * 2);
+    for r in 0..w.rows {
+        cmf_kernels::reference::decode_row(w, r, &mut row);
+        out.extend(row.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()));
+    }
+    out
+}
+
 /// Weight upload: any codec → a bf16 plane on the device.
 struct Uploader<'u> {
     dev: &'u Dev,
@@ -908,6 +952,8 @@ impl Uploader<'_> {
             let dst = plane.at(r0 * cols * 2);
             if w.dtype == Dtype::Bf16 {
                 self.dev.upload(dst, w.data)?;
+            } else if w.cols % 32 != 0 {
+                self.dev.upload(dst, &host_bf16(w))?;
             } else {
                 let tmp = DevWeight::upload(self.dev, w)?;
                 let n = w.rows * cols;
@@ -1077,8 +1123,20 @@ mod tests {
         let items = prepared_stub(np, &[32, 64]);
         let lay = layout_for(np, &items, &[0, 1]);
         assert_eq!(lay.rows, 2 * np + 32 + 64);
-        assert_eq!(lay.segs_main, vec![(0, 64), (64, 96)]);
-        assert_eq!(lay.segs_nr, vec![(0, 32), (32, 32)]);
+        let jl = |v: &[Seg]| v.iter().map(|s| (s.j, s.l)).collect::<Vec<_>>();
+        assert_eq!(jl(&lay.segs_main), vec![(0, 64), (64, 96)]);
+        assert_eq!(jl(&lay.segs_nr), vec![(0, 32), (32, 32)]);
+        // Attention writes item 1's image rows at X row 32, its caption rows at X row 96.
+        assert_eq!(
+            lay.segs_main[1],
+            Seg {
+                j: 64,
+                l: 96,
+                img_row0: 32,
+                np: 32,
+                cap_row0: 96
+            }
+        );
         assert_eq!(lay.cap_rows, vec![64, 96]);
         let row = |m: &[i32], r: usize| m[r * MAPW..(r + 1) * MAPW].to_vec();
         // item 1's first image row: X row 32, joint J = 64, L = 96, p = 0, rope row 64.
@@ -1094,7 +1152,7 @@ mod tests {
         assert_eq!(row(&lay.nr, 33), vec![1, 32, 32, 1, 65]);
         // Only the negative item (CFG truncation off-steps use a subset).
         let lay = layout_for(np, &items, &[1]);
-        assert_eq!(lay.segs_main, vec![(0, 96)]);
+        assert_eq!(jl(&lay.segs_main), vec![(0, 96)]);
         assert_eq!(row(&lay.main, 0), vec![0, 0, 96, 0, 64]);
     }
 

@@ -451,6 +451,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -463,13 +468,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32* r, const void* p) {
 // Grid (ceil(T/64), NH), 128 threads, dynamic smem 2 × 2 × 64 × (HD + 8) halves.
 // CAUSAL = false (attn_full_fa2, the DiT): every query sees keys 0..T of its cache; start and
 // window are ignored.
-template <bool CAUSAL>
+// XOUT (the DiT): the output goes to out_b as bf16 at X row `xrow(r)` = r < np ? img_row0 + r :
+// cap_row0 + r − np (the item's image rows, then its caption rows, where the DiT keeps them).
+// NW: warps per block (16 query rows each). LDK: K fragments through ldmatrix.x4 (two k-steps
+// per instruction) instead of 32-bit shared loads (needs HD a multiple of 32).
+template <bool CAUSAL, bool XOUT, int NW, bool LDK>
 __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u16* vc, int T, int start, int window,
-                                         int S_max, float scale, int NH, float* out) {
+                                         int S_max, float scale, int NH, float* out, int img_row0, int np,
+                                         int cap_row0, u16* out_b) {
     extern __shared__ __align__(16) u16 fsm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tg = lane & 3;
     const int h = blockIdx.y, kvh = h / GQA;
-    const int qb = blockIdx.x * FA_BQ, qw = qb + warp * 16;
+    const int qb = blockIdx.x * (16 * NW), qw = qb + warp * 16;
     const float sl2 = scale * 1.4426950408889634f;
     const int TILE = FA_BK * KS;  // halves per K (or V) tile
 
@@ -495,7 +505,7 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const int p0 = start + qw + g, p1 = p0 + 8;
-    const int k_end = CAUSAL ? start + min(T, qb + FA_BQ) : T;
+    const int k_end = CAUSAL ? start + min(T, qb + 16 * NW) : T;
     int k_lo = CAUSAL && window > 0 ? max(0, start + qb - window + 1) : 0;
     k_lo &= ~(FA_BK - 1);
 
@@ -503,8 +513,7 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
         u16* Kd = fsm + stage * 2 * TILE;
         u16* Vd = Kd + TILE;
 #pragma unroll
-        for (int it = 0; it < FA_BK * HD / 8 / 128; it++) {
-            int i = threadIdx.x + it * 128;
+        for (int i = threadIdx.x; i < FA_BK * HD / 8; i += 32 * NW) {
             int r = i / (HD / 8), c8 = (i % (HD / 8)) * 8, key = kt + r;
             bool ok = key < k_end;
             size_t off = ((size_t)kvh * S_max + (ok ? key : 0)) * HD + c8;
@@ -527,11 +536,24 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
 #pragma unroll
         for (int nt = 0; nt < FA_BK / 8; nt++) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-            const u16* kr = Ks + (nt * 8 + g) * KS + tg * 2;
+            if (LDK && HD % 32 == 0) {
+                // Matrix m = lane >> 3 of the x4 load is keys nt·8 + (lane & 7), dims kk·16 + 8m:
+                // b0, b1 of k-step kk, then of kk + 1.
+                const u16* kr = Ks + (nt * 8 + (lane & 7)) * KS + (lane >> 3) * 8;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                u32 b0 = *(const u32*)(kr + kk * 16), b1 = *(const u32*)(kr + kk * 16 + 8);
-                mma16816(s[nt], qa[kk], b0, b1);
+                for (int kk = 0; kk < HD / 16; kk += 2) {
+                    u32 b[4];
+                    ldmatrix_x4(b, kr + kk * 16);
+                    mma16816(s[nt], qa[kk], b[0], b[1]);
+                    mma16816(s[nt], qa[kk + 1], b[2], b[3]);
+                }
+            } else {
+                const u16* kr = Ks + (nt * 8 + g) * KS + tg * 2;
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    u32 b0 = *(const u32*)(kr + kk * 16), b1 = *(const u32*)(kr + kk * 16 + 8);
+                    mma16816(s[nt], qa[kk], b0, b1);
+                }
             }
         }
         float mx0 = NEG_INF, mx1 = NEG_INF;
@@ -594,6 +616,22 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
     l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
     const int r0 = qw + g, r1 = r0 + 8;
+    if (XOUT) {
+        const float i0 = 1.f / l0, i1 = 1.f / l1;
+        const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
+        const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            int d = dn * 8 + tg * 2;
+            if (r0 < T)
+                *(u32*)(out_b + ((size_t)x0 * NH + h) * HD + d) =
+                    (u32)f32_to_bf16(o[dn][0] * i0) | ((u32)f32_to_bf16(o[dn][1] * i0) << 16);
+            if (r1 < T)
+                *(u32*)(out_b + ((size_t)x1 * NH + h) * HD + d) =
+                    (u32)f32_to_bf16(o[dn][2] * i1) | ((u32)f32_to_bf16(o[dn][3] * i1) << 16);
+        }
+        return;
+    }
 #pragma unroll
     for (int dn = 0; dn < HD / 8; dn++) {
         int d = dn * 8 + tg * 2;
@@ -613,13 +651,22 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
 extern "C" __global__ void __launch_bounds__(128)
 attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
                  int NH, float* out) {
-    fa2_body<true>(q, kc, vc, T, start, window, S_max, scale, NH, out);
+    fa2_body<true, false, 4, false>(q, kc, vc, T, start, window, S_max, scale, NH, out, 0, 0, 0, nullptr);
 }
 
 // Non-causal attention of T queries over the T keys of their own cache slice (the Z-Image
-// DiT: q [T, NH, HD] f32, k/v [NH, S_max, HD] f16, out [T, NH, HD] f32). Same grid and smem.
-extern "C" __global__ void __launch_bounds__(128)
-attn_full_fa2(const float* q, const u16* kc, const u16* vc, int T, int S_max, float scale, int NH, float* out) {
-    fa2_body<false>(q, kc, vc, T, 0, 0, S_max, scale, NH, out);
-}
+// DiT: q [T, NH, HD] f32, k/v [NH, S_max, HD] f16), written as bf16 rows of the next GEMM's
+// input out_b [*, NH·HD] at the X rows of the item (see fa2_body). Same grid and smem.
+// Variants (CMF_DIT_ATTN): 4 warps with 32-bit K loads, 4 warps with ldmatrix K loads, 8 warps
+// (128 queries per block: each K/V tile is staged once for twice the queries) with ldmatrix.
+#define ATTN_FULL(NAME, NWARPS, LDKF)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * NWARPS)                                                 \
+    NAME(const float* q, const u16* kc, const u16* vc, int T, int S_max, float scale, int NH, int img_row0, \
+         int np, int cap_row0, u16* out_b) {                                                                  \
+        fa2_body<false, true, NWARPS, LDKF>(q, kc, vc, T, 0, 0, S_max, scale, NH, nullptr, img_row0, np,    \
+                                            cap_row0, out_b);                                                 \
+    }
+ATTN_FULL(attn_full_fa2, 4, false)
+ATTN_FULL(attn_full_fa2_k, 4, true)
+ATTN_FULL(attn_full_fa2_w8, 8, true)
 #endif

@@ -9,7 +9,8 @@
 //   `rope_row` of the cos/sin tables.
 // Attention runs per item over its own joint sequence (attn_full_fa2 in attention.cu), so Q is
 // written in joint order (row J + p) and K/V into the item's [NH, L, HD] f16 slice at offset
-// NH·J·HD; `gather_bf16` brings the attention output back to X order for the O projection.
+// NH·J·HD; the attention kernel writes its bf16 output straight back at the X rows.
+// The q|k|v and w1|w3 GEMMs write bf16 (half the bytes of f32 for the kernels that read them).
 // Modulation (adaLN): `mod` points at one block's [4, D] slice of item 0; item i's slice is
 // `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp (raw Linear
 // outputs: the kernels apply 1 + scale and tanh(gate), as diffusers does). mod = 0: unmodulated
@@ -88,7 +89,7 @@ extern "C" __global__ void residual_norm(float* x, const float* o, const float* 
 // HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
 // Grid (ceil(3·NH / 4), R), 128 threads: one warp per (row, q|k|v head).
 extern "C" __global__ void __launch_bounds__(128)
-qk_norm_rope(const float* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
+qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
              const float* sinb, const int* map, int NH, float* q_out, u16* kc, u16* vc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int u = blockIdx.x * 4 + warp;
@@ -98,15 +99,16 @@ qk_norm_rope(const float* qkv, const float* norm_q, const float* norm_k, float e
     const int* m = map + r * MAPW;
     const long long J = m[1], L = m[2], p = m[3], rr = m[4];
     const int D = NH * HD;
-    const float* src = qkv + r * 3 * D + kind * D + h * HD;
-    // Each lane holds pairs (2·(lane + 32·k), +1): coalesced float2 loads.
+    const u16* src = qkv + r * 3 * D + kind * D + h * HD;
+    // Each lane holds pairs (2·(lane + 32·k), +1): coalesced 4-byte loads of two bf16.
     constexpr int PL = (HD / 2 + 31) / 32;
     float2 v[PL];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < PL; k++) {
         int j = lane + 32 * k;
-        v[k] = j < HD / 2 ? *(const float2*)(src + 2 * j) : make_float2(0.f, 0.f);
+        u32 pr = j < HD / 2 ? *(const u32*)(src + 2 * j) : 0u;
+        v[k] = make_float2(bf16_to_f32((u16)(pr & 0xffff)), bf16_to_f32((u16)(pr >> 16)));
         ss += v[k].x * v[k].x + v[k].y * v[k].y;
     }
     if (kind < 2) {
@@ -137,20 +139,12 @@ qk_norm_rope(const float* qkv, const float* norm_q, const float* norm_k, float e
     }
 }
 
-// out_b[r] = bf16(a[J + p])  (R blocks): attention output from joint order back to X order.
-extern "C" __global__ void gather_bf16(const float* a, const int* map, int D, u16* out_b) {
-    const long long r = blockIdx.x;
-    const int* m = map + r * MAPW;
-    const float* src = a + ((long long)m[1] + m[3]) * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16(src[i]);
-}
-
-// gu [R, 2F] (w1 | w3 per row) → out_b[r, i] = bf16(silu(gu[r, i]) · gu[r, F + i]).
-extern "C" __global__ void swiglu_bf16(const float* gu, int F, long long R, u16* out_b) {
+// gu [R, 2F] bf16 (w1 | w3 per row) → out_b[r, i] = bf16(silu(gu[r, i]) · gu[r, F + i]).
+extern "C" __global__ void swiglu_bf16(const u16* gu, int F, long long R, u16* out_b) {
     const long long n = R * F;
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
         long long r = k / F, i = k - r * F;
-        out_b[k] = f32_to_bf16(silu(gu[r * 2 * F + i]) * gu[r * 2 * F + F + i]);
+        out_b[k] = f32_to_bf16(silu(bf16_to_f32(gu[r * 2 * F + i])) * bf16_to_f32(gu[r * 2 * F + F + i]));
     }
 }
 
