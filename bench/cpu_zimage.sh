@@ -117,7 +117,7 @@ for e in engines.split():
         r["te"] = f(r"text encoder ([\d.]+) s", tl)
         r["step"] = f(r"median ([\d.]+) s/step", tl)
         r["vae"] = f(r"VAE ([\d.]+) s", tl)
-        r["total"] = f(r"total ([\d.]+) s", tl)
+        r["total"] = f(r"process ([\d.]+) s", tl)
         r["te_cpu"] = f(r"text encoder ([\d.]+) s", cl)
         r["step_cpu"] = f(r"\(([\d.]+) s/step\)", cl)
         r["vae_cpu"] = f(r"VAE ([\d.]+) s", cl)

@@ -7,7 +7,7 @@
 #   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"), SIZES (default "512 1024"),
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench"), SIZES (default "512 1024"),
 # ATTN (attention variants to time, default "base k w8").
 set -u
 cd "$(dirname "$0")/.."
@@ -23,8 +23,11 @@ C=./.dev/bin/cmf
 PACK=/tmp/zimage-turbo-random-q8_2f.cmf
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if has e2e && [ ! -f $PACK ]; then
-  ( $C synth --preset z-image-turbo --quant q8_2f -o $PACK > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log ) &
+  ( nice -n 19 $C synth --preset z-image-turbo --quant q8_2f -o $PACK > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log ) &
   SYNTH=$!
+fi
+if has vaebench; then
+  CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee $OUT/vae-bench.log | tail -6
 fi
 if has tests; then
   stamp tests
@@ -42,24 +45,26 @@ if has bench; then
     CMF_DIT_ATTN=$v CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
   done
 fi
+if has anchor; then
+  stamp diffusers
+  pip install --no-index --no-deps --target /tmp/site .anchor/whl/*.whl > /dev/null 2>&1
+  PYTHONPATH=/tmp/site timeout ${ANCHOR_TIMEOUT:-400} python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $(echo $SIZES | tr ' ' ,) 2>&1 | grep -v Warning | tee $OUT/diffusers.log | tail -4
+fi
 if has e2e; then
   stamp "waiting for the pack"
   [ -n "${SYNTH:-}" ] && wait $SYNTH
   tail -2 $OUT/synth.log; ls -la $PACK
   PROMPT="A red fox standing in a snowy birch forest at dawn, soft light, highly detailed photograph"
   for s in $SIZES; do
-    for run in cold warm; do
+    # First process: the pack's pages come from disk (cold page cache after synth's write-back
+    # may still hold them); second: warm page cache. Each: 1 cold run (uploads) + 3 warm runs.
+    for run in 1 2; do
       CMF_LOG=debug /usr/bin/time -v $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda \
-        -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
-      echo "imagine ${s}² ($run page cache) rc=$?"; grep -E "^devices|^timing|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
+        --repeat 4 -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
+      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
       grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
       grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
     done
   done
-fi
-if has anchor; then
-  stamp diffusers
-  pip install --no-index --no-deps --target /tmp/site .anchor/whl/*.whl > /dev/null 2>&1
-  PYTHONPATH=/tmp/site timeout ${ANCHOR_TIMEOUT:-400} python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $(echo $SIZES | tr ' ' ,) 2>&1 | grep -v Warning | tee $OUT/diffusers.log | tail -4
 fi
 stamp done

@@ -32,6 +32,19 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         h: usize,
         w: usize,
     ) -> Denoiser<'d, 'a> {
+        Self::with_resident(dit, gpu, None, caps, h, w)
+    }
+
+    /// As [`Denoiser::new`], reusing `resident` (the same model, loaded by an earlier run and
+    /// handed back by [`Denoiser::into_device`]) instead of uploading the weights again.
+    pub fn with_resident(
+        dit: &'d ZImageDit<'a>,
+        gpu: &Gpu,
+        resident: Option<GpuDit>,
+        caps: Vec<(Vec<f32>, usize)>,
+        h: usize,
+        w: usize,
+    ) -> Denoiser<'d, 'a> {
         let mut d = Denoiser {
             dit,
             caps,
@@ -41,9 +54,23 @@ impl<'d, 'a> Denoiser<'d, 'a> {
             cpu_conds: None,
         };
         if gpu.is_active() {
-            d.device = d.setup_device(gpu);
+            let dev = match resident {
+                Some(mut r) => {
+                    r.release();
+                    Some(r)
+                }
+                None => gpu.load_dit(&dit.device_model()).ok(),
+            };
+            d.device = dev.and_then(|dev| d.setup_device(dev));
         }
         d
+    }
+
+    /// The resident model, for the next run (None when the run ended on the CPU).
+    pub fn into_device(self) -> Option<GpuDit> {
+        let mut dev = self.device?;
+        dev.release();
+        Some(dev)
     }
 
     /// Whether steps run on the device (so far).
@@ -51,8 +78,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         self.device.is_some()
     }
 
-    fn setup_device(&self, gpu: &Gpu) -> Option<GpuDit> {
-        let mut dev = gpu.load_dit(&self.dit.device_model()).ok()?;
+    fn setup_device(&self, mut dev: GpuDit) -> Option<GpuDit> {
         let mut conds: Vec<CondId> = Vec::new();
         let mut ropes = Vec::new();
         for (cap, len) in &self.caps {

@@ -16,7 +16,8 @@ use crate::transformer::{DitConfig, ZImageDit};
 use crate::vae::{to_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
-use cmf_gpu::Gpu;
+use cmf_gpu::{Gpu, GpuDit, GpuVae};
+use cmf_llm::gpu::GpuEncoder;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -318,11 +319,31 @@ pub struct Generated {
     pub timings: Timings,
 }
 
+/// Models kept resident on the device between runs over the same pack (`cmf imagine
+/// --repeat`): the second image skips every upload.
+#[derive(Default)]
+pub struct Resident {
+    te: Option<GpuEncoder>,
+    dit: Option<GpuDit>,
+    vae: Option<GpuVae>,
+}
+
 /// Runs `plan` on `pack`; stages run on `gpu`'s device where it takes them (else the CPU).
 pub fn generate(
     pack: &ZimagePack,
     plan: &Plan,
     gpu: &Gpu,
+    events: &mut dyn FnMut(Event),
+) -> Result<Generated, ZimageError> {
+    generate_with(pack, plan, gpu, &mut Resident::default(), events)
+}
+
+/// [`generate`], keeping the device models in `resident` for the next call on the same pack.
+pub fn generate_with(
+    pack: &ZimagePack,
+    plan: &Plan,
+    gpu: &Gpu,
+    resident: &mut Resident,
     events: &mut dyn FnMut(Event),
 ) -> Result<Generated, ZimageError> {
     let t_all = Instant::now();
@@ -352,7 +373,10 @@ pub fn generate(
             negative: neg.clone(),
             max_tokens: plan.max_tokens,
         });
-        let mut dev = te.on_device(gpu, plan.max_tokens);
+        let mut dev = match resident.te.take() {
+            Some(d) => Some(d),
+            None => te.on_device(gpu, plan.max_tokens),
+        };
         let (feats, on_dev) = te.encode_with(&mut dev, &pos.ids)?;
         tm.te_on_device = on_dev;
         let cap = (feats, pos.ids.len());
@@ -364,6 +388,7 @@ pub fn generate(
             }
             None => None,
         };
+        resident.te = dev;
         (cap, ncap)
     };
     release(pack, "te.");
@@ -398,7 +423,7 @@ pub fn generate(
     let n_caps = if ncap.is_some() { 2 } else { 1 };
     let mut caps = vec![cap];
     caps.extend(ncap);
-    let mut denoiser = Denoiser::new(&dit, gpu, caps, lh, lw);
+    let mut denoiser = Denoiser::with_resident(&dit, gpu, resident.dit.take(), caps, lh, lw);
     tm.dit_on_device = denoiser.on_device();
     tm.dit_load = t0.elapsed().as_secs_f64();
     let sched = Schedule::new(plan.steps, plan.shift);
@@ -427,7 +452,7 @@ pub fn generate(
             cfg: cfg_now,
         });
     }
-    drop(denoiser);
+    resident.dit = denoiser.into_device();
     drop(dit);
     release(pack, "dit.");
     if let Some(i) = lat.iter().position(|v| !v.is_finite()) {
@@ -441,7 +466,7 @@ pub fn generate(
     let t0 = Instant::now();
     let c0 = cpu_seconds();
     let vae = pack.vae()?;
-    let (rgb, on_device) = decode_image(&vae, gpu, &lat, lh, lw)?;
+    let (rgb, on_device) = decode_image(&vae, gpu, &mut resident.vae, &lat, lh, lw)?;
     tm.vae_on_device = on_device;
     drop(vae);
     release(pack, "vae.");
@@ -463,12 +488,16 @@ pub fn generate(
 fn decode_image(
     vae: &VaeDecoder,
     gpu: &Gpu,
+    resident: &mut Option<GpuVae>,
     lat: &[f32],
     lh: usize,
     lw: usize,
 ) -> Result<(Vec<u8>, bool), ZimageError> {
-    if gpu.is_active() {
-        if let Ok(mut dev) = gpu.load_vae(&vae.gpu_model()) {
+    if gpu.is_active() && resident.is_none() {
+        *resident = gpu.load_vae(&vae.gpu_model()).ok();
+    }
+    if let Some(dev) = resident.as_mut() {
+        {
             let c = &vae.cfg;
             let z: Vec<f32> = lat
                 .iter()
@@ -491,6 +520,7 @@ fn decode_image(
                 return Ok((to_rgb8(&img), true));
             }
         }
+        *resident = None;
     }
     Ok((vae.decode_to_rgb(lat, lh, lw)?, false))
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cmf_zimage::pipeline::{generate, write_png, Event, Plan, Request, ZimagePack};
+use cmf_zimage::pipeline::{generate_with, write_png, Event, Plan, Request, Resident, ZimagePack};
 use cmf_zimage::ZimageError;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -47,6 +47,10 @@ pub struct Args {
     /// Output PNG.
     #[arg(long, short, default_value = "out.png")]
     output: PathBuf,
+    /// Generate the image N times in this process, the device models staying resident: the
+    /// first run is cold (uploads), the rest warm; prints both (benchmarking).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    repeat: usize,
     /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
     /// Default: $CMF_GPU (0, 1, cuda), else auto.
     #[arg(long = "gpu", value_name = "MODE")]
@@ -140,7 +144,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Event::Decoded { .. } => {}
     };
-    let out = generate(&pack, &plan, &gpu, &mut on_event).map_err(classify)?;
+    if args.repeat == 0 {
+        return Err(UsageError("--repeat: must be at least 1".into()).into());
+    }
+    let mut resident = Resident::default();
+    let mut runs = Vec::with_capacity(args.repeat);
+    let mut out = None;
+    for _ in 0..args.repeat {
+        let t = Instant::now();
+        out = Some(
+            generate_with(&pack, &plan, &gpu, &mut resident, &mut on_event).map_err(classify)?,
+        );
+        runs.push(t.elapsed().as_secs_f64());
+    }
+    let cold = t_all.elapsed().as_secs_f64() - runs[1..].iter().sum::<f64>();
+    let out = out.expect("at least one run");
     bar.finish();
     if mode == cmf_gpu::GpuMode::Cuda && !out.timings.dit_on_device {
         eprintln!("warning: --gpu cuda: the DiT ran on the CPU (CMF_LOG=debug says why)");
@@ -162,16 +180,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         on(tm.vae_on_device)
     );
     println!(
-        "timing: text encoder {:.2} s, conditioning {:.2} s, {} steps {:.2} s (median {:.2} s/step), VAE {:.2} s, total {:.2} s{}",
+        "timing{}: text encoder {:.2} s, conditioning {:.2} s, {} steps {:.2} s (median {:.3} s/step), VAE {:.3} s, run {:.3} s, process {:.2} s{}",
+        if runs.len() > 1 { " (last run)" } else { "" },
         tm.text_encoder,
         tm.dit_load,
         tm.steps.len(),
         steps_total,
         median,
         tm.vae,
+        tm.total,
         t_all.elapsed().as_secs_f64(),
         peak_rss().map(|kb| format!(", peak RSS {:.2} GiB", kb as f64 / (1 << 20) as f64)).unwrap_or_default()
     );
+    if runs.len() > 1 {
+        let mut warm = runs[1..].to_vec();
+        warm.sort_by(f64::total_cmp);
+        println!(
+            "runs: cold {cold:.2} s (process start to the first image, uploads included), warm {:.3} s median of {} (min {:.3} s)",
+            warm[warm.len() / 2],
+            warm.len(),
+            warm[0]
+        );
+    }
     println!(
         "cpu time: text encoder {:.2} s, steps {:.2} s ({:.2} s/step), VAE {:.2} s, total {:.2} s",
         tm.text_encoder_cpu,
