@@ -91,6 +91,8 @@ impl Recipe {
 pub struct ZimagePack {
     pub model: CmfModel,
     pub recipe: Recipe,
+    /// Parsed once per pack (repeated runs reuse it).
+    tokenizer: std::sync::OnceLock<std::sync::Arc<tokenizers::Tokenizer>>,
 }
 
 impl ZimagePack {
@@ -124,7 +126,11 @@ impl ZimagePack {
             });
         }
         let recipe = Recipe::from_json(&Loader::new(&model, "").json("zimage.config_json")?);
-        Ok(ZimagePack { model, recipe })
+        Ok(ZimagePack {
+            model,
+            recipe,
+            tokenizer: std::sync::OnceLock::new(),
+        })
     }
 
     fn loader<'a>(&'a self, prefix: &'a str) -> Loader<'a> {
@@ -139,12 +145,15 @@ impl ZimagePack {
             .tokenizer_config
             .as_ref()
             .and_then(|t| t.chat_template.clone());
-        TextEncoder::load(
+        let te = TextEncoder::load(
             &self.model,
             &cfg,
             self.model.vocab().unwrap_or_default(),
             template,
-        )
+            self.tokenizer.get().cloned(),
+        )?;
+        let _ = self.tokenizer.set(te.tokenizer());
+        Ok(te)
     }
 
     pub fn dit(&self) -> Result<ZImageDit<'_>, ZimageError> {

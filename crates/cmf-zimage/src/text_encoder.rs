@@ -15,6 +15,7 @@
 use crate::tensors::TensorSource;
 use crate::ZimageError;
 use cmf_llm::{Model, ModelConfig};
+use std::sync::Arc;
 
 /// The Qwen3 template's output for one user message with a generation prompt and thinking on;
 /// used when the pack stores no template (packs from the reference CLI store none).
@@ -58,7 +59,7 @@ impl<'a> cmf_llm::TensorSource<'a> for PackSource<'a> {
 
 pub struct TextEncoder<'a> {
     model: Model<'a>,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Arc<tokenizers::Tokenizer>,
     template: Option<String>,
     /// `hidden_states[tap]` is the caption (the number of decoder layers to run).
     tap: usize,
@@ -68,11 +69,14 @@ pub struct TextEncoder<'a> {
 impl<'a> TextEncoder<'a> {
     /// `config` is `te.config_json`, `vocab` the tokenizer.json bytes, `template` the Jinja chat
     /// template if the pack has one.
+    /// `cached`: the tokenizer parsed by an earlier load of the same pack (parsing the
+    /// 11 MB Qwen3 tokenizer.json takes a good part of a second).
     pub fn load(
         src: &'a dyn TensorSource,
         config: &serde_json::Value,
         vocab: &[u8],
         template: Option<String>,
+        cached: Option<Arc<tokenizers::Tokenizer>>,
     ) -> Result<TextEncoder<'a>, ZimageError> {
         let origin = src.origin();
         let bad = |field: &str, why: String| ZimageError::Config {
@@ -116,11 +120,10 @@ impl<'a> TextEncoder<'a> {
                     why: e.to_string(),
                 }
             })?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_bytes(vocab).map_err(|e| ZimageError::Tokenizer {
-                origin: origin.clone(),
-                why: e.to_string(),
-            })?;
+        let tokenizer = match cached {
+            Some(t) => t,
+            None => Arc::new(parse_tokenizer(vocab, &origin)?),
+        };
         Ok(TextEncoder {
             model,
             tokenizer,
@@ -128,6 +131,11 @@ impl<'a> TextEncoder<'a> {
             tap,
             origin,
         })
+    }
+
+    /// The parsed tokenizer (to hand to the next load).
+    pub fn tokenizer(&self) -> Arc<tokenizers::Tokenizer> {
+        self.tokenizer.clone()
     }
 
     /// Width of the caption features (the encoder's hidden size).
@@ -208,6 +216,14 @@ impl TextEncoder<'_> {
         }
         Ok((self.encode(ids)?, false))
     }
+}
+
+/// A tokenizer.json.
+pub fn parse_tokenizer(vocab: &[u8], origin: &str) -> Result<tokenizers::Tokenizer, ZimageError> {
+    tokenizers::Tokenizer::from_bytes(vocab).map_err(|e| ZimageError::Tokenizer {
+        origin: origin.to_string(),
+        why: e.to_string(),
+    })
 }
 
 /// Renders a Hugging Face chat template (Jinja) for one user message with
