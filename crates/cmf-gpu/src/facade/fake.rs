@@ -1,12 +1,17 @@
 //! A fake backend: a "device" that runs the CPU reference forward on its own copy of the
 //! weights. It lets the facade's policy (placement, refusal, probe, counters) and callers'
-//! fallback paths be tested on machines without a GPU, CI included.
+//! fallback paths be tested on machines without a GPU, CI included. Its DiT and VAE are
+//! plumbing stand-ins (no reference forward): the DiT's velocity is the item's own patches, the
+//! VAE's image is all zeros (mid-gray); numerics are the CUDA tests' job.
 
 use super::{
-    Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal, RefusalReason,
+    Backend, DeviceInfo, DitDevice, Footprint, LlmDevice, MemStats, Placement, Refusal,
+    RefusalReason, VaeDevice,
 };
+use crate::dit::{pad_rows, CondId, DitGeometry, DitItemSetup, DitModel, DitStepItem, RopeRows};
 use crate::llm::reference::{self, RefCache};
 use crate::llm::{DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler};
+use crate::vae::VaeModel;
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 use std::ops::Range;
@@ -69,6 +74,24 @@ impl Backend for FakeBackend {
             head_bytes,
             fixed_bytes: 0,
         })
+    }
+
+    fn load_dit(&self, model: &DitModel) -> Result<Box<dyn DitDevice>, Refusal> {
+        Ok(Box::new(FakeDit {
+            geo: model.geo.clone(),
+            conds: Vec::new(),
+            items: Vec::new(),
+            ni: 0,
+        }))
+    }
+
+    fn load_vae(&self, model: &VaeModel) -> Result<Box<dyn VaeDevice>, Refusal> {
+        let g = &model.geometry;
+        Ok(Box::new(FakeVae {
+            latent_channels: g.latent_channels,
+            out_channels: g.out_channels,
+            scale: 1 << g.block_out_channels.len().saturating_sub(1),
+        }))
     }
 
     fn load_llm(
@@ -336,6 +359,96 @@ impl LlmDevice for FakeLlm {
             logits[i * v..(i + 1) * v]
                 .copy_from_slice(&reference::head(&model, &x[i * h..(i + 1) * h]));
         }
+        Ok(())
+    }
+}
+
+fn fake_refusal(op: &'static str, why: &str) -> Refusal {
+    Refusal::new(op, RefusalReason::UnsupportedShape(why.into()))
+}
+
+/// The fake DiT: checks what callers hand it as the CUDA DiT does (caption and RoPE sizes, the
+/// prepared items, the output size) and returns each item's patches as its velocity.
+struct FakeDit {
+    geo: DitGeometry,
+    /// Padded length of each conditioned caption.
+    conds: Vec<usize>,
+    /// Caption of each prepared item.
+    items: Vec<usize>,
+    ni: usize,
+}
+
+impl DitDevice for FakeDit {
+    fn condition(&mut self, cap: &[f32], len: usize, rope: RopeRows) -> Result<CondId, Refusal> {
+        let half = self.geo.head_dim() / 2;
+        let lp = pad_rows(len.max(1));
+        if len == 0 || cap.len() != len * self.geo.cap_feat_dim {
+            return Err(fake_refusal("dit.condition", "caption size"));
+        }
+        if rope.cos.len() != lp * half || rope.sin.len() != lp * half {
+            return Err(fake_refusal("dit.condition", "caption RoPE rows"));
+        }
+        self.conds.push(lp);
+        Ok(CondId(self.conds.len() - 1))
+    }
+
+    fn prepare(&mut self, items: &[DitItemSetup], ni: usize) -> Result<(), Refusal> {
+        let half = self.geo.head_dim() / 2;
+        let mut caps = Vec::with_capacity(items.len());
+        for it in items {
+            let lp = *self
+                .conds
+                .get(it.cond.0)
+                .ok_or_else(|| fake_refusal("dit.prepare", "unknown caption"))?;
+            let want = (pad_rows(ni) + lp) * half;
+            if it.rope.cos.len() != want || it.rope.sin.len() != want {
+                return Err(fake_refusal("dit.prepare", "joint RoPE rows"));
+            }
+            caps.push(it.cond.0);
+        }
+        self.items = caps;
+        self.ni = ni;
+        Ok(())
+    }
+
+    fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal> {
+        let per = self.ni * self.geo.patch_dim;
+        if self.items.is_empty() || out.len() != items.len() * per {
+            return Err(fake_refusal("dit.step", "not prepared, or output size"));
+        }
+        if items.iter().any(|it| {
+            it.slot >= self.items.len()
+                || it.patches.len() != per
+                || it.t_emb.len() != self.geo.adaln_dim
+        }) {
+            return Err(fake_refusal("dit.step", "item slot or input size"));
+        }
+        for (o, it) in out.chunks_exact_mut(per).zip(items) {
+            o.copy_from_slice(it.patches);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self) {
+        self.conds.clear();
+        self.items.clear();
+    }
+}
+
+/// The fake VAE: checks sizes and writes zeros.
+struct FakeVae {
+    latent_channels: usize,
+    out_channels: usize,
+    scale: usize,
+}
+
+impl VaeDevice for FakeVae {
+    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+        let want = self.out_channels * h * self.scale * w * self.scale;
+        if z.len() != self.latent_channels * h * w || out.len() != want {
+            return Err(fake_refusal("vae.decode", "latent or output size"));
+        }
+        out.fill(0.0);
         Ok(())
     }
 }
