@@ -118,7 +118,66 @@ fn bad_requests_are_usage_errors() {
         "{}",
         text(&o)
     );
+    let o = cmf(&[
+        "imagine",
+        s(&p),
+        "--prompt",
+        "x",
+        "--gpu",
+        "fast",
+        "-o",
+        s(&png),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("fast"), "{}", text(&o));
+    let o = cmf(&[
+        "imagine",
+        s(&p),
+        "--prompt",
+        "x",
+        "--repeat",
+        "0",
+        "-o",
+        s(&png),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--repeat"), "{}", text(&o));
     assert!(!png.exists());
+}
+
+/// `--gpu off` keeps every stage on the CPU and says so; `--repeat 2` prints cold and warm runs.
+#[test]
+fn imagine_reports_where_stages_ran_and_repeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pack(dir.path());
+    let png = dir.path().join("r.png");
+    let args = [
+        "imagine",
+        s(&p),
+        "--prompt",
+        "a fox",
+        "--width",
+        "32",
+        "--height",
+        "32",
+        "--steps",
+        "1",
+        "--gpu",
+        "off",
+        "--repeat",
+        "2",
+        "-o",
+        s(&png),
+    ];
+    let o = cmf(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("devices: text encoder cpu, DiT cpu, VAE cpu"),
+        "{t}"
+    );
+    assert!(t.contains("runs: cold") && t.contains("warm"), "{t}");
+    assert!(png.exists());
 }
 
 #[test]

@@ -160,8 +160,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cold = t_all.elapsed().as_secs_f64() - runs[1..].iter().sum::<f64>();
     let out = out.expect("at least one run");
     bar.finish();
-    if mode == cmf_gpu::GpuMode::Cuda && !out.timings.dit_on_device {
-        eprintln!("warning: --gpu cuda: the DiT ran on the CPU (CMF_LOG=debug says why)");
+    if mode == cmf_gpu::GpuMode::Cuda {
+        let t = &out.timings;
+        let on_cpu: Vec<&str> = [
+            ("the text encoder", t.te_on_device),
+            ("the DiT", t.dit_on_device),
+            ("the VAE", t.vae_on_device),
+        ]
+        .iter()
+        .filter(|(_, on)| !on)
+        .map(|(n, _)| *n)
+        .collect();
+        if !on_cpu.is_empty() {
+            eprintln!(
+                "warning: --gpu cuda: {} ran on the CPU (CMF_LOG=debug says why)",
+                on_cpu.join(", ")
+            );
+        }
     }
     write_png(&args.output, &out.rgb, out.width, out.height)?;
     let tm = &out.timings;
