@@ -13,7 +13,7 @@ use crate::scheduler::Schedule;
 use crate::tensors::{Loader, TensorSource};
 use crate::text_encoder::{PromptTokens, TextEncoder};
 use crate::transformer::{DitConfig, ZImageDit};
-use crate::vae::{to_rgb8, Tensor3, VaeConfig, VaeDecoder};
+use crate::vae::{checked_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
 use cmf_gpu::{Gpu, GpuDit, GpuVae};
@@ -506,28 +506,19 @@ fn decode_image(
         *resident = gpu.load_vae(&vae.gpu_model()).ok();
     }
     if let Some(dev) = resident.as_mut() {
+        let c = &vae.cfg;
+        let s = c.scale_factor();
+        let mut img = Tensor3 {
+            c: c.out_channels,
+            h: lh * s,
+            w: lw * s,
+            data: vec![0f32; c.out_channels * lh * s * lw * s],
+        };
+        if dev
+            .decode(&vae.decoder_input(lat), lh, lw, &mut img.data)
+            .is_ok()
         {
-            let c = &vae.cfg;
-            let z: Vec<f32> = lat
-                .iter()
-                .map(|&v| v / c.scaling_factor + c.shift_factor)
-                .collect();
-            let s = c.scale_factor();
-            let mut img = Tensor3 {
-                c: c.out_channels,
-                h: lh * s,
-                w: lw * s,
-                data: vec![0f32; c.out_channels * lh * s * lw * s],
-            };
-            if dev.decode(&z, lh, lw, &mut img.data).is_ok() {
-                if img.data.iter().any(|v| !v.is_finite()) {
-                    return Err(ZimageError::NonFinite {
-                        stage: "VAE decode (device)".into(),
-                        why: "NaN or infinity in the image".into(),
-                    });
-                }
-                return Ok((to_rgb8(&img), true));
-            }
+            return Ok((checked_rgb8(&img, "VAE decode (device)")?, true));
         }
         *resident = None;
     }

@@ -441,18 +441,17 @@ impl<'a> VaeDecoder<'a> {
         h: usize,
         w: usize,
     ) -> Result<Vec<u8>, ZimageError> {
-        let z: Vec<f32> = latents
+        let img = self.decode(&self.decoder_input(latents), h, w);
+        checked_rgb8(&img, "VAE decode")
+    }
+
+    /// What the decoder takes: `z / scaling_factor + shift_factor` (the pipeline's latents are
+    /// in the DiT's scale).
+    pub fn decoder_input(&self, latents: &[f32]) -> Vec<f32> {
+        latents
             .iter()
             .map(|&v| v / self.cfg.scaling_factor + self.cfg.shift_factor)
-            .collect();
-        let img = self.decode(&z, h, w);
-        if img.data.iter().any(|v| !v.is_finite()) {
-            return Err(ZimageError::NonFinite {
-                stage: "VAE decode".into(),
-                why: "NaN or infinity in the image".into(),
-            });
-        }
-        Ok(to_rgb8(&img))
+            .collect()
     }
 }
 
@@ -522,6 +521,17 @@ impl VaeDecoder<'_> {
 }
 
 /// `[3, H, W]` in [-1, 1] → interleaved RGB u8 (diffusers `VaeImageProcessor.postprocess` + `numpy_to_pil`).
+/// [`to_rgb8`] of a decoded image, refusing NaN or infinity (named as `stage`).
+pub fn checked_rgb8(img: &Tensor3, stage: &str) -> Result<Vec<u8>, ZimageError> {
+    if img.data.iter().any(|v| !v.is_finite()) {
+        return Err(ZimageError::NonFinite {
+            stage: stage.into(),
+            why: "NaN or infinity in the image".into(),
+        });
+    }
+    Ok(to_rgb8(img))
+}
+
 pub fn to_rgb8(img: &Tensor3) -> Vec<u8> {
     let hw = img.h * img.w;
     let mut out = vec![0u8; hw * img.c];
