@@ -69,14 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .num_threads(n)
             .build_global();
     }
-    let mode = cmf_gpu::GpuMode::resolve(
-        args.gpu
-            .as_deref()
-            .map(str::parse::<cmf_gpu::GpuMode>)
-            .transpose()
-            .map_err(|e| UsageError(e.to_string()))?,
-    )
-    .map_err(|e| UsageError(e.to_string()))?;
+    let mode = super::llm_opts::resolve_gpu_mode(args.gpu.as_deref())?;
     let gpu = cmf_gpu::Gpu::open(mode)?;
     let pack = ZimagePack::open(&args.file).map_err(classify)?;
     let req = Request {

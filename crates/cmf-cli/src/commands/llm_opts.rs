@@ -1,5 +1,5 @@
 //! Flags shared by `cmf run`, `cmf bench` and `cmf ppl`: threads, KV-cache element type, and the
-//! GPU (`--gpu`, `--gpu-layers`; see docs/gpu.md).
+//! GPU (`--gpu`, `--gpu-layers`; see docs/gpu.md). `resolve_gpu_mode` serves `cmf imagine` too.
 
 use crate::exit::UsageError;
 use cmf_kernels::KvDtype;
@@ -51,14 +51,8 @@ impl EngineOpts {
     pub fn gpu_settings(
         &self,
     ) -> anyhow::Result<(cmf_gpu::facade::GpuMode, Option<cmf_gpu::facade::LayerSet>)> {
-        use cmf_gpu::facade::{GpuMode, LayerSet};
-        let flag = self
-            .gpu
-            .as_deref()
-            .map(str::parse::<GpuMode>)
-            .transpose()
-            .map_err(|e| UsageError(e.to_string()))?;
-        let mode = GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?;
+        use cmf_gpu::facade::LayerSet;
+        let mode = resolve_gpu_mode(self.gpu.as_deref())?;
         let layers =
             LayerSet::resolve(self.gpu_layers.as_deref()).map_err(|e| UsageError(e.to_string()))?;
         Ok((mode, layers))
@@ -92,4 +86,14 @@ impl EngineOpts {
             .into()
         })
     }
+}
+
+/// A `--gpu` value (or, without one, `CMF_GPU`) as a mode; a bad value is a usage error.
+pub fn resolve_gpu_mode(flag: Option<&str>) -> anyhow::Result<cmf_gpu::facade::GpuMode> {
+    use cmf_gpu::facade::GpuMode;
+    let flag = flag
+        .map(str::parse::<GpuMode>)
+        .transpose()
+        .map_err(|e| UsageError(e.to_string()))?;
+    Ok(GpuMode::resolve(flag).map_err(|e| UsageError(e.to_string()))?)
 }
