@@ -61,87 +61,41 @@ fn convert_then_imagine_writes_a_png() {
     );
 }
 
+/// `cmf imagine PACK --prompt x ARGS -o PNG` must fail as a usage error (exit 2) whose message
+/// holds every piece of `want`.
+fn assert_usage_error(pack: &Path, png: &Path, args: &[&str], want: &[&str]) {
+    let mut all = vec!["imagine", s(pack), "--prompt", "x"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", s(png)]);
+    let o = cmf(&all);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    for w in want {
+        assert!(text(&o).contains(w), "{args:?}: {}", text(&o));
+    }
+}
+
 #[test]
 fn bad_requests_are_usage_errors() {
     let dir = tempfile::tempdir().unwrap();
     let p = pack(dir.path());
     let png = dir.path().join("x.png");
-    let o = cmf(&[
-        "imagine",
-        s(&p),
-        "--prompt",
-        "x",
-        "--width",
-        "40",
-        "--height",
-        "32",
-        "-o",
-        s(&png),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        text(&o).contains("--width: 40 is not a positive multiple of 16"),
-        "{}",
-        text(&o)
+    assert_usage_error(
+        &p,
+        &png,
+        &["--width", "40", "--height", "32"],
+        &["--width: 40 is not a positive multiple of 16"],
     );
-    let o = cmf(&[
-        "imagine",
-        s(&p),
-        "--prompt",
-        "x",
-        "--steps",
-        "0",
-        "-o",
-        s(&png),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--steps"), "{}", text(&o));
+    assert_usage_error(&p, &png, &["--steps", "0"], &["--steps"]);
     let lat = dir.path().join("l.f32");
     std::fs::write(&lat, [0u8; 12]).unwrap();
-    let o = cmf(&[
-        "imagine",
-        s(&p),
-        "--prompt",
-        "x",
-        "--width",
-        "32",
-        "--height",
-        "32",
-        "--latents",
-        s(&lat),
-        "-o",
-        s(&png),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(
-        text(&o).contains("latents") && text(&o).contains("need 256"),
-        "{}",
-        text(&o)
+    assert_usage_error(
+        &p,
+        &png,
+        &["--width", "32", "--height", "32", "--latents", s(&lat)],
+        &["latents", "need 256"],
     );
-    let o = cmf(&[
-        "imagine",
-        s(&p),
-        "--prompt",
-        "x",
-        "--gpu",
-        "fast",
-        "-o",
-        s(&png),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("fast"), "{}", text(&o));
-    let o = cmf(&[
-        "imagine",
-        s(&p),
-        "--prompt",
-        "x",
-        "--repeat",
-        "0",
-        "-o",
-        s(&png),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("--repeat"), "{}", text(&o));
+    assert_usage_error(&p, &png, &["--gpu", "fast"], &["fast"]);
+    assert_usage_error(&p, &png, &["--repeat", "0"], &["--repeat"]);
     assert!(!png.exists());
 }
 

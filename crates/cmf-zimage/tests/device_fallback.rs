@@ -7,7 +7,7 @@
 
 mod common;
 
-use cmf_convert::zimage::{convert_zimage, Codec, ZimageOptions};
+use cmf_convert::zimage::Codec;
 use cmf_format::Dtype;
 use cmf_gpu::facade::fake::FakeBackend;
 use cmf_gpu::{cpu_scope, pause_gpu, Gpu, GpuMode};
@@ -138,13 +138,12 @@ fn pause_and_cpu_scope_keep_the_dit_on_the_cpu() {
 
 fn tiny_pack() -> (tempfile::TempDir, ZimagePack) {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny.cmf");
-    let opts = ZimageOptions {
-        dit: Codec::Quant(Dtype::Q8_2f),
-        te: Codec::F32,
-        ..Default::default()
-    };
-    convert_zimage(&tree(), &out, &opts, &mut |_| {}).unwrap();
+    let out = convert_tiny(
+        dir.path(),
+        "tiny.cmf",
+        Codec::Quant(Dtype::Q8_2f),
+        Codec::F32,
+    );
     let pack = ZimagePack::open(&out).unwrap();
     (dir, pack)
 }

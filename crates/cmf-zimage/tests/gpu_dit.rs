@@ -10,7 +10,7 @@
 
 mod common;
 
-use cmf_convert::zimage::{convert_zimage, Codec, ZimageOptions};
+use cmf_convert::zimage::Codec;
 use cmf_format::Dtype;
 use cmf_gpu::{Gpu, GpuMode};
 use cmf_zimage::denoiser::Denoiser;
@@ -298,13 +298,12 @@ fn q8_pack() -> &'static std::path::PathBuf {
     &PACK
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("tiny-q8.cmf");
-            let opts = ZimageOptions {
-                dit: Codec::Quant(Dtype::Q8_2f),
-                te: Codec::F32,
-                ..Default::default()
-            };
-            convert_zimage(&tree(), &out, &opts, &mut |_| {}).unwrap();
+            let out = convert_tiny(
+                dir.path(),
+                "tiny-q8.cmf",
+                Codec::Quant(Dtype::Q8_2f),
+                Codec::F32,
+            );
             (dir, out)
         })
         .1

@@ -6,7 +6,7 @@
 
 mod common;
 
-use cmf_convert::zimage::{convert_zimage, Codec, ZimageOptions};
+use cmf_convert::zimage::Codec;
 use cmf_zimage::pipeline::{generate, Plan, Request, ZimagePack};
 use common::*;
 use std::path::PathBuf;
@@ -18,13 +18,7 @@ fn f32_pack() -> &'static PathBuf {
     &PACK
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
-            let out = dir.path().join("tiny-f32.cmf");
-            let opts = ZimageOptions {
-                dit: Codec::F32,
-                te: Codec::F32,
-                ..Default::default()
-            };
-            convert_zimage(&tree(), &out, &opts, &mut |_| {}).unwrap();
+            let out = convert_tiny(dir.path(), "tiny-f32.cmf", Codec::F32, Codec::F32);
             (dir, out)
         })
         .1

@@ -114,3 +114,21 @@ pub fn load_component(sub: &str, prefix: &str, into: &mut MemTensors) {
 pub fn config(sub: &str, file: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(tree().join(sub).join(file)).unwrap()).unwrap()
 }
+
+/// The fixture tree packed by our converter into `dir/file`, with these DiT and text-encoder
+/// codecs (the VAE stays f32).
+pub fn convert_tiny(
+    dir: &std::path::Path,
+    file: &str,
+    dit: cmf_convert::zimage::Codec,
+    te: cmf_convert::zimage::Codec,
+) -> PathBuf {
+    let out = dir.join(file);
+    let opts = cmf_convert::zimage::ZimageOptions {
+        dit,
+        te,
+        ..Default::default()
+    };
+    cmf_convert::zimage::convert_zimage(&tree(), &out, &opts, &mut |_| {}).unwrap();
+    out
+}
