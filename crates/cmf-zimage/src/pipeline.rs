@@ -366,10 +366,20 @@ pub fn generate_with(
         None => noise::gaussian(n_lat, plan.seed),
     };
 
-    // ── text encoder ──
+    // ── text encoder, with the DiT uploading beside it (preload) ──
+    // The upload runs on a second thread while the encoder runs here; both share the device's
+    // stream, so their work interleaves in order. A cpu_scope on this thread means no device.
     let t0 = Instant::now();
     let c0 = cpu_seconds();
-    let (cap, ncap) = {
+    let preload_wanted =
+        gpu.is_active() && resident.dit.is_none() && !cmf_gpu::facade::in_cpu_scope();
+    let (cap, ncap, preloaded) = std::thread::scope(|s| -> Result<_, ZimageError> {
+        let preload = preload_wanted.then(|| {
+            s.spawn(|| {
+                let dit = pack.dit().ok()?;
+                gpu.load_dit(&dit.device_model()).ok()
+            })
+        });
         let te = pack.text_encoder()?;
         let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
         let neg = if plan.cfg() {
@@ -398,8 +408,12 @@ pub fn generate_with(
             None => None,
         };
         resident.te = dev;
-        (cap, ncap)
-    };
+        let preloaded = preload.and_then(|h| h.join().ok().flatten());
+        Ok((cap, ncap, preloaded))
+    })?;
+    if preloaded.is_some() {
+        resident.dit = preloaded;
+    }
     release(pack, "te.");
     tm.text_encoder = t0.elapsed().as_secs_f64();
     tm.text_encoder_cpu = cpu_seconds() - c0;
