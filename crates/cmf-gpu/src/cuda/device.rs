@@ -146,6 +146,11 @@ impl Dev {
         format!("sm_{}{}", self.cc.0, self.cc.1)
     }
 
+    /// The arch-specific target where the device has one we use: `sm_90a` (wgmma) on Hopper.
+    pub fn arch_specific(&self) -> Option<String> {
+        (self.cc == (9, 0)).then(|| "sm_90a".to_string())
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.ctx
             .mem_get_info()

@@ -17,7 +17,7 @@
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
-use super::kernels::{fa2_smem, Func, Module, ATTENTION, DIT, ROWOPS};
+use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
 use super::weights::{DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::dit::{
@@ -51,9 +51,10 @@ struct Kernels {
     add_bias: Func,
     rms: Func,
     final_norm: Func,
-    /// The attention variant (`CMF_DIT_ATTN`) and its warps per block.
-    attn: Func,
-    attn_warps: u32,
+    /// The attention kernel for short sequences, and the one for sequences of at least
+    /// `WG_MIN_ROWS` where a second one applies (see [`attention_plan`]).
+    attn: AttnKernel,
+    attn_long: Option<AttnKernel>,
     dequant: Func,
     _mods: Vec<Module>,
 }
@@ -66,11 +67,13 @@ impl Kernels {
             ("KV_F32", "0".to_string()),
         ];
         let dit = Module::load(dev, "dit", DIT, &defs)?;
-        let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
         let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
-        let (name, warps) = attention_variant();
-        let fa = attn.func(name)?;
-        fa.allow_smem(fa2_smem(hd))?;
+        let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
+        let (short, long) = attention_plan(dev, hd, &choice);
+        let attn = load_attention(dev, hd, short, &defs)?;
+        let attn_long = long
+            .map(|v| load_attention(dev, hd, v, &defs))
+            .transpose()?;
         Ok(Kernels {
             rms_mod: dit.func("rms_mod_bf16")?,
             residual_norm: dit.func("residual_norm")?,
@@ -80,22 +83,159 @@ impl Kernels {
             add_bias: dit.func("add_bias")?,
             rms: dit.func("rms_bf16")?,
             final_norm: dit.func("final_norm_bf16")?,
-            attn: fa,
-            attn_warps: warps,
+            attn,
+            attn_long,
             dequant: rows.func("dequant_rows")?,
-            _mods: vec![dit, attn, rows],
+            _mods: vec![dit, rows],
         })
     }
 }
 
-/// `CMF_DIT_ATTN`: `base` (4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8`
-/// (8 warps = 128 queries per block, ldmatrix). Default: `base`.
-fn attention_variant() -> (&'static str, u32) {
-    match std::env::var("CMF_DIT_ATTN").as_deref() {
-        Ok("k") => ("attn_full_fa2_k", 4),
-        Ok("w8") => ("attn_full_fa2_w8", 8),
-        _ => ("attn_full_fa2", 4),
+/// Threads, query rows and dynamic shared memory of one attention block.
+#[derive(Clone, Copy)]
+struct AttnShape {
+    threads: u32,
+    rows: usize,
+    smem: usize,
+}
+
+/// A loaded attention kernel (its module kept alive with it).
+struct AttnKernel {
+    f: Func,
+    shape: AttnShape,
+    _m: Module,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+enum AttnVariant {
+    /// attention_wg.cu, compiled for this arch-specific target.
+    Wgmma(String),
+    /// An attention.cu entry point and its warps per block.
+    MmaSync(&'static str, u32),
+}
+
+/// Sequences at least this long use the wgmma kernel by default: at 4128 rows (1024²) it
+/// measured 41.7 ms of attention per step against 44.6 for `base`; at 1056 rows (512²) the
+/// 128-row blocks leave the last wave of 132 SMs half empty and `base` is faster.
+const WG_MIN_ROWS: usize = 2048;
+
+/// The kernels for short and (optionally) long sequences, from `CMF_DIT_ATTN`: `wg` (Hopper
+/// warpgroup MMA for every length; head dim 128 on sm_90 only, else `base`), `base` (mma.sync,
+/// 4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8` (8 warps, ldmatrix).
+/// Unset or anything else: `base`, and `wg` from [`WG_MIN_ROWS`] rows where it applies.
+fn attention_plan(dev: &Dev, hd: usize, choice: &str) -> (AttnVariant, Option<AttnVariant>) {
+    let wg = dev
+        .arch_specific()
+        .filter(|_| hd == 128)
+        .map(AttnVariant::Wgmma);
+    let base = AttnVariant::MmaSync("attn_full_fa2", 4);
+    match choice {
+        "k" => (AttnVariant::MmaSync("attn_full_fa2_k", 4), None),
+        "w8" => (AttnVariant::MmaSync("attn_full_fa2_w8", 8), None),
+        "base" => (base, None),
+        "wg" => (wg.unwrap_or(base), None),
+        _ => (base, wg),
     }
+}
+
+/// Compiles (or takes from the cache) one attention variant and allows its shared memory.
+fn load_attention(
+    dev: &Dev,
+    hd: usize,
+    variant: AttnVariant,
+    defs: &[(&str, String)],
+) -> DResult<AttnKernel> {
+    let (m, f, shape) = match variant {
+        AttnVariant::Wgmma(arch) => {
+            let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, defs, &arch)?;
+            let f = m.func("attn_full_wg")?;
+            let shape = AttnShape {
+                threads: 256,
+                rows: 128,
+                smem: WG_SMEM,
+            };
+            (m, f, shape)
+        }
+        AttnVariant::MmaSync(entry, warps) => {
+            let m = Module::load(dev, "attention", ATTENTION, defs)?;
+            let f = m.func(entry)?;
+            let shape = AttnShape {
+                threads: 32 * warps,
+                rows: 16 * warps as usize,
+                smem: fa2_smem(hd),
+            };
+            (m, f, shape)
+        }
+    };
+    f.allow_smem(shape.smem)?;
+    Ok(AttnKernel { f, shape, _m: m })
+}
+
+/// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
+/// [`attention_plan`]; the short-sequence kernel of the plan) on one item of
+/// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
+/// here, as the DiT stores them). Returns the output `[t, nh · 128]`, read back from bf16.
+#[doc(hidden)]
+pub fn attention_for_test(
+    dev: &Dev,
+    variant: &str,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    t: usize,
+    nh: usize,
+) -> DResult<Vec<f32>> {
+    const HD: usize = 128;
+    let n = t * nh * HD;
+    if q.len() != n || k.len() != n || v.len() != n {
+        return Err(DevError(format!(
+            "attention_for_test: q/k/v must hold {n} values"
+        )));
+    }
+    let defs = vec![
+        ("HD", HD.to_string()),
+        ("GQA", "1".to_string()),
+        ("KV_F32", "0".to_string()),
+    ];
+    let kernel = load_attention(dev, HD, attention_plan(dev, HD, variant).0, &defs)?;
+    let (f, shape) = (&kernel.f, kernel.shape);
+    let f16s = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&a| half::f16::from_f32(a).to_bits())
+            .collect()
+    };
+    let dq = dev.upload_new(bytes_of(q))?;
+    let dk = dev.upload_new(bytes_of(&f16s(k)))?;
+    let dv = dev.upload_new(bytes_of(&f16s(v)))?;
+    let out = dev.alloc(n * 2)?;
+    // Poison: a row the kernel leaves unwritten reads back as NaN.
+    dev.upload(out.ptr(), bytes_of(&vec![0x7fc0u16; n]))?;
+    let scale = 1.0 / (HD as f32).sqrt();
+    dev.launch(
+        f,
+        (t.div_ceil(shape.rows) as u32, nh as u32, 1),
+        (shape.threads, 1, 1),
+        shape.smem as u32,
+        &[
+            Arg::Ptr(dq.ptr()),
+            Arg::Ptr(dk.ptr()),
+            Arg::Ptr(dv.ptr()),
+            Arg::I32(t as i32),
+            Arg::I32(t as i32),
+            Arg::F32(scale),
+            Arg::I32(nh as i32),
+            Arg::I32(0),
+            Arg::I32(t as i32),
+            Arg::I32(0),
+            Arg::Ptr(out.ptr()),
+        ],
+    )?;
+    let mut raw = vec![0u8; n * 2];
+    dev.download(&mut raw, out.ptr())?;
+    Ok(raw
+        .chunks_exact(2)
+        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+        .collect())
 }
 
 /// One block's planes (bf16) and norm weights (f32).
@@ -292,6 +432,10 @@ impl CudaDit {
     pub fn load(backend: &CudaBackend, m: &DitModel) -> Result<CudaDit, Refusal> {
         check_model(m)?;
         let dev = backend.device().clone();
+        // The pipeline may preload the DiT from a thread of its own.
+        dev.ctx
+            .bind_to_thread()
+            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal("dit.load"))?;
         let need = weight_bytes(m);
         let budget = (dev.free_bytes() as f64 * 0.9) as u64;
         if need > budget {
@@ -484,12 +628,16 @@ impl CudaDit {
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             for sg in p.segs {
-                let warps = self.k.attn_warps;
+                let ak = match &self.k.attn_long {
+                    Some(long) if sg.l >= WG_MIN_ROWS => long,
+                    _ => &self.k.attn,
+                };
+                let shape = ak.shape;
                 self.launch(
-                    &self.k.attn,
-                    (sg.l.div_ceil(16 * warps as usize) as u32, nh as u32, 1),
-                    32 * warps,
-                    fa2_smem(hd) as u32,
+                    &ak.f,
+                    (sg.l.div_ceil(shape.rows) as u32, nh as u32, 1),
+                    shape.threads,
+                    shape.smem as u32,
                     &[
                         Arg::Ptr(w.q.at(sg.j * d * 4)),
                         Arg::Ptr(w.kc.at(sg.j * d * 2)),

@@ -15,6 +15,8 @@ pub const COMMON: &str = include_str!("kernels/common.cuh");
 pub const MATVEC: &str = include_str!("kernels/matvec.cu");
 pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
 pub const ATTENTION: &str = include_str!("kernels/attention.cu");
+/// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
+pub const ATTENTION_WG: &str = include_str!("kernels/attention_wg.cu");
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 pub const DIT: &str = include_str!("kernels/dit.cu");
 pub const VAE: &str = include_str!("kernels/vae.cu");
@@ -51,6 +53,24 @@ pub fn all_sources() -> SourceSet {
     ]
 }
 
+/// Sources built only for Hopper's arch-specific target (`sm_90a`: wgmma), same shape as
+/// [`all_sources`].
+pub fn hopper_sources() -> SourceSet {
+    vec![(
+        "attention_wg",
+        ATTENTION_WG,
+        vec![
+            ("HD", "128".to_string()),
+            ("GQA", "1".to_string()),
+            ("KV_F32", "0".to_string()),
+        ],
+    )]
+}
+
+/// Dynamic shared memory of attn_full_wg: 2 stages × (K + V) × 128 keys × 128 dims, f16, then
+/// per warpgroup (2) a P block of 64 rows × 128 keys, f16.
+pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2;
+
 /// The source NVRTC sees: the common helpers, then the op family.
 pub fn full_source(src: &str) -> String {
     format!("{COMMON}\n{src}")
@@ -70,8 +90,19 @@ impl Module {
         src: &str,
         defines: &[(&str, String)],
     ) -> DResult<Module> {
+        Self::load_for(dev, name, src, defines, &dev.arch())
+    }
+
+    /// [`Module::load`] for an explicit NVRTC target (`sm_90a` for the wgmma kernels).
+    pub fn load_for(
+        dev: &Dev,
+        name: &'static str,
+        src: &str,
+        defines: &[(&str, String)],
+        arch: &str,
+    ) -> DResult<Module> {
         let full = full_source(src);
-        let arch = dev.arch();
+        let arch = arch.to_string();
         let c = nvrtc::compile(name, &full, &arch, defines).map_err(DevError)?;
         if !c.log.is_empty() {
             crate::facade::log::debug(&format!("nvrtc {name}: {}", c.log));

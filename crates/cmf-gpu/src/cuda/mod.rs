@@ -135,5 +135,14 @@ mod tests {
                 eprintln!("{name} {defs:?}:\n{}", c.log);
             }
         }
+        for (name, src, defs) in super::kernels::hopper_sources() {
+            let full = super::kernels::full_source(src);
+            let c = super::nvrtc::compile(name, &full, "sm_90a", &defs)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!c.cubin.is_empty());
+            if !c.log.is_empty() {
+                eprintln!("{name} {defs:?}:\n{}", c.log);
+            }
+        }
     }
 }

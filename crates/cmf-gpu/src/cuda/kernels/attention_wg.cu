@@ -1,0 +1,233 @@
+// attention_wg.cu — the DiT's non-causal flash attention on Hopper warpgroup MMA (wgmma).
+//
+// Same contract as attn_full_fa2 in attention.cu (q [T, NH, HD] f32; k/v [NH, S_max, HD] f16;
+// output bf16 at the item's X rows of out_b [*, NH·HD]), built for sm_90a only.
+//
+// Why: mma.sync fetches every B fragment from shared memory through the register file, and at
+// 16 query rows per warp that traffic caps the old kernel near 190 TFLOP/s. wgmma reads K and V
+// straight from shared memory for a 64-row warpgroup at once.
+//
+// Block: two warpgroups (256 threads), 128 query rows; warp w owns rows 16w .. 16w + 15, so
+// the per-warp register fragments are the mma.sync ones (Q as the register A operand of S = Q·Kᵀ,
+// f32 accumulators in the m16n8 C layout). K/V tiles of 128 keys, double-buffered through
+// cp.async. P goes through shared memory as the A operand of O += P·V: with P taken from
+// registers instead (as FlashAttention-3 does), every tile after the first came out wrong on
+// the H200 (the first tile alone, and any one tile alone, matched) — measured, not understood;
+// the shared-memory route costs one 16 KiB store per tile and passes.
+// Shared layout of a tile, no swizzle: 16-byte chunk (key, dims 8c .. 8c + 7) at byte
+// ((key / 8) · 16 + c) · 128 + (key % 8) · 16, i.e. 8×8 "core matrices" of 128 contiguous bytes.
+// The same bytes serve K as a K-major B operand (S = Q·Kᵀ: core matrices 128 B apart along
+// dims, 2048 B apart along keys) and V as an MN-major one (O += P·V: 2048 B apart along keys,
+// 128 B apart along dims), so one loader fills both and chunk i lands at byte 16·i.
+
+#if defined(HD) && HD == 128
+#define WG_ROWS 128
+#define WG_KEYS 128
+#define WG_TILE (WG_KEYS * HD * 2)  // bytes per K (or V) tile
+#define WG_PBLOCK (64 * WG_KEYS * 2)  // bytes of one warpgroup's P block
+
+__device__ __forceinline__ u32 wg_smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void wg_cp16(u32 dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+// Shared-memory matrix descriptor, no swizzle: start, leading (K-direction) and stride
+// (M/N-direction) byte offsets between core matrices, all in 16-byte units.
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr >> 4) & 0x3FFF) | ((u64)((lbo >> 4) & 0x3FFF) << 16) | ((u64)((sbo >> 4) & 0x3FFF) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from moving register operands of an in-flight wgmma.
+__device__ __forceinline__ void wg_keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d[64] += a (m64k16, registers) · B (k16n128 at desc, K-major).
+__device__ __forceinline__ void wgmma_k_major(float* d, const u32* a, u64 desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+
+// d[64] += A (m64k16 at adesc, K-major) · B (k16n128 at bdesc, MN-major).
+
+__device__ __forceinline__ void wgmma_ss_mn_major(float* d, u64 adesc, u64 bdesc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(adesc), "l"(bdesc), "r"(1));
+}
+
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, float scale, int NH, int img_row0,
+             int np, int cap_row0, u16* out_b) {
+    extern __shared__ __align__(128) u8 wsm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+    const int h = blockIdx.y;
+    const int r0 = blockIdx.x * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const float sl2 = scale * 1.4426950408889634f;
+
+    u32 qa[HD / 16][4];
+    {
+        const float* q0 = q + ((size_t)r0 * NH + h) * HD;
+        const float* q1 = q + ((size_t)r1 * NH + h) * HD;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            int c = kk * 16 + tg * 2;
+            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+            if (r0 < T) { a0 = q0[c]; a1 = q0[c + 1]; a2 = q0[c + 8]; a3 = q0[c + 9]; }
+            if (r1 < T) { b0 = q1[c]; b1 = q1[c + 1]; b2 = q1[c + 8]; b3 = q1[c + 9]; }
+            qa[kk][0] = pack_f16x2(a0, a1);
+            qa[kk][1] = pack_f16x2(b0, b1);
+            qa[kk][2] = pack_f16x2(a2, a3);
+            qa[kk][3] = pack_f16x2(b2, b3);
+        }
+    }
+    const u32 sbase = wg_smem_u32(wsm);
+    // After the K/V stages: each warpgroup's P block (64 rows × 128 keys, f16) in the core-matrix
+    // layout of a K-major A operand (128 B along keys, 2048 B along rows).
+    const int wgi = warp >> 2;
+    const u32 ps = sbase + 4 * WG_TILE + wgi * WG_PBLOCK;
+    // Byte offset of the u32 pair (row, col .. col + 1) of a 64-row A block, row in 0..63.
+    auto a_off = [&](int row, int col) -> u32 { return ((row >> 3) * 16 + (col >> 3)) * 128 + (row & 7) * 16 + (col & 7) * 2; };
+    const int wr = (warp & 3) * 16 + g;  // this thread's first row within the warpgroup's 64
+    auto load_tile = [&](int stage, int kt) {
+        const u32 kd = sbase + stage * 2 * WG_TILE, vd = kd + WG_TILE;
+#pragma unroll
+        for (int i = tid; i < WG_KEYS * HD / 8; i += 256) {
+            const int key = kt + (i >> 7) * 8 + (i & 7), c8 = (i >> 3) & (HD / 8 - 1);
+            const bool ok = key < T;
+            const size_t off = ((size_t)h * S_max + (ok ? key : 0)) * HD + c8 * 8;
+            wg_cp16(kd + i * 16, kc + off, ok);
+            wg_cp16(vd + i * 16, vc + off, ok);
+        }
+    };
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    const int ntiles = (T + WG_KEYS - 1) / WG_KEYS;
+
+    load_tile(0, 0);
+    asm volatile("cp.async.commit_group;");
+    for (int it = 0; it < ntiles; it++) {
+        const int kt = it * WG_KEYS;
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, kt + WG_KEYS);
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        // cp.async wrote through the generic proxy; wgmma reads through the async one.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        const u32 kb = sbase + (it & 1) * 2 * WG_TILE, vb = kb + WG_TILE;
+
+        float s[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) s[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(s[i]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) wgmma_k_major(s, qa[kk], wg_desc(kb + kk * 256, 128, 2048));
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(s[i]);
+
+        // Online softmax over this tile's 128 keys (rows g and g + 8 of the warp).
+        const bool tail = kt + WG_KEYS > T;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < WG_KEYS / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[4 * nt + e] * sl2;
+                if (tail && kt + nt * 8 + tg * 2 + (e & 1) >= T) v = NEG_INF;
+                s[4 * nt + e] = v;
+                if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float corr0 = exp2f(m0 - mn0), corr1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
+            o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
+        }
+        u32 pa[WG_KEYS / 16][4];
+#pragma unroll
+        for (int c = 0; c < WG_KEYS / 16; c++) {
+            float p[8];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                p[e] = exp2f(s[8 * c + e] - (e < 2 ? mn0 : mn1));
+                p[4 + e] = exp2f(s[8 * c + 4 + e] - (e < 2 ? mn0 : mn1));
+            }
+            l0 += p[0] + p[1] + p[4] + p[5];
+            l1 += p[2] + p[3] + p[6] + p[7];
+            pa[c][0] = pack_f16x2(p[0], p[1]);
+            pa[c][1] = pack_f16x2(p[2], p[3]);
+            pa[c][2] = pack_f16x2(p[4], p[5]);
+            pa[c][3] = pack_f16x2(p[6], p[7]);
+        }
+        // P to shared memory (the previous tile's P·V has completed: wait_group 0 below).
+#pragma unroll
+        for (int c = 0; c < WG_KEYS / 16; c++) {
+            const int col = c * 16 + tg * 2;
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr, col)), "r"(pa[c][0]));
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr + 8, col)), "r"(pa[c][1]));
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr, col + 8)), "r"(pa[c][2]));
+            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr + 8, col + 8)), "r"(pa[c][3]));
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wgi) : "memory");  // this warpgroup's P is complete
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(o[i]);
+        wg_fence();
+#pragma unroll
+        for (int c = 0; c < WG_KEYS / 16; c++)
+            wgmma_ss_mn_major(o, wg_desc(ps + c * 256, 128, 2048), wg_desc(vb + c * 4096, 2048, 128));
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(o[i]);
+        __syncthreads();  // the next iteration refills this stage
+    }
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
+    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
+    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
+    const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        const int d = dn * 8 + tg * 2;
+        if (r0 < T)
+            *(u32*)(out_b + ((size_t)x0 * NH + h) * HD + d) =
+                (u32)f32_to_bf16(o[4 * dn] * i0) | ((u32)f32_to_bf16(o[4 * dn + 1] * i0) << 16);
+        if (r1 < T)
+            *(u32*)(out_b + ((size_t)x1 * NH + h) * HD + d) =
+                (u32)f32_to_bf16(o[4 * dn + 2] * i1) | ((u32)f32_to_bf16(o[4 * dn + 3] * i1) << 16);
+    }
+}
+#endif
