@@ -51,10 +51,8 @@ struct Kernels {
     add_bias: Func,
     rms: Func,
     final_norm: Func,
-    /// The attention kernel for short sequences, and the one for sequences of at least
-    /// `WG_MIN_ROWS` where a second one applies (see [`attention_plan`]).
+    /// The attention kernel (`CMF_DIT_ATTN`, see [`attention_variant`]).
     attn: AttnKernel,
-    attn_long: Option<AttnKernel>,
     dequant: Func,
     _mods: Vec<Module>,
 }
@@ -69,11 +67,7 @@ impl Kernels {
         let dit = Module::load(dev, "dit", DIT, &defs)?;
         let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
-        let (short, long) = attention_plan(dev, hd, &choice);
-        let attn = load_attention(dev, hd, short, &defs)?;
-        let attn_long = long
-            .map(|v| load_attention(dev, hd, v, &defs))
-            .transpose()?;
+        let attn = load_attention(dev, hd, attention_variant(dev, hd, &choice), &defs)?;
         Ok(Kernels {
             rms_mod: dit.func("rms_mod_bf16")?,
             residual_norm: dit.func("residual_norm")?,
@@ -84,7 +78,6 @@ impl Kernels {
             rms: dit.func("rms_bf16")?,
             final_norm: dit.func("final_norm_bf16")?,
             attn,
-            attn_long,
             dequant: rows.func("dequant_rows")?,
             _mods: vec![dit, rows],
         })
@@ -108,33 +101,28 @@ struct AttnKernel {
 
 #[derive(Clone, PartialEq, Debug)]
 enum AttnVariant {
-    /// attention_wg.cu, compiled for this arch-specific target.
-    Wgmma(String),
+    /// An attention_wg.cu entry point, compiled for this arch-specific target.
+    Wgmma(&'static str, String),
     /// An attention.cu entry point and its warps per block.
     MmaSync(&'static str, u32),
 }
 
-/// Sequences at least this long use the wgmma kernel by default: at 4128 rows (1024²) it
-/// measured 41.7 ms of attention per step against 44.6 for `base`; at 1056 rows (512²) the
-/// 128-row blocks leave the last wave of 132 SMs half empty and `base` is faster.
-const WG_MIN_ROWS: usize = 2048;
-
-/// The kernels for short and (optionally) long sequences, from `CMF_DIT_ATTN`: `wg` (Hopper
-/// warpgroup MMA for every length; head dim 128 on sm_90 only, else `base`), `base` (mma.sync,
-/// 4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8` (8 warps, ldmatrix).
-/// Unset or anything else: `base`, and `wg` from [`WG_MIN_ROWS`] rows where it applies.
-fn attention_plan(dev: &Dev, hd: usize, choice: &str) -> (AttnVariant, Option<AttnVariant>) {
+/// The kernel `CMF_DIT_ATTN` names: `wg` (Hopper warpgroup MMA; head dim 128 on sm_90 only,
+/// else `base`), `base` (mma.sync, 4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads),
+/// `w8` (8 warps, ldmatrix). Unset or anything else: `wg` where it applies, else `base`.
+/// Measured on the H200 (DiT step, attention part): 1024² 26.9 ms with `wg` against 45.7 with
+/// `base`; 512² step 25.3 against 25.8 ms.
+fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
     let wg = dev
         .arch_specific()
         .filter(|_| hd == 128)
-        .map(AttnVariant::Wgmma);
+        .map(|a| AttnVariant::Wgmma("attn_full_wg", a));
     let base = AttnVariant::MmaSync("attn_full_fa2", 4);
     match choice {
-        "k" => (AttnVariant::MmaSync("attn_full_fa2_k", 4), None),
-        "w8" => (AttnVariant::MmaSync("attn_full_fa2_w8", 8), None),
-        "base" => (base, None),
-        "wg" => (wg.unwrap_or(base), None),
-        _ => (base, wg),
+        "k" => AttnVariant::MmaSync("attn_full_fa2_k", 4),
+        "w8" => AttnVariant::MmaSync("attn_full_fa2_w8", 8),
+        "base" => base,
+        _ => wg.unwrap_or(base),
     }
 }
 
@@ -146,9 +134,9 @@ fn load_attention(
     defs: &[(&str, String)],
 ) -> DResult<AttnKernel> {
     let (m, f, shape) = match variant {
-        AttnVariant::Wgmma(arch) => {
+        AttnVariant::Wgmma(entry, arch) => {
             let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, defs, &arch)?;
-            let f = m.func("attn_full_wg")?;
+            let f = m.func(entry)?;
             let shape = AttnShape {
                 threads: 256,
                 rows: 128,
@@ -172,7 +160,7 @@ fn load_attention(
 }
 
 /// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
-/// [`attention_plan`]; the short-sequence kernel of the plan) on one item of
+/// [`attention_variant`]) on one item of
 /// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
 /// here, as the DiT stores them). Returns the output `[t, nh · 128]`, read back from bf16.
 #[doc(hidden)]
@@ -197,7 +185,7 @@ pub fn attention_for_test(
         ("GQA", "1".to_string()),
         ("KV_F32", "0".to_string()),
     ];
-    let kernel = load_attention(dev, HD, attention_plan(dev, HD, variant).0, &defs)?;
+    let kernel = load_attention(dev, HD, attention_variant(dev, HD, variant), &defs)?;
     let (f, shape) = (&kernel.f, kernel.shape);
     let f16s = |x: &[f32]| -> Vec<u16> {
         x.iter()
@@ -628,13 +616,9 @@ impl CudaDit {
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             for sg in p.segs {
-                let ak = match &self.k.attn_long {
-                    Some(long) if sg.l >= WG_MIN_ROWS => long,
-                    _ => &self.k.attn,
-                };
-                let shape = ak.shape;
+                let shape = self.k.attn.shape;
                 self.launch(
-                    &ak.f,
+                    &self.k.attn.f,
                     (sg.l.div_ceil(shape.rows) as u32, nh as u32, 1),
                     shape.threads,
                     shape.smem as u32,

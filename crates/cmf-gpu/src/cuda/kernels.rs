@@ -67,9 +67,9 @@ pub fn hopper_sources() -> SourceSet {
     )]
 }
 
-/// Dynamic shared memory of attn_full_wg: 2 stages × (K + V) × 128 keys × 128 dims, f16, then
-/// per warpgroup (2) a P block of 64 rows × 128 keys, f16.
-pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2;
+/// Dynamic shared memory of attn_full_wg: 2 slots × (K + V) × 128 keys × 128 dims, f16, then
+/// per warpgroup (2) a P block of 64 rows × 128 keys, f16, plus 1 KiB to align the swizzle atoms.
+pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 1024;
 
 /// The source NVRTC sees: the common helpers, then the op family.
 pub fn full_source(src: &str) -> String {
