@@ -73,50 +73,36 @@ impl Blas {
         let alpha = 1f32;
         let beta = if accumulate { 1f32 } else { 0f32 };
         let (m, n, kk) = (rows as i32, t_n as i32, k as i32);
+        if bf16 {
+            return self.gemm_ex(
+                w,
+                x,
+                y,
+                (rows, t_n, k, ldc),
+                beta,
+                cb::cudaDataType::CUDA_R_32F,
+            );
+        }
         // SAFETY: pointers are device buffers sized by the caller for these shapes.
         let s = unsafe {
-            if bf16 {
-                cb::cublasGemmEx(
-                    self.handle,
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    m,
-                    n,
-                    kk,
-                    &alpha as *const f32 as *const c_void,
-                    w as *const c_void,
-                    cb::cudaDataType::CUDA_R_16BF,
-                    kk,
-                    x as *const c_void,
-                    cb::cudaDataType::CUDA_R_16BF,
-                    kk,
-                    &beta as *const f32 as *const c_void,
-                    y as *mut c_void,
-                    cb::cudaDataType::CUDA_R_32F,
-                    ldc as i32,
-                    cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            } else {
-                cb::cublasSgemm_v2(
-                    self.handle,
-                    cb::cublasOperation_t::CUBLAS_OP_T,
-                    cb::cublasOperation_t::CUBLAS_OP_N,
-                    m,
-                    n,
-                    kk,
-                    &alpha,
-                    w as *const f32,
-                    kk,
-                    x as *const f32,
-                    kk,
-                    &beta,
-                    y as *mut f32,
-                    ldc as i32,
-                )
-            }
+            cb::cublasSgemm_v2(
+                self.handle,
+                cb::cublasOperation_t::CUBLAS_OP_T,
+                cb::cublasOperation_t::CUBLAS_OP_N,
+                m,
+                n,
+                kk,
+                &alpha,
+                w as *const f32,
+                kk,
+                x as *const f32,
+                kk,
+                &beta,
+                y as *mut f32,
+                ldc as i32,
+            )
         };
-        check(s, "cuBLAS GEMM")
+        check(s, "cuBLAS SGEMM")
     }
 }
 
@@ -133,7 +119,29 @@ impl Blas {
         k: usize,
         ldc: usize,
     ) -> DResult<()> {
-        let (alpha, beta) = (1f32, 0f32);
+        self.gemm_ex(
+            w,
+            x,
+            y,
+            (rows, t_n, k, ldc),
+            0.0,
+            cb::cudaDataType::CUDA_R_16BF,
+        )
+    }
+
+    /// `y = wᵀ·x (+ beta·y)` with bf16 operands and f32 accumulation, y of type `out`;
+    /// `shape` = (rows of w, columns of x, k, ldc), all column-major as cuBLAS sees them.
+    fn gemm_ex(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        shape: (usize, usize, usize, usize),
+        beta: f32,
+        out: cb::cudaDataType,
+    ) -> DResult<()> {
+        let (rows, t_n, k, ldc) = shape;
+        let alpha = 1f32;
         // SAFETY: pointers are device buffers sized by the caller for these shapes.
         let s = unsafe {
             cb::cublasGemmEx(
@@ -152,13 +160,13 @@ impl Blas {
                 k as i32,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,
-                cb::cudaDataType::CUDA_R_16BF,
+                out,
                 ldc as i32,
                 cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
-        check(s, "cuBLAS GEMM (bf16 out)")
+        check(s, "cuBLAS GEMM")
     }
 }
 

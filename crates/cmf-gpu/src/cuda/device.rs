@@ -350,6 +350,11 @@ impl Dev {
 }
 
 /// The bytes of a plain-old-data slice.
+/// A 1-D grid of `ceil(n / per_block)` blocks, clamped to 1 ..= 65535 (grid-stride kernels).
+pub fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
+    (n.div_ceil(per_block).clamp(1, 65535) as u32, 1, 1)
+}
+
 pub fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: callers use this for f32/u16/u32/i32 slices, which have no padding.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }

@@ -18,7 +18,7 @@
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
 use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
-use super::weights::{DevCodec, DevWeight};
+use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::dit::{
     pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitStepItem,
@@ -1088,24 +1088,7 @@ impl Uploader<'_> {
                 self.dev.upload(dst, &host_bf16(w))?;
             } else {
                 let tmp = DevWeight::upload(self.dev, w)?;
-                let n = w.rows * cols;
-                self.dev.launch(
-                    &self.k.dequant,
-                    (n.div_ceil(256 * 8).clamp(1, 65535) as u32, 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &[
-                        Arg::I32(tmp.codec as i32),
-                        Arg::Ptr(tmp.w()),
-                        Arg::Ptr(tmp.rs()),
-                        Arg::Ptr(tmp.colp()),
-                        Arg::U64(cols as u64),
-                        Arg::U64(0),
-                        Arg::U64(w.rows as u64),
-                        Arg::Ptr(dst),
-                        Arg::Ptr(0),
-                    ],
-                )?;
+                tmp.dequant(self.dev, &self.k.dequant, 0, w.rows, DequantTo::Bf16(dst))?;
                 // The temporary codec planes are freed on drop: wait for the kernel first.
                 self.dev.sync()?;
             }

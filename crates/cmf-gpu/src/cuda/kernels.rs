@@ -14,9 +14,15 @@ use std::sync::Arc;
 pub const COMMON: &str = include_str!("kernels/common.cuh");
 pub const MATVEC: &str = include_str!("kernels/matvec.cu");
 pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
-pub const ATTENTION: &str = include_str!("kernels/attention.cu");
+pub const ATTENTION: &str = concat!(
+    include_str!("kernels/attention_frag.cuh"),
+    include_str!("kernels/attention.cu")
+);
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
-pub const ATTENTION_WG: &str = include_str!("kernels/attention_wg.cu");
+pub const ATTENTION_WG: &str = concat!(
+    include_str!("kernels/attention_frag.cuh"),
+    include_str!("kernels/attention_wg.cu")
+);
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 pub const DIT: &str = include_str!("kernels/dit.cu");
 pub const VAE: &str = include_str!("kernels/vae.cu");

@@ -126,22 +126,19 @@ mod tests {
             eprintln!("skipped: libnvrtc not found");
             return;
         }
-        for (name, src, defs) in super::kernels::all_sources() {
+        let portable = super::kernels::all_sources()
+            .into_iter()
+            .map(|s| (s, "sm_90"));
+        let hopper = super::kernels::hopper_sources()
+            .into_iter()
+            .map(|s| (s, "sm_90a"));
+        for ((name, src, defs), arch) in portable.chain(hopper) {
             let full = super::kernels::full_source(src);
-            let c = super::nvrtc::compile(name, &full, "sm_90", &defs)
-                .unwrap_or_else(|e| panic!("{e}"));
+            let c =
+                super::nvrtc::compile(name, &full, arch, &defs).unwrap_or_else(|e| panic!("{e}"));
             assert!(!c.cubin.is_empty());
             if !c.log.is_empty() {
-                eprintln!("{name} {defs:?}:\n{}", c.log);
-            }
-        }
-        for (name, src, defs) in super::kernels::hopper_sources() {
-            let full = super::kernels::full_source(src);
-            let c = super::nvrtc::compile(name, &full, "sm_90a", &defs)
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(!c.cubin.is_empty());
-            if !c.log.is_empty() {
-                eprintln!("{name} {defs:?}:\n{}", c.log);
+                eprintln!("{name} {defs:?} ({arch}):\n{}", c.log);
             }
         }
     }

@@ -6,7 +6,8 @@
 //! that same pair of planes (identical values and size: its 18-byte tiles would defeat
 //! 16-byte loads); bf16/f16/f32 are one plane. q4tp has no device kernel and is refused.
 
-use super::device::{DBuf, DResult, Dev};
+use super::device::{grid1, Arg, DBuf, DResult, Dev};
+use super::kernels::Func;
 use crate::facade::{Refusal, RefusalReason};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
@@ -73,7 +74,47 @@ pub struct DevWeight {
     pub col: Option<DBuf>,
 }
 
+/// Where [`DevWeight::dequant`] writes rows: a bf16 plane or an f32 one.
+#[derive(Clone, Copy)]
+pub enum DequantTo {
+    Bf16(u64),
+    F32(u64),
+}
+
 impl DevWeight {
+    /// Expands rows `r0 .. r0 + rows` to `to` (row-major, from its start) with `dequant_rows`
+    /// (rowops.cu; `f` is that kernel of the caller's module). Asynchronous on the stream.
+    pub fn dequant(
+        &self,
+        dev: &Dev,
+        f: &Func,
+        r0: usize,
+        rows: usize,
+        to: DequantTo,
+    ) -> DResult<()> {
+        let (bf16, f32) = match to {
+            DequantTo::Bf16(p) => (p, 0),
+            DequantTo::F32(p) => (0, p),
+        };
+        dev.launch(
+            f,
+            grid1(rows * self.cols, 256 * 8),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::I32(self.codec as i32),
+                Arg::Ptr(self.w()),
+                Arg::Ptr(self.rs()),
+                Arg::Ptr(self.colp()),
+                Arg::U64(self.cols as u64),
+                Arg::U64(r0 as u64),
+                Arg::U64(rows as u64),
+                Arg::Ptr(bf16),
+                Arg::Ptr(f32),
+            ],
+        )
+    }
+
     pub fn upload(dev: &Dev, w: &Weight) -> DResult<DevWeight> {
         let codec = DevCodec::of(w.dtype).expect("checked before upload");
         let n = w.rows * w.cols;

@@ -312,22 +312,7 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
     const float sl2 = scale * 1.4426950408889634f;
 
     u32 qa[HD / 16][4];
-    {
-        const int r0 = qw + g, r1 = r0 + 8;
-        const float* q0 = q + ((size_t)r0 * NH + h) * HD;
-        const float* q1 = q + ((size_t)r1 * NH + h) * HD;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            int c = kk * 16 + tg * 2;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-            if (r0 < T) { a0 = q0[c]; a1 = q0[c + 1]; a2 = q0[c + 8]; a3 = q0[c + 9]; }
-            if (r1 < T) { b0 = q1[c]; b1 = q1[c + 1]; b2 = q1[c + 8]; b3 = q1[c + 9]; }
-            qa[kk][0] = pack_f16x2(a0, a1);
-            qa[kk][1] = pack_f16x2(b0, b1);
-            qa[kk][2] = pack_f16x2(a2, a3);
-            qa[kk][3] = pack_f16x2(b2, b3);
-        }
-    }
+    load_q_frags<HD>(q, qw + g, qw + g + 8, T, NH, h, tg, qa);
     float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -382,10 +367,8 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
                 s[nt][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float base0 = mn0 == NEG_INF ? 0.f : mn0, base1 = mn1 == NEG_INF ? 0.f : mn1;
         const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
@@ -421,10 +404,8 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
             }
         }
     }
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     const int r0 = qw + g, r1 = r0 + 8;
 #pragma unroll
     for (int dn = 0; dn < HD / 8; dn++) {
@@ -484,22 +465,7 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     const int TILE = FA_BK * KS;  // halves per K (or V) tile
 
     u32 qa[HD / 16][4];
-    {
-        const int r0 = qw + g, r1 = r0 + 8;
-        const float* q0 = q + ((size_t)r0 * NH + h) * HD;
-        const float* q1 = q + ((size_t)r1 * NH + h) * HD;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            int c = kk * 16 + tg * 2;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-            if (r0 < T) { a0 = q0[c]; a1 = q0[c + 1]; a2 = q0[c + 8]; a3 = q0[c + 9]; }
-            if (r1 < T) { b0 = q1[c]; b1 = q1[c + 1]; b2 = q1[c + 8]; b3 = q1[c + 9]; }
-            qa[kk][0] = pack_f16x2(a0, a1);
-            qa[kk][1] = pack_f16x2(b0, b1);
-            qa[kk][2] = pack_f16x2(a2, a3);
-            qa[kk][3] = pack_f16x2(b2, b3);
-        }
-    }
+    load_q_frags<HD>(q, qw + g, qw + g + 8, T, NH, h, tg, qa);
     float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -568,10 +534,8 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
                 s[nt][e] = v;
                 if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float base0 = mn0 == NEG_INF ? 0.f : mn0, base1 = mn1 == NEG_INF ? 0.f : mn1;
         const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
@@ -611,25 +575,11 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
         }
         __syncthreads();
     }
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     const int r0 = qw + g, r1 = r0 + 8;
     if (XOUT) {
-        const float i0 = 1.f / l0, i1 = 1.f / l1;
-        const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
-        const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            int d = dn * 8 + tg * 2;
-            if (r0 < T)
-                *(u32*)(out_b + ((size_t)x0 * NH + h) * HD + d) =
-                    (u32)f32_to_bf16(o[dn][0] * i0) | ((u32)f32_to_bf16(o[dn][1] * i0) << 16);
-            if (r1 < T)
-                *(u32*)(out_b + ((size_t)x1 * NH + h) * HD + d) =
-                    (u32)f32_to_bf16(o[dn][2] * i1) | ((u32)f32_to_bf16(o[dn][3] * i1) << 16);
-        }
+        store_o_xrows<HD>(o, 1.f / l0, 1.f / l1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
         return;
     }
 #pragma unroll

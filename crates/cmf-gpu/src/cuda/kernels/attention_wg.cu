@@ -106,10 +106,8 @@ __device__ __forceinline__ void wg_softmax(float* s, int kt, int T, int tg, floa
             s[4 * nt + e] = v;
             if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
         }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
     // Every tile holds at least one key < T, so the new maxima are finite.
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     corr0 = fast_exp2(m0 - mn0);
@@ -149,21 +147,7 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
     const float sl2 = scale * 1.4426950408889634f;
 
     u32 qa[HD / 16][4];
-    {
-        const float* q0 = q + ((size_t)r0 * NH + h) * HD;
-        const float* q1 = q + ((size_t)r1 * NH + h) * HD;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            int c = kk * 16 + tg * 2;
-            float a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-            if (r0 < T) { a0 = q0[c]; a1 = q0[c + 1]; a2 = q0[c + 8]; a3 = q0[c + 9]; }
-            if (r1 < T) { b0 = q1[c]; b1 = q1[c + 1]; b2 = q1[c + 8]; b3 = q1[c + 9]; }
-            qa[kk][0] = pack_f16x2(a0, a1);
-            qa[kk][1] = pack_f16x2(b0, b1);
-            qa[kk][2] = pack_f16x2(a2, a3);
-            qa[kk][3] = pack_f16x2(b2, b3);
-        }
-    }
+    load_q_frags<HD>(q, r0, r1, T, NH, h, tg, qa);
     const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const u32 kslot0 = sbase, vslot0 = sbase + WG_SLOTS * WG_TILE;
     // Each warpgroup's P block (64 rows × 128 keys, f16), swizzled like the tiles.
@@ -257,23 +241,10 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(o[i]);
     }
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 1);
-    l0 += __shfl_xor_sync(FULL_MASK, l0, 2);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 1);
-    l1 += __shfl_xor_sync(FULL_MASK, l1, 2);
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
     const float i0 = 1.f / l0, i1 = 1.f / l1;
-    const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
-    const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
-#pragma unroll
-    for (int dn = 0; dn < HD / 8; dn++) {
-        const int d = dn * 8 + tg * 2;
-        if (r0 < T)
-            *(u32*)(out_b + ((size_t)x0 * NH + h) * HD + d) =
-                (u32)f32_to_bf16(o[4 * dn] * i0) | ((u32)f32_to_bf16(o[4 * dn + 1] * i0) << 16);
-        if (r1 < T)
-            *(u32*)(out_b + ((size_t)x1 * NH + h) * HD + d) =
-                (u32)f32_to_bf16(o[4 * dn + 2] * i1) | ((u32)f32_to_bf16(o[4 * dn + 3] * i1) << 16);
-    }
+    store_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
 }
 
 #endif

@@ -21,9 +21,8 @@ use crate::llm::{Logits, Sampler};
 use cudarc::driver::sys;
 use std::ops::Range;
 
-fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
-    (n.div_ceil(per_block).clamp(1, 65535) as u32, 1, 1)
-}
+use crate::cuda::device::grid1;
+use crate::cuda::weights::DequantTo;
 
 impl CudaLlm {
     /// Launches a kernel of the decode chain (each calls pdl_wait before reading its
@@ -394,24 +393,12 @@ impl CudaLlm {
                 let mut r0 = 0;
                 while r0 < w.rows {
                     let rows = per.min(w.rows - r0);
-                    let n = rows * k;
-                    self.dev.launch(
-                        &self.mk.dequant_rows,
-                        grid1(n, 256 * 8),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::I32(w.codec as i32),
-                            Arg::Ptr(w.w()),
-                            Arg::Ptr(w.rs()),
-                            Arg::Ptr(w.colp()),
-                            Arg::U64(k as u64),
-                            Arg::U64(r0 as u64),
-                            Arg::U64(rows as u64),
-                            Arg::Ptr(if bf16 { pf.scratch.ptr() } else { 0 }),
-                            Arg::Ptr(if bf16 { 0 } else { pf.scratch.ptr() }),
-                        ],
-                    )?;
+                    let to = if bf16 {
+                        DequantTo::Bf16(pf.scratch.ptr())
+                    } else {
+                        DequantTo::F32(pf.scratch.ptr())
+                    };
+                    w.dequant(&self.dev, &self.mk.dequant_rows, r0, rows, to)?;
                     blas.gemm(
                         bf16,
                         pf.scratch.ptr(),

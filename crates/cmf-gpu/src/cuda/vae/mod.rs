@@ -22,7 +22,7 @@ pub mod plan;
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError};
 use super::kernels::{Func, Module, ROWOPS, VAE};
-use super::weights::{DevCodec, DevWeight};
+use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::facade::{Refusal, RefusalReason};
 use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
@@ -790,22 +790,12 @@ impl Uploader<'_> {
             None
         } else {
             let b = self.dev.alloc(2 * n)?;
-            self.dev.launch(
+            dw.dequant(
+                self.dev,
                 &self.k.dequant_rows,
-                grid1(n, 256 * 8),
-                (256, 1, 1),
                 0,
-                &[
-                    Arg::I32(dw.codec as i32),
-                    Arg::Ptr(dw.w()),
-                    Arg::Ptr(dw.rs()),
-                    Arg::Ptr(dw.colp()),
-                    Arg::U64(cols as u64),
-                    Arg::U64(0),
-                    Arg::U64(rows as u64),
-                    Arg::Ptr(b.ptr()),
-                    Arg::Ptr(0),
-                ],
+                rows,
+                DequantTo::Bf16(b.ptr()),
             )?;
             Some(b)
         };

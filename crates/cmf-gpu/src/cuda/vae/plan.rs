@@ -262,9 +262,7 @@ pub fn elementwise_layout(c: usize, pixels: usize) -> RowLayout {
 }
 
 /// A 1-D grid for a grid-stride kernel over `n` items, `per_block` items per block.
-pub fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
-    (n.div_ceil(per_block).clamp(1, 65535) as u32, 1, 1)
-}
+pub use crate::cuda::device::grid1;
 
 #[cfg(test)]
 mod tests {
