@@ -59,19 +59,7 @@ pub(crate) fn encode_f16(
     first: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
-    out.reserve(values.len() * 2);
-    for (i, &v) in values.iter().enumerate() {
-        let h = f32_to_f16(v);
-        if v.is_finite() && h & 0x7FFF == 0x7C00 {
-            return Err(CodecError::OutOfRange {
-                index: first + i,
-                value: v,
-                limit: "f16 max 65504",
-            });
-        }
-        out.extend_from_slice(&h.to_le_bytes());
-    }
-    Ok(())
+    encode_16bit(values, first, out, f32_to_f16, 0x7C00, "f16 max 65504")
 }
 
 pub(crate) fn encode_bf16(
@@ -79,14 +67,27 @@ pub(crate) fn encode_bf16(
     first: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
+    encode_16bit(values, first, out, f32_to_bf16, 0x7F80, "bf16 max 3.39e38")
+}
+
+/// Appends `convert(v)` little-endian for each value; a finite value that converts to ±inf
+/// (`inf_bits` under the sign) is an error naming its index (`first` + position) and `limit`.
+fn encode_16bit(
+    values: &[f32],
+    first: usize,
+    out: &mut Vec<u8>,
+    convert: fn(f32) -> u16,
+    inf_bits: u16,
+    limit: &'static str,
+) -> Result<(), CodecError> {
     out.reserve(values.len() * 2);
     for (i, &v) in values.iter().enumerate() {
-        let h = f32_to_bf16(v);
-        if v.is_finite() && h & 0x7FFF == 0x7F80 {
+        let h = convert(v);
+        if v.is_finite() && h & 0x7FFF == inf_bits {
             return Err(CodecError::OutOfRange {
                 index: first + i,
                 value: v,
-                limit: "bf16 max 3.39e38",
+                limit,
             });
         }
         out.extend_from_slice(&h.to_le_bytes());
