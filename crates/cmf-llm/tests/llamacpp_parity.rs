@@ -36,7 +36,7 @@ fn find_gguf() -> Option<PathBuf> {
 
 /// The demo model imported once per test binary (default codecs, or `quant`).
 fn demo_model(quant: Option<Quant>) -> Option<&'static CmfModel> {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     static DEFAULT: OnceLock<Option<CmfModel>> = OnceLock::new();
     static F32: OnceLock<Option<CmfModel>> = OnceLock::new();
     let cell = if quant.is_none() { &DEFAULT } else { &F32 };
@@ -45,8 +45,8 @@ fn demo_model(quant: Option<Quant>) -> Option<&'static CmfModel> {
             eprintln!("SKIPPED: {GGUF_NAME} not found (set CMF_SMOLLM2_GGUF or CMF_CACHE; scripts/fetch-demo-model.sh fetches it)");
             return None;
         };
-        let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-        let out = dir.path().join(format!("smollm2-{}.cmf", quant.map_or("default", |q| q.name())));
+        let dir = DIR.get_or_init(|| common::scratch_dir("llamacpp_parity"));
+        let out = dir.join(format!("smollm2-{}.cmf", quant.map_or("default", |q| q.name())));
         cmf_convert::import_gguf::import(&gguf, &out, &Options { quant, ..Options::default() }).unwrap();
         Some(CmfModel::open(&out).unwrap())
     })

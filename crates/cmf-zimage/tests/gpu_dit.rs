@@ -293,20 +293,11 @@ fn refusal_at_load_gives_the_cpu_image() {
 }
 
 fn q8_pack() -> &'static std::path::PathBuf {
-    static PACK: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
-        std::sync::OnceLock::new();
-    &PACK
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let out = convert_tiny(
-                dir.path(),
-                "tiny-q8.cmf",
-                Codec::Quant(Dtype::Q8_2f),
-                Codec::F32,
-            );
-            (dir, out)
-        })
-        .1
+    static PACK: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PACK.get_or_init(|| {
+        let dir = scratch_dir("gpu_dit");
+        convert_tiny(&dir, "tiny-q8.cmf", Codec::Quant(Dtype::Q8_2f), Codec::F32)
+    })
 }
 
 fn turbo_plan(pack: &ZimagePack) -> Plan {

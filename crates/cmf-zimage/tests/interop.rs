@@ -52,7 +52,6 @@ fn reference_image() -> Vec<u8> {
 /// and `cortiq imagine-pack` both default: q8_2f DiT and TE projections, f32 VAE), plus the
 /// turbo latents as raw f32 (what both `--latents` and `CMF_INIT_LATENT` read).
 struct Scratch {
-    _dir: tempfile::TempDir,
     pack: PathBuf,
     latents: PathBuf,
 }
@@ -60,10 +59,10 @@ struct Scratch {
 fn scratch() -> &'static Scratch {
     static S: OnceLock<Scratch> = OnceLock::new();
     S.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let pack = dir.path().join("tiny-ours.cmf");
+        let dir = scratch_dir("interop");
+        let pack = dir.join("tiny-ours.cmf");
         convert_zimage(&tree(), &pack, &ZimageOptions::default(), &mut |_| {}).unwrap();
-        let latents = dir.path().join("turbo.f32");
+        let latents = dir.join("turbo.f32");
         let e = Expected::load("pipeline.safetensors");
         let bytes: Vec<u8> = e
             .f32("turbo.latents")
@@ -71,11 +70,7 @@ fn scratch() -> &'static Scratch {
             .flat_map(|v| v.to_le_bytes())
             .collect();
         std::fs::write(&latents, bytes).unwrap();
-        Scratch {
-            _dir: dir,
-            pack,
-            latents,
-        }
+        Scratch { pack, latents }
     })
 }
 
@@ -249,7 +244,7 @@ fn our_pack_renders_in_the_reference_cli() {
         }
     };
     let s = scratch();
-    let out = s._dir.path().join("turbo-from-ours.ppm");
+    let out = s.pack.with_file_name("turbo-from-ours.ppm");
     let o = Command::new(&bin)
         .arg("imagine")
         .arg(&s.pack)

@@ -14,14 +14,11 @@ use std::sync::OnceLock;
 
 /// One f32 pack of the fixture tree per test binary.
 fn f32_pack() -> &'static PathBuf {
-    static PACK: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &PACK
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let out = convert_tiny(dir.path(), "tiny-f32.cmf", Codec::F32, Codec::F32);
-            (dir, out)
-        })
-        .1
+    static PACK: OnceLock<PathBuf> = OnceLock::new();
+    PACK.get_or_init(|| {
+        let dir = scratch_dir("parity_pipeline");
+        convert_tiny(&dir, "tiny-f32.cmf", Codec::F32, Codec::F32)
+    })
 }
 
 #[test]

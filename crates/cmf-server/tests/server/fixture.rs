@@ -16,8 +16,10 @@ pub fn model_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("cmf-server-{}", std::process::id()));
+        // One fixed place per test binary, emptied here: a directory per process id piled up
+        // one copy per run.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cmf-server");
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("qwen2-tiny.cmf");
         let opts = cmf_convert::Options {
