@@ -9,6 +9,9 @@ use cmf_llm::Model;
 use cmf_server::{EngineOptions, RunningServer, ServerConfig};
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+#[path = "../../../../test-support/scratch.rs"]
+mod scratch;
 use std::time::Duration;
 
 /// `fixtures/llm/qwen2-tiny` as a CMF f32 file (converted once per test process).
@@ -16,11 +19,7 @@ pub fn model_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
-        // One fixed place per test binary, emptied here: a directory per process id piled up
-        // one copy per run.
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cmf-server");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch::scratch_dir("cmf-server");
         let out = dir.join("qwen2-tiny.cmf");
         let opts = cmf_convert::Options {
             quant: Some(cmf_convert::Quant::F32),
