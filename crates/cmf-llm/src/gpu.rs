@@ -127,18 +127,8 @@ impl GpuModel {
         layers: Option<&LayerSet>,
     ) -> Option<GpuModel> {
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
-        let desc = match describe(model, max_context) {
-            Ok(d) => d,
-            Err(why) => {
-                cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}"));
-                return None;
-            }
-        };
-        let opts = LlmOptions {
-            max_context,
-            ..LlmOptions::default()
-        };
-        let llm = gpu.load_llm(&desc, &opts, layers).ok()?;
+        let desc = describe(model, max_context);
+        let llm = load_described(gpu, "llm", desc, max_context, layers)?;
         if !llm.placement().is_whole_model() {
             cmf_gpu::facade::log::debug(
                 "llm: partial placement: the generation loop runs on the CPU",
@@ -196,6 +186,29 @@ impl GpuModel {
     }
 }
 
+/// Loads a described model for `max_context` positions; None (the reason logged at debug
+/// verbosity under `who`) when there is no description or the device refuses.
+fn load_described(
+    gpu: &Gpu,
+    who: &str,
+    desc: std::result::Result<LlmModel<'_>, String>,
+    max_context: usize,
+    layers: Option<&LayerSet>,
+) -> Option<GpuLlm> {
+    let desc = match desc {
+        Ok(d) => d,
+        Err(why) => {
+            cmf_gpu::facade::log::debug(&format!("{who}: runs on the CPU: {why}"));
+            return None;
+        }
+    };
+    let opts = LlmOptions {
+        max_context,
+        ..LlmOptions::default()
+    };
+    gpu.load_llm(&desc, &opts, layers).ok()
+}
+
 /// The bound layers of a model resident on the device for hidden states (a text encoder's
 /// `hidden_states[k]`, k = the layers bound): the embedding rows are looked up on the CPU, the
 /// layers run on the device through the prefill path (`forward_layers`).
@@ -215,19 +228,9 @@ impl GpuEncoder {
         } else {
             &model.weights.final_norm[..]
         };
-        let desc = match describe_bound(model, max_context, norm) {
-            Ok(d) => d,
-            Err(why) => {
-                cmf_gpu::facade::log::debug(&format!("encoder: runs on the CPU: {why}"));
-                return None;
-            }
-        };
-        let opts = LlmOptions {
-            max_context,
-            ..LlmOptions::default()
-        };
+        let desc = describe_bound(model, max_context, norm);
         let layers = model.weights.layers.len();
-        let llm = gpu.load_llm(&desc, &opts, Some(&LayerSet::All)).ok()?;
+        let llm = load_described(gpu, "encoder", desc, max_context, Some(&LayerSet::All))?;
         if llm.placement().device_layer_count() != layers {
             return None;
         }
