@@ -401,6 +401,13 @@ fn chunked_prefill_and_split_attention_at_long_context() {
         eprintln!("long context bf16, f16 KV, {attn:?}, pdl {pdl}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
         assert!(ep < 6e-2 && ed < 6e-2, "{attn:?}");
     }
+    // Many small decode splits (16 keys at least: ~25 per kv head here) through the merge of
+    // the last block (the default, 128, gives four).
+    std::env::set_var("CMF_GPU_ATTN_MIN_CHUNK", "16");
+    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 8, AttnKernel::Fa2, true);
+    std::env::remove_var("CMF_GPU_ATTN_MIN_CHUNK");
+    eprintln!("long context bf16, f16 KV, decode splits of 16 keys: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
+    assert!(ep < 6e-2 && ed < 6e-2, "small decode splits");
     let opts = LlmOptions {
         kv: KvPrecision::F32,
         ..opts

@@ -13,10 +13,17 @@ use std::sync::Arc;
 
 pub const COMMON: &str = include_str!("kernels/common.cuh");
 pub const MATVEC: &str = include_str!("kernels/matvec.cu");
-pub const ROWOPS: &str = include_str!("kernels/rowops.cu");
+pub const ROWOPS: &str = concat!(
+    include_str!("kernels/kv.cuh"),
+    include_str!("kernels/rope.cuh"),
+    include_str!("kernels/rowops.cu")
+);
 pub const ATTENTION: &str = concat!(
+    include_str!("kernels/kv.cuh"),
+    include_str!("kernels/rope.cuh"),
     include_str!("kernels/attention_frag.cuh"),
-    include_str!("kernels/attention.cu")
+    include_str!("kernels/attention.cu"),
+    include_str!("kernels/attention_decode.cu")
 );
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
 pub const ATTENTION_WG: &str = concat!(
@@ -233,7 +240,8 @@ pub struct ModelKernels {
     pub swiglu_rows: Func,
     pub dequant_rows: Func,
     pub rope_qk_kv: Func,
-    pub attn_decode_partial: Func,
+    /// Decode attention with the q/k norm, RoPE and KV write fused in (attention_decode.cu).
+    pub attn_decode: Func,
     pub attn_prefill_simple: Func,
     /// Tensor-core prefill attention (f16 cache, head_dim ≤ 128): version 1 (synchronous
     /// tile loads) and version 2 (cp.async double buffering, ldmatrix.trans for V).
@@ -248,10 +256,11 @@ impl ModelKernels {
         head_dim: usize,
         group: usize,
         kv_f32: bool,
-        min_chunk: usize,
+        (min_chunk, one_block): (usize, usize),
     ) -> DResult<ModelKernels> {
         let defs = vec![
             ("DEC_MIN_CHUNK", min_chunk.to_string()),
+            ("DEC_ONE_BLOCK", one_block.to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),
@@ -278,7 +287,7 @@ impl ModelKernels {
             swiglu_rows: rows.func("swiglu_rows")?,
             dequant_rows: rows.func("dequant_rows")?,
             rope_qk_kv: rows.func("rope_qk_kv")?,
-            attn_decode_partial: attn.func("attn_decode_partial")?,
+            attn_decode: attn.func("attn_decode")?,
             attn_prefill_simple: attn.func("attn_prefill_simple")?,
             attn_prefill_mma: mma,
             attn_prefill_fa2: fa2,

@@ -1,12 +1,7 @@
 // attention.cu — causal GQA attention over the device KV cache.
 //
 // Design.
-// - Decode (one query per head): split-K. Block (kv head, split) takes the G = NH/NKV query
-//   heads that share the kv head, so each K/V row is read once for the whole group, over a
-//   contiguous slice of the visible keys; it writes an unnormalised partial (o, max, sum) per
-//   head, and a combine kernel merges the splits (the log-sum-exp rescale). The current length
-//   comes from device memory (pos_ptr), so one captured graph serves every position: splits
-//   past the end exit at once. Scores live in shared memory (G × chunk floats).
+// - Decode (one query per head, the q/k norm and RoPE fused in): attention_decode.cu.
 // - Prefill, f16 cache: flash attention on tensor cores (mma.sync m16n8k16, f16 in, f32
 //   accumulate). A block = 4 warps = 64 queries of one head; key tiles of 64 are staged in
 //   shared memory (V transposed so B fragments are single 32-bit loads), online softmax in the
@@ -23,19 +18,9 @@
 #ifndef GQA
 #define GQA 1
 #endif
-#ifndef KV_F32
-#define KV_F32 0
-#endif
 // Dims per lane; lanes with lane·EPL ≥ HD idle (HD = 16 uses half a warp).
 #define EPL ((HD + 31) / 32)
 #define LANE_OK(lane) ((lane) * EPL < HD)
-#if KV_F32
-typedef float kv_t;
-__device__ __forceinline__ float kv_f(kv_t v) { return v; }
-#else
-typedef u16 kv_t;
-__device__ __forceinline__ float kv_f(kv_t v) { return f16_to_f32(v); }
-#endif
 
 // EPL consecutive elements of a cache row (lane's share) as f32.
 __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
@@ -60,194 +45,6 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
 #endif
 #pragma unroll
     for (int j = 0; j < EPL; j++) out[j] = kv_f(p[j]);
-}
-
-// Keys per split at least (more splits = more blocks in flight; fewer = less merging). Up to
-// this many visible keys one block does the whole head group (no partials, no merge).
-#ifndef DEC_MIN_CHUNK
-#define DEC_MIN_CHUNK 32
-#endif
-
-// The split-K partition both decode kernels agree on: P_eff splits of `chunk` keys over the
-// visible keys [first, S), with at least 32 keys per split so short contexts use few blocks.
-__device__ __forceinline__ void decode_split(const int* pos_ptr, int window, int P, int& first, int& S, int& peff, int& chunk) {
-    S = pos_ptr[0] + 1;
-    first = window > 0 ? max(0, S - window) : 0;
-    const int n = S - first;
-    peff = min(P, max(1, (n + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK));
-    chunk = (n + peff - 1) / peff;
-}
-
-// A load that bypasses L1 (partials written by other SMs in this kernel).
-__device__ __forceinline__ float ldcg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
-// 16 bytes of a cache row as f32 (8 halves or 4 floats).
-#if KV_F32
-#define KV_VEC 4
-__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
-    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y); o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
-}
-#else
-#define KV_VEC 8
-__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
-    u32 w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int e = 0; e < 4; e++) { o[2 * e] = f16_to_f32((u16)(w[e] & 0xffff)); o[2 * e + 1] = f16_to_f32((u16)(w[e] >> 16)); }
-}
-#endif
-
-// Loads of one K row in flight per thread (16 bytes each).
-#define KV_GRP (HD / KV_VEC < 16 ? HD / KV_VEC : 16)
-
-// Grid (NKV, P), 128 threads. Dynamic smem: q [GQA][HD] + scores [GQA][chunk_max] +
-// per-warp outputs [4][GQA][HD] + merge weights [4][P] floats.
-// part: [NH, P, HD + 2] — o (unnormalised), then max, then sum; splits ≥ P_eff write nothing.
-// The last split block of a kv head to finish (counted in `count[kvh]`, which it resets)
-// merges the partials of its GQA heads into out[NH, HD] (the log-sum-exp rescale), so no
-// separate combine kernel runs.
-// Phase 1 gives each thread whole keys (16-byte loads of its K row, all in flight at once;
-// q is read from shared memory as a broadcast), phase 3 gives each warp a quarter of the keys
-// and each lane EPL dims of the V rows.
-extern "C" __global__ void __launch_bounds__(128)
-attn_decode_partial(const float* q, const kv_t* kc, const kv_t* vc, const int* pos_ptr, int window, int S_max,
-                    float scale, int P, int chunk_max, float* part, int* count, float* out) {
-    pdl_trigger();
-    pdl_wait();
-    extern __shared__ __align__(16) float dsm[];
-    float* qs = dsm;                      // [GQA][HD]
-    float* sc = qs + GQA * HD;            // [GQA][chunk_max]
-    float* ow = sc + GQA * chunk_max;     // [4][GQA][HD]
-    float* wts = ow + 4 * GQA * HD;       // [4][P] merge weights, per warp (last block)
-    __shared__ float lsh[GQA];            // softmax sums (single-split case)
-    const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int first, S, peff, chunk;
-    decode_split(pos_ptr, window, P, first, S, peff, chunk);
-    if (split >= peff) return;
-    const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
-    const size_t stride_h = (size_t)P * (HD + 2);
-    float* ob = part + (size_t)kvh * GQA * stride_h + (size_t)split * (HD + 2);
-    for (int i = threadIdx.x; i < GQA * HD; i += blockDim.x) qs[i] = q[(size_t)kvh * GQA * HD + i] * scale;
-    __syncthreads();
-
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
-        const uint4* kr = (const uint4*)(kc + ((size_t)kvh * S_max + c0 + i) * HD);
-        float acc[GQA];
-#pragma unroll
-        for (int g = 0; g < GQA; g++) acc[g] = 0.f;
-#pragma unroll
-        for (int c0v = 0; c0v < HD / KV_VEC; c0v += KV_GRP) {
-            uint4 raw[KV_GRP];
-#pragma unroll
-            for (int c = 0; c < KV_GRP; c++) raw[c] = kr[c0v + c];
-#pragma unroll
-            for (int c = 0; c < KV_GRP; c++) {
-                float kf[KV_VEC];
-                kv_vec(raw[c], kf);
-#pragma unroll
-                for (int g = 0; g < GQA; g++)
-#pragma unroll
-                    for (int e = 0; e < KV_VEC; e++) acc[g] += qs[g * HD + (c0v + c) * KV_VEC + e] * kf[e];
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < GQA; g++) sc[g * chunk_max + i] = acc[g];
-    }
-    __syncthreads();
-    for (int g = warp; g < GQA; g += 4) {
-        float m = NEG_INF;
-        for (int i = lane; i < len; i += 32) m = fmaxf(m, sc[g * chunk_max + i]);
-        m = warp_max(m);
-        float l = 0.f;
-        for (int i = lane; i < len; i += 32) {
-            float p = expf(sc[g * chunk_max + i] - m);
-            sc[g * chunk_max + i] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            ob[g * stride_h + HD] = m;
-            ob[g * stride_h + HD + 1] = l;
-            lsh[g] = l;
-        }
-    }
-    __syncthreads();
-    float o[GQA][EPL];
-#pragma unroll
-    for (int g = 0; g < GQA; g++)
-#pragma unroll
-        for (int e = 0; e < EPL; e++) o[g][e] = 0.f;
-#pragma unroll 4
-    for (int i = warp; i < len; i += 4) {
-        if (!LANE_OK(lane)) continue;
-        float v[EPL];
-        load_kv(vc + ((size_t)kvh * S_max + c0 + i) * HD + lane * EPL, v);
-#pragma unroll
-        for (int g = 0; g < GQA; g++) {
-            float p = sc[g * chunk_max + i];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) o[g][e] += p * v[e];
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < GQA; g++)
-#pragma unroll
-        for (int e = 0; e < EPL; e++)
-            if (LANE_OK(lane)) ow[(warp * GQA + g) * HD + lane * EPL + e] = o[g][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < GQA * HD; i += blockDim.x) {
-        int g = i / HD, d = i % HD;
-        float r = ow[(0 * GQA + g) * HD + d] + ow[(1 * GQA + g) * HD + d] + ow[(2 * GQA + g) * HD + d] + ow[(3 * GQA + g) * HD + d];
-        if (peff == 1)
-            out[(size_t)(kvh * GQA + g) * HD + d] = r / lsh[g];  // one split: already final
-        else
-            ob[g * stride_h + d] = r;
-    }
-    if (peff == 1) return;
-
-    // Last block of this kv head: merge the partials (log-sum-exp rescale), one warp per head.
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(count + kvh, 1) == peff - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    if (threadIdx.x == 0) count[kvh] = 0;
-    float* wt = wts + warp * P;
-    for (int g = warp; g < GQA; g += 4) {
-        const float* hb = part + (size_t)(kvh * GQA + g) * stride_h;
-        float M = NEG_INF;
-        for (int p = lane; p < peff; p += 32) M = fmaxf(M, ldcg(hb + (size_t)p * (HD + 2) + HD));
-        M = warp_max(M);
-        float L = 0.f;
-        for (int p = lane; p < peff; p += 32) {
-            const float* pb = hb + (size_t)p * (HD + 2);
-            float w = expf(ldcg(pb + HD) - M);
-            wt[p] = w;
-            L += w * ldcg(pb + HD + 1);
-        }
-        L = warp_sum(L);
-        __syncwarp();
-        if (LANE_OK(lane)) {
-            float acc[EPL];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) acc[e] = 0.f;
-#pragma unroll 4
-            for (int p = 0; p < peff; p++) {
-                const float w = wt[p];
-                const float* pb = hb + (size_t)p * (HD + 2) + lane * EPL;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) acc[e] += w * ldcg(pb + e);
-            }
-#pragma unroll
-            for (int e = 0; e < EPL; e++) out[(size_t)(kvh * GQA + g) * HD + lane * EPL + e] = acc[e] / L;
-        }
-        __syncwarp();
-    }
 }
 
 // Grid (T, ceil(NH/4)), 128 threads: one warp per (query, head); any cache type.

@@ -11,18 +11,6 @@
 #ifndef HD
 #define HD 128
 #endif
-#ifndef KV_F32
-#define KV_F32 0
-#endif
-// Elements of a head per lane (HD = 16 leaves half the lanes idle).
-#define RJ ((HD + 31) / 32)
-#if KV_F32
-typedef float kv_t;
-__device__ __forceinline__ kv_t to_kv(float v) { return v; }
-#else
-typedef u16 kv_t;
-__device__ __forceinline__ kv_t to_kv(float v) { return f32_to_f16(v); }
-#endif
 
 // out[t, :] = row tokens[t] of W (any codec), as f32. tokens are validated by the host (or
 // produced by the sampler), so no range check here beyond the clamp that keeps a bad id from
@@ -139,34 +127,8 @@ rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, c
         int e = lane + 32 * j;
         v[j] = e < HD ? src[e] + (bias ? bias[h * HD + e] : 0.f) : 0.f;
     }
-    if (norm) {
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < RJ; j++) ss += v[j] * v[j];
-        ss = warp_sum(ss);
-        float inv = rsqrtf(ss / (float)HD + eps);
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) v[j] = v[j] * inv * norm[lane + 32 * j];
-    }
-    if (kind < 2) {
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) buf[warp][lane + 32 * j] = v[j];
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < RJ; j++) {
-            int e = lane + 32 * j;
-            if (e < 2 * R && e < HD) {
-                int i = e < R ? e : e - R;
-                float sn, cs;
-                sincosf((float)pos * inv_freq[i], &sn, &cs);
-                sn *= attn_factor;
-                cs *= attn_factor;
-                v[j] = e < R ? v[j] * cs - buf[warp][e + R] * sn : v[j] * cs + buf[warp][e - R] * sn;
-            }
-        }
-    }
+    head_rmsnorm(v, norm, eps, lane);
+    if (kind < 2) head_rope(v, buf[warp], pos, inv_freq, R, attn_factor, lane);
     if (kind == 0) {
         float* dst = q_out + ((long long)t * NH + h) * HD;
 #pragma unroll

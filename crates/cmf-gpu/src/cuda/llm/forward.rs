@@ -1,10 +1,10 @@
 //! The forward pass, as sequences of launches on the model's stream.
 //!
 //! Decode (one token, everything read from device memory, so the same launches replay as a
-//! graph at any position), per layer — 7 launches:
-//!   matvec(q|k|v, RMSNorm fused, biases) → rope_qk_kv (q/k norm, RoPE, KV write) →
-//!   attn_decode_partial → attn_decode_combine → matvec(o, += residual) →
-//!   matvec(gate|up, RMSNorm fused, SwiGLU) → matvec(down, += residual)
+//! graph at any position), per layer — 5 launches:
+//!   matvec(q|k|v, RMSNorm fused, biases) → attn_decode (q/k norm, RoPE, KV write, split-K
+//!   attention, fused merge) → matvec(o, += residual) → matvec(gate|up, RMSNorm fused, SwiGLU)
+//!   → matvec(down, += residual)
 //! then matvec(lm_head, final norm fused) → topk_partial → topk_final (token, position += 1).
 //!
 //! Prefill (T tokens), per layer: rmsnorm → GEMM q,k,v → rope_qk_kv (+biases) → flash
@@ -116,18 +116,59 @@ impl CudaLlm {
         )
     }
 
+    /// Decode attention for layer `l` with the q/k norm, RoPE and the KV write of the new
+    /// token fused in (attention_decode.cu): reads the q|k|v matvec output, writes `ws.attn`.
+    fn attention_decode(&self, l: usize) -> DResult<()> {
+        let (ws, s) = (&self.ws, &self.spec);
+        let d = self.layer(l);
+        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        let smem = super::decode_smem_bytes(
+            s.num_heads / s.num_kv_heads,
+            s.head_dim,
+            self.chunk_max,
+            self.splits,
+        );
+        self.go(
+            &self.mk.attn_decode,
+            (s.num_kv_heads as u32, self.splits as u32, 1),
+            ((super::DEC_WARPS * 32) as u32, 1, 1),
+            smem as u32,
+            &[
+                Arg::Ptr(ws.qkv.ptr()),
+                Arg::Ptr(opt(&d.q_norm)),
+                Arg::Ptr(opt(&d.k_norm)),
+                Arg::F32(self.eps()),
+                Arg::Ptr(self.inv_freq.ptr()),
+                Arg::I32(s.rope.inv_freq.len() as i32),
+                Arg::F32(s.rope.attention_factor),
+                Arg::Ptr(ws.pos()),
+                Arg::I32(s.num_heads as i32),
+                Arg::I32(s.num_kv_heads as i32),
+                Arg::I32(d.window),
+                Arg::I32(self.opts.max_context as i32),
+                Arg::F32(s.attn_scale),
+                Arg::I32(self.splits as i32),
+                Arg::I32(self.chunk_max as i32),
+                Arg::Ptr(d.k_cache.ptr()),
+                Arg::Ptr(d.v_cache.ptr()),
+                Arg::Ptr(ws.part.ptr()),
+                Arg::Ptr(ws.count.ptr()),
+                Arg::Ptr(ws.attn.ptr()),
+            ],
+        )
+    }
+
     /// Stages of one decode layer (the profile times them one by one).
-    pub(super) const DECODE_STAGES: [&'static str; 6] = [
+    pub(super) const DECODE_STAGES: [&'static str; 5] = [
         "qkv matvec (+norm)",
-        "q/k norm + rope + kv write",
-        "attention (split-K, fused merge)",
+        "attention (+q/k norm, rope, kv write; split-K)",
         "o matvec (+res)",
         "gate|up matvec (+norm, swiglu)",
         "down matvec (+res)",
     ];
 
     pub(super) fn decode_stage(&self, l: usize, stage: usize) -> DResult<()> {
-        let (dev, ck, ws, s) = (&*self.dev, &*self.ck, &self.ws, &self.spec);
+        let (dev, ck, ws) = (&*self.dev, &*self.ck, &self.ws);
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
         let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
@@ -157,38 +198,15 @@ impl CudaLlm {
                     MvMode::Store,
                 )
             }
-            1 => self.rope(l, ws.qkv.ptr(), 1, ws.pos(), ws.qr.ptr(), false),
-            2 => {
-                let group = s.num_heads / s.num_kv_heads;
-                self.go(
-                    &self.mk.attn_decode_partial,
-                    (s.num_kv_heads as u32, self.splits as u32, 1),
-                    (128, 1, 1),
-                    (4 * (group * (5 * s.head_dim + self.chunk_max) + 4 * self.splits)) as u32,
-                    &[
-                        Arg::Ptr(ws.qr.ptr()),
-                        Arg::Ptr(d.k_cache.ptr()),
-                        Arg::Ptr(d.v_cache.ptr()),
-                        Arg::Ptr(ws.pos()),
-                        Arg::I32(d.window),
-                        Arg::I32(self.opts.max_context as i32),
-                        Arg::F32(s.attn_scale),
-                        Arg::I32(self.splits as i32),
-                        Arg::I32(self.chunk_max as i32),
-                        Arg::Ptr(ws.part.ptr()),
-                        Arg::Ptr(ws.count.ptr()),
-                        Arg::Ptr(ws.attn.ptr()),
-                    ],
-                )
-            }
-            3 => mv(
+            1 => self.attention_decode(l),
+            2 => mv(
                 &[MvSeg { w: &d.o, bias: 0 }],
                 ws.attn.ptr(),
                 0,
                 ws.h.ptr(),
                 MvMode::Accumulate,
             ),
-            4 => {
+            3 => {
                 let gu = [
                     MvSeg {
                         w: &d.gate,

@@ -104,13 +104,31 @@ struct Plan {
     chunk_max: usize,
 }
 
-/// Fewest keys per decode-attention split (`CMF_GPU_ATTN_MIN_CHUNK`, A/B runs; default 32).
+/// Fewest keys per decode-attention split beyond one block's share (`CMF_GPU_ATTN_MIN_CHUNK`,
+/// A/B runs; default 128).
 fn dec_min_chunk() -> usize {
     std::env::var("CMF_GPU_ATTN_MIN_CHUNK")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n >= 1)
-        .unwrap_or(32)
+        .unwrap_or(128)
+}
+
+/// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`).
+const DEC_ONE_BLOCK: usize = 256;
+
+/// Warps per decode-attention block (`DEC_WARPS` in attention_decode.cu).
+pub(super) const DEC_WARPS: usize = 8;
+
+/// Dynamic shared memory of `attn_decode` (its layout comment): q, scores, per-warp outputs,
+/// merge weights, all f32.
+pub(super) fn decode_smem_bytes(
+    group: usize,
+    head_dim: usize,
+    chunk_max: usize,
+    splits: usize,
+) -> usize {
+    4 * (group * head_dim + group * chunk_max + DEC_WARPS * group * head_dim + DEC_WARPS * splits)
 }
 
 fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
@@ -175,13 +193,17 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
     let kv_elem = if kv_f32 { 4 } else { 2 };
     let kv_layer_bytes = (2 * s.num_kv_heads * opts.max_context * s.head_dim * kv_elem) as u64;
     // Up to about four blocks per SM for decode attention at long contexts (the kernel uses
-    // fewer splits, at least 32 keys each, at short ones); a split's q, scores and per-warp
-    // outputs fit in shared memory.
+    // fewer splits, at least dec_min_chunk() keys each, at short ones); more splits where a
+    // split's scores would not fit in shared memory beside its q and per-warp outputs.
     let mut splits = (4 * dev.sm_count as usize)
         .div_ceil(s.num_kv_heads)
         .clamp(1, 128);
-    let chunk = |p: usize| opts.max_context.div_ceil(p).max(dec_min_chunk());
-    while 4 * (group * (5 * s.head_dim + chunk(splits)) + 4 * splits) > 96 * 1024 {
+    // A split holds at most this many keys at the fewest (one block, or the smallest split).
+    let floor = dec_min_chunk().max(DEC_ONE_BLOCK);
+    let chunk = |p: usize| opts.max_context.div_ceil(p).max(floor);
+    while decode_smem_bytes(group, s.head_dim, chunk(splits), splits) > 96 * 1024
+        && chunk(splits) > floor
+    {
         splits *= 2;
     }
     Ok(Plan {
@@ -249,12 +271,16 @@ impl CudaLlm {
             s.head_dim,
             s.num_heads / s.num_kv_heads,
             p.kv_f32,
-            dec_min_chunk(),
+            (dec_min_chunk(), DEC_ONE_BLOCK),
         )
         .map_err(err)?;
-        let smem =
-            4 * (s.num_heads / s.num_kv_heads * (5 * s.head_dim + p.chunk_max) + 4 * p.splits);
-        mk.attn_decode_partial
+        let smem = decode_smem_bytes(
+            s.num_heads / s.num_kv_heads,
+            s.head_dim,
+            p.chunk_max,
+            p.splits,
+        );
+        mk.attn_decode
             .allow_smem(smem.max(48 * 1024))
             .map_err(err)?;
         let kv_half = (p.kv_layer_bytes / 2) as usize;

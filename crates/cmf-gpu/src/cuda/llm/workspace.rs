@@ -15,8 +15,6 @@ pub struct DecodeWs {
     pub h: DBuf,
     /// [NH·D + 2·NKV·D] q, k, v.
     pub qkv: DBuf,
-    /// [NH·D] q after norm + RoPE.
-    pub qr: DBuf,
     /// [NH, splits, D + 2] attention partials.
     pub part: DBuf,
     /// [NH·D] attention output.
@@ -35,11 +33,10 @@ pub struct DecodeWs {
 }
 
 impl DecodeWs {
-    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 11] {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 10] {
         [
             4 * s.hidden,
             4 * (s.q_dim() + 2 * s.kv_dim()),
-            4 * s.q_dim(),
             4 * s.num_heads * splits * (s.head_dim + 2),
             4 * s.q_dim(),
             4 * s.intermediate,
@@ -60,15 +57,14 @@ impl DecodeWs {
         Ok(DecodeWs {
             h: dev.alloc_zeroed(z[0])?,
             qkv: dev.alloc_zeroed(z[1])?,
-            qr: dev.alloc_zeroed(z[2])?,
-            part: dev.alloc_zeroed(z[3])?,
-            attn: dev.alloc_zeroed(z[4])?,
-            act: dev.alloc_zeroed(z[5])?,
-            logits: dev.alloc_zeroed(z[6])?,
-            cand_v: dev.alloc_zeroed(z[7])?,
-            cand_i: dev.alloc_zeroed(z[8])?,
-            io: dev.alloc_zeroed(z[9])?,
-            count: dev.alloc_zeroed(z[10])?,
+            part: dev.alloc_zeroed(z[2])?,
+            attn: dev.alloc_zeroed(z[3])?,
+            act: dev.alloc_zeroed(z[4])?,
+            logits: dev.alloc_zeroed(z[5])?,
+            cand_v: dev.alloc_zeroed(z[6])?,
+            cand_i: dev.alloc_zeroed(z[7])?,
+            io: dev.alloc_zeroed(z[8])?,
+            count: dev.alloc_zeroed(z[9])?,
         })
     }
 

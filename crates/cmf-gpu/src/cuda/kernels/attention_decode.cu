@@ -1,0 +1,303 @@
+// attention_decode.cu — decode attention (one new token) over the device KV cache, with the
+// q/k RMSNorm, RoPE and the cache write of the new token fused in.
+//
+// Design. At short contexts decode attention is latency, not bytes: a few hundred keys cost
+// less than a launch. So one launch does what used to take two (rope_qk_kv, then attention),
+// a short context is one block per kv head with no merge, and every phase keeps many loads in
+// flight per thread.
+// - Grid (NKV, P), DEC_WARPS warps. Block (kvh, split) serves the GQA query heads that share kv
+//   head kvh, over a contiguous slice [c0, c1) of the visible keys [first, S), S = *pos_ptr + 1
+//   (decode_split). The length comes from device memory, so one captured graph serves every
+//   position; splits past P_eff exit at once.
+// - Before waiting for its predecessor (PDL), a block asks L2 for its K and V rows: rows before
+//   S − 1 were written by earlier tokens' graphs, which have completed, and a prefetch cannot
+//   make a later read stale (L2 is where the new row's write lands too).
+// - Prologue: warps take the group's raw q heads from the q|k|v matvec output, apply the q norm,
+//   RoPE (rope.cuh) and the score scale, into shared memory. The block holding key S − 1 (the
+//   last split) also normalises and rotates the new k and writes k and v into cache row S − 1
+//   before any of its threads reads keys: __syncthreads makes the block's global writes visible
+//   to it, and the cache is read with ld.global.cg, never the read-only path.
+// - Scores: each thread takes whole keys (its K row as 16-byte loads, all in flight; q from
+//   shared memory as a broadcast) into scores [GQA][chunk] in shared memory; a warp per head
+//   takes their max and sum of exp.
+// - P·V: HD/VEC lanes cover a V row (VEC = 8 halves or 4 floats per 16 bytes), so one warp load
+//   reads 32/(HD/VEC) keys, V_UNROLL loads in flight per lane; lanes that share dims are summed
+//   with shuffles, then the warps in a fixed order through shared memory (deterministic).
+// - One split: the block writes out = o / l. Several: each writes its unnormalised partial
+//   (o, max, sum) to `part`; the last block of the kv head to finish (counted in count[kvh],
+//   which it resets) merges them with the log-sum-exp rescale.
+// Layouts: qkv [NH + 2·NKV, HD] f32 (q heads, k heads, v heads; biases already added by the
+// matvec); caches [NKV, S_max, HD]; part [NH, P, HD + 2]; out [NH, HD] f32.
+// Reference: llm/reference.rs `layer`; parity: tests/cuda.rs (decode against the CPU model).
+
+// Up to DEC_ONE_BLOCK visible keys one block does the whole head group (no partials, no merge:
+// the fastest at short contexts); beyond, splits of at least DEC_MIN_CHUNK keys (more blocks
+// in flight against more merging).
+#ifndef DEC_ONE_BLOCK
+#define DEC_ONE_BLOCK 256
+#endif
+#ifndef DEC_MIN_CHUNK
+#define DEC_MIN_CHUNK 128
+#endif
+#define DEC_WARPS 8
+#define DEC_THREADS (DEC_WARPS * 32)
+
+// The split-K partition: P_eff splits of `chunk` keys over the visible keys [first, S).
+__device__ __forceinline__ void decode_split(const int* pos_ptr, int window, int P, int& first, int& S, int& peff, int& chunk) {
+    S = pos_ptr[0] + 1;
+    first = window > 0 ? max(0, S - window) : 0;
+    const int n = S - first;
+    peff = n <= DEC_ONE_BLOCK ? 1 : min(P, (n + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK);
+    chunk = (n + peff - 1) / peff;
+}
+
+// Loads that bypass L1: partials written by other SMs in this kernel, and cache rows this
+// block may have just written.
+__device__ __forceinline__ float ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ldcg16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Asks L2 for `bytes` from `p` (128-byte lines spread over the block's threads).
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+    const char* c = (const char*)p;
+    for (size_t off = (size_t)threadIdx.x * 128; off < bytes; off += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
+}
+
+// 16 bytes of a cache row as f32 (8 halves or 4 floats).
+#if KV_F32
+#define KV_VEC 4
+__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
+    o[0] = __uint_as_float(u.x); o[1] = __uint_as_float(u.y); o[2] = __uint_as_float(u.z); o[3] = __uint_as_float(u.w);
+}
+#else
+#define KV_VEC 8
+__device__ __forceinline__ void kv_vec(uint4 u, float* o) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) { o[2 * e] = f16_to_f32((u16)(w[e] & 0xffff)); o[2 * e + 1] = f16_to_f32((u16)(w[e] >> 16)); }
+}
+#endif
+
+// Scores: loads of one K row in flight per thread (16 bytes each).
+#define KV_GRP (HD / KV_VEC < 16 ? HD / KV_VEC : 16)
+// P·V: lanes per V row, keys per warp load, 16-byte chunks per lane per key, loads in flight.
+#define V_LPR (HD / KV_VEC)
+#define V_LANES (V_LPR < 32 ? V_LPR : 32)
+#define V_KPW (32 / V_LANES)
+#define V_CPL (V_LPR / V_LANES)
+#define V_UNROLL 8
+
+// The prologue: q heads → shared qs (normed, rotated, scaled); in the last split also the new
+// k and v → cache row `pos`. `scratch`: DEC_WARPS × HD floats.
+__device__ __forceinline__ void decode_prologue(const float* qkv, const float* q_norm, const float* k_norm, float eps,
+                                                const float* inv_freq, int R, float attn_factor, int pos, int NH,
+                                                int NKV, float scale, bool last, int S_max, kv_t* kc, kv_t* vc,
+                                                float* qs, float* scratch) {
+    const int kvh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int u = warp; u < GQA + (last ? 2 : 0); u += DEC_WARPS) {
+        const int kind = u < GQA ? 0 : u - GQA + 1;  // 0: q head u, 1: k, 2: v
+        const float* src = qkv + (size_t)(kind == 0 ? kvh * GQA + u : NH + (kind - 1) * NKV + kvh) * HD;
+        float v[RJ];
+#pragma unroll
+        for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? src[lane + 32 * j] : 0.f;
+        if (kind < 2) {
+            head_rmsnorm(v, kind == 0 ? q_norm : k_norm, eps, lane);
+            head_rope(v, scratch + warp * HD, pos, inv_freq, R, attn_factor, lane);
+        }
+        kv_t* dst = (kind == 1 ? kc : vc) + ((size_t)kvh * S_max + pos) * HD;
+#pragma unroll
+        for (int j = 0; j < RJ; j++) {
+            const int e = lane + 32 * j;
+            if (e >= HD) continue;
+            if (kind == 0) qs[u * HD + e] = v[j] * scale;
+            else dst[e] = to_kv(v[j]);
+        }
+    }
+    __syncthreads();
+}
+
+// Dynamic smem (floats): qs [GQA][HD], scores [GQA][chunk_max], per-warp outputs
+// [DEC_WARPS][GQA][HD] (also the prologue's RoPE scratch), merge weights [DEC_WARPS][P].
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
+            float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
+            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
+    pdl_trigger();
+    extern __shared__ __align__(16) float dsm[];
+    float* qs = dsm;
+    float* sc = qs + GQA * HD;
+    float* ow = sc + GQA * chunk_max;
+    float* wts = ow + DEC_WARPS * GQA * HD;
+    __shared__ float lsh[GQA];  // softmax sums
+    const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int first, S, peff, chunk;
+    decode_split(pos_ptr, window, P, first, S, peff, chunk);
+    if (split >= peff) return;
+    const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
+    const kv_t* krow0 = kc + ((size_t)kvh * S_max + c0) * HD;
+    const kv_t* vrow0 = vc + ((size_t)kvh * S_max + c0) * HD;
+    prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
+    prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
+    pdl_wait();
+    decode_prologue(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, S - 1, NH, NKV, scale, split == peff - 1,
+                    S_max, kc, vc, qs, ow);
+
+    // Scores.
+    for (int i = threadIdx.x; i < len; i += DEC_THREADS) {
+        const kv_t* kr = krow0 + (size_t)i * HD;
+        float acc[GQA];
+#pragma unroll
+        for (int g = 0; g < GQA; g++) acc[g] = 0.f;
+#pragma unroll
+        for (int c0v = 0; c0v < HD / KV_VEC; c0v += KV_GRP) {
+            uint4 raw[KV_GRP];
+#pragma unroll
+            for (int c = 0; c < KV_GRP; c++) raw[c] = ldcg16(kr + (c0v + c) * KV_VEC);
+#pragma unroll
+            for (int c = 0; c < KV_GRP; c++) {
+                float kf[KV_VEC];
+                kv_vec(raw[c], kf);
+#pragma unroll
+                for (int g = 0; g < GQA; g++)
+#pragma unroll
+                    for (int e = 0; e < KV_VEC; e++) acc[g] += qs[g * HD + (c0v + c) * KV_VEC + e] * kf[e];
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GQA; g++) sc[g * chunk_max + i] = acc[g];
+    }
+    __syncthreads();
+
+    // Softmax numerators in place; max and sum per head.
+    const size_t stride_h = (size_t)P * (HD + 2);
+    float* ob = part + (size_t)kvh * GQA * stride_h + (size_t)split * (HD + 2);
+    for (int g = warp; g < GQA; g += DEC_WARPS) {
+        float m = NEG_INF;
+        for (int i = lane; i < len; i += 32) m = fmaxf(m, sc[g * chunk_max + i]);
+        m = warp_max(m);
+        float l = 0.f;
+        for (int i = lane; i < len; i += 32) {
+            float p = expf(sc[g * chunk_max + i] - m);
+            sc[g * chunk_max + i] = p;
+            l += p;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            ob[g * stride_h + HD] = m;
+            ob[g * stride_h + HD + 1] = l;
+            lsh[g] = l;
+        }
+    }
+    __syncthreads();
+
+    // P·V: lane (ko, sl) takes key ko of each warp load and chunks sl + 32·c of its row.
+    const int sl = lane % V_LANES, ko = lane / V_LANES;
+    float o[GQA][V_CPL * KV_VEC];
+#pragma unroll
+    for (int g = 0; g < GQA; g++)
+#pragma unroll
+        for (int e = 0; e < V_CPL * KV_VEC; e++) o[g][e] = 0.f;
+    const int kstep = DEC_WARPS * V_KPW;
+    for (int i0 = warp * V_KPW + ko; i0 - ko < len; i0 += kstep * V_UNROLL) {
+        uint4 raw[V_UNROLL][V_CPL];
+#pragma unroll
+        for (int u = 0; u < V_UNROLL; u++) {
+            const int i = i0 + u * kstep;
+#pragma unroll
+            for (int c = 0; c < V_CPL; c++)
+                raw[u][c] = i < len ? ldcg16(vrow0 + (size_t)i * HD + (sl + 32 * c) * KV_VEC) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < V_UNROLL; u++) {
+            const int i = i0 + u * kstep;
+            if (i >= len) continue;
+            float p[GQA];
+#pragma unroll
+            for (int g = 0; g < GQA; g++) p[g] = sc[g * chunk_max + i];
+#pragma unroll
+            for (int c = 0; c < V_CPL; c++) {
+                float vf[KV_VEC];
+                kv_vec(raw[u][c], vf);
+#pragma unroll
+                for (int g = 0; g < GQA; g++)
+#pragma unroll
+                    for (int e = 0; e < KV_VEC; e++) o[g][c * KV_VEC + e] += p[g] * vf[e];
+            }
+        }
+    }
+    // Lanes that hold the same dims (different keys of a load) → lanes with ko = 0.
+#pragma unroll
+    for (int off = V_LANES; off < 32; off <<= 1)
+#pragma unroll
+        for (int g = 0; g < GQA; g++)
+#pragma unroll
+            for (int e = 0; e < V_CPL * KV_VEC; e++) o[g][e] += __shfl_xor_sync(FULL_MASK, o[g][e], off);
+    if (ko == 0)
+#pragma unroll
+        for (int g = 0; g < GQA; g++)
+#pragma unroll
+            for (int c = 0; c < V_CPL; c++)
+#pragma unroll
+                for (int e = 0; e < KV_VEC; e++) ow[(warp * GQA + g) * HD + (sl + 32 * c) * KV_VEC + e] = o[g][c * KV_VEC + e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < GQA * HD; i += DEC_THREADS) {
+        const int g = i / HD, d = i % HD;
+        float r = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) r += ow[(w * GQA + g) * HD + d];
+        if (peff == 1)
+            out[(size_t)(kvh * GQA + g) * HD + d] = r / lsh[g];  // one split: already final
+        else
+            ob[g * stride_h + d] = r;
+    }
+    if (peff == 1) return;
+
+    // Last block of this kv head: merge the partials (log-sum-exp rescale), one warp per head.
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(count + kvh, 1) == peff - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (threadIdx.x == 0) count[kvh] = 0;
+    float* wt = wts + warp * P;
+    for (int g = warp; g < GQA; g += DEC_WARPS) {
+        const float* hb = part + (size_t)(kvh * GQA + g) * stride_h;
+        float M = NEG_INF;
+        for (int p = lane; p < peff; p += 32) M = fmaxf(M, ldcg(hb + (size_t)p * (HD + 2) + HD));
+        M = warp_max(M);
+        float L = 0.f;
+        for (int p = lane; p < peff; p += 32) {
+            const float* pb = hb + (size_t)p * (HD + 2);
+            float w = expf(ldcg(pb + HD) - M);
+            wt[p] = w;
+            L += w * ldcg(pb + HD + 1);
+        }
+        L = warp_sum(L);
+        __syncwarp();
+        if (LANE_OK(lane)) {
+            float acc[EPL];
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[e] = 0.f;
+#pragma unroll 4
+            for (int p = 0; p < peff; p++) {
+                const float w = wt[p];
+                const float* pb = hb + (size_t)p * (HD + 2) + lane * EPL;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[e] += w * ldcg(pb + e);
+            }
+#pragma unroll
+            for (int e = 0; e < EPL; e++) out[(size_t)(kvh * GQA + g) * HD + lane * EPL + e] = acc[e] / L;
+        }
+        __syncwarp();
+    }
+}
