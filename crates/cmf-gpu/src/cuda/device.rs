@@ -6,6 +6,7 @@
 //! event tracking is switched off: everything runs in order on one stream).
 
 use super::kernels::Func;
+use super::staging::{Staging, STAGED_MIN};
 use crate::facade::{MemStats, Refusal, RefusalReason};
 use cudarc::driver::{result as dr, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::ffi::c_void;
@@ -93,6 +94,9 @@ pub struct Dev {
     pub cc: (i32, i32),
     pub sm_count: u32,
     pub total_bytes: u64,
+    /// Pinned buffers for large uploads, made on first use (None after a failed attempt is
+    /// retried; uploads fall back to the plain copy meanwhile).
+    staging: std::sync::Mutex<Option<Staging>>,
 }
 
 impl Dev {
@@ -138,6 +142,7 @@ impl Dev {
             cc,
             sm_count,
             total_bytes,
+            staging: std::sync::Mutex::new(None),
         })
     }
 
@@ -200,8 +205,13 @@ impl Dev {
     }
 
     /// Host → device, synchronous with respect to the host buffer; counted as uploaded.
+    /// Large copies go through pinned staging buffers (staging.rs).
     pub fn upload(&self, dst: u64, src: &[u8]) -> DResult<()> {
         if src.is_empty() {
+            return Ok(());
+        }
+        if src.len() >= STAGED_MIN && self.upload_staged(dst, src)? {
+            self.stats.add_uploaded(src.len() as u64);
             return Ok(());
         }
         // SAFETY: dst has room for src.len() bytes (callers size their buffers). The copy is
@@ -211,6 +221,25 @@ impl Dev {
         self.sync()?;
         self.stats.add_uploaded(src.len() as u64);
         Ok(())
+    }
+
+    /// Uploads through the staging buffers; false when pinned memory cannot be had (the
+    /// caller copies the plain way).
+    fn upload_staged(&self, dst: u64, src: &[u8]) -> DResult<bool> {
+        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            match Staging::new() {
+                Ok(s) => *guard = Some(s),
+                Err(e) => {
+                    crate::facade::log::debug(&format!("plain uploads: {}", e.0));
+                    return Ok(false);
+                }
+            }
+        }
+        let staging = guard.as_mut().expect("made above");
+        // The copies are queued on our stream, behind any work that still reads `dst`.
+        staging.upload(self.stream.cu_stream(), dst, src)?;
+        Ok(true)
     }
 
     /// Uploads `src` into a new buffer.

@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod llm;
 pub mod matvec;
 pub mod nvrtc;
+mod staging;
 pub mod vae;
 pub mod weights;
 

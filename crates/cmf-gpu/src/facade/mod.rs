@@ -297,9 +297,14 @@ impl Gpu {
                 ""
             }
         ));
+        let t0 = std::time::Instant::now();
         let dev = backend
             .load_llm(model, opts, &placement)
             .map_err(Refusal::logged)?;
+        log::debug(&format!(
+            "llm: uploaded in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        ));
         Ok(GpuLlm {
             dev,
             gate: self.gate.clone(),
@@ -313,8 +318,12 @@ impl Gpu {
     pub fn load_dit(&self, model: &DitModel) -> Result<GpuDit, Refusal> {
         self.check("dit.load")?;
         let backend = self.backend.as_ref().expect("checked");
+        let t0 = std::time::Instant::now();
         let dev = backend.load_dit(model).map_err(Refusal::logged)?;
-        log::debug("dit: resident on the device");
+        log::debug(&format!(
+            "dit: resident on the device (uploaded in {:.2} s)",
+            t0.elapsed().as_secs_f64()
+        ));
         Ok(GpuDit {
             dev,
             gate: self.gate.clone(),
