@@ -7,7 +7,7 @@
 #   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench"), SIZES (default "512 1024"),
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe"), SIZES (default "512 1024"),
 # ATTN (attention variants to time, default "base k w8").
 set -u
 cd "$(dirname "$0")/.."
@@ -30,6 +30,10 @@ if has e2e && [ ! -f $PACK ]; then
 fi
 if has vaebench; then
   CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee $OUT/vae-bench.log | tail -6
+fi
+if has fp8probe; then
+  # FP8 groundwork (branch next-fp8): cuBLASLt e4m3 GEMMs at the DiT's shapes against cuBLAS bf16.
+  [ -x .dev/bin/cmf-fp8-probe ] && ./.dev/bin/cmf-fp8-probe --tokens 4128,1056 2>&1 | tee $OUT/fp8-probe.log
 fi
 if has tests; then
   stamp tests
