@@ -799,25 +799,40 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
             want[i * n + j] = (dot * hsx[i] as f64 * hsw[j] as f64) as f32;
         }
     }
-    let out = dev.alloc(m * n * 2).unwrap();
-    for (fast, tol) in [(false, 5e-3), (true, 1e-2)] {
+    let out = dev.alloc(m * n * 4).unwrap();
+    use cmf_gpu::cuda::fp8::Fp8Out;
+    // (fast accumulation, f32 output, bound): the f32 output has no output rounding.
+    for (fast, f32_out, tol) in [
+        (false, false, 5e-3),
+        (true, false, 1e-2),
+        (false, true, 1e-3),
+    ] {
+        let to = if f32_out {
+            Fp8Out::F32(out.ptr())
+        } else {
+            Fp8Out::Bf16(out.ptr())
+        };
         fp8.gemm(
             qw.ptr(),
             sw.ptr(),
             qx.ptr(),
             sx.ptr(),
-            out.ptr(),
+            to,
             (n, m, k),
             n,
             fast,
         )
         .unwrap();
-        let got: Vec<f32> = down(out.ptr(), m * n * 2)
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-            .collect();
+        let got: Vec<f32> = if f32_out {
+            f32s(down(out.ptr(), m * n * 4))
+        } else {
+            down(out.ptr(), m * n * 2)
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect()
+        };
         let err = rel_err(&got, &want);
-        eprintln!("fp8 GEMM (fast accumulation {fast}): rel err {err:.2e} against its inputs' exact product");
-        assert!(err < tol, "fast {fast}: rel err {err}");
+        eprintln!("fp8 GEMM (fast accumulation {fast}, f32 out {f32_out}): rel err {err:.2e} against its inputs' exact product");
+        assert!(err < tol, "fast {fast} f32 {f32_out}: rel err {err}");
     }
 }

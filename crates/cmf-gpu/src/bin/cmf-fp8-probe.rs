@@ -10,7 +10,7 @@
 
 use cmf_gpu::cuda::blas::Blas;
 use cmf_gpu::cuda::device::{bytes_of, Timer};
-use cmf_gpu::cuda::fp8::Fp8Gemm;
+use cmf_gpu::cuda::fp8::{Fp8Gemm, Fp8Out};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::llm::synth::Rng;
 use half::bf16;
@@ -124,7 +124,7 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
                         sw.ptr(),
                         qx.ptr(),
                         sx.ptr(),
-                        out_f.ptr(),
+                        Fp8Out::Bf16(out_f.ptr()),
                         (n, m, k),
                         n,
                         fast,

@@ -17,6 +17,7 @@
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
+use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
@@ -232,12 +233,40 @@ struct Block {
     out: DBuf,
     w13: DBuf,
     w2: DBuf,
+    /// e4m3 copies of the four planes when the FP8 path is on (`CMF_DIT_FP8=1`).
+    fp8: Option<[Fp8Plane; 4]>,
     norm_q: DBuf,
     norm_k: DBuf,
     n1: DBuf,
     n2: DBuf,
     f1: DBuf,
     f2: DBuf,
+}
+
+/// A weight plane as e4m3 rows with one f32 scale per row (`Fp8Gemm::quantize`).
+struct Fp8Plane {
+    q: DBuf,
+    s: DBuf,
+}
+
+impl Fp8Plane {
+    fn of(dev: &Dev, fp8: &Fp8Gemm, plane: &DBuf, rows: usize, cols: usize) -> DResult<Fp8Plane> {
+        let p = Fp8Plane {
+            q: dev.alloc(rows * cols)?,
+            s: dev.alloc(rows * 4)?,
+        };
+        fp8.quantize(plane.ptr(), rows, cols, cols, p.q.ptr(), p.s.ptr())?;
+        Ok(p)
+    }
+}
+
+/// Where a block GEMM writes.
+#[derive(Clone, Copy)]
+enum GemmOut {
+    /// bf16 rows of `n` values.
+    Bf16(u64),
+    /// f32 rows of `n` values.
+    F32(u64),
 }
 
 /// A refined caption: `[lp, D]` f32 rows.
@@ -256,6 +285,8 @@ struct Work {
     kc: DBuf,
     vc: DBuf,
     g: DBuf,
+    /// FP8 path: the e4m3 activation rows (up to max(D, F) wide) and their scales.
+    xq: Option<(DBuf, DBuf)>,
 }
 
 /// A pass of blocks over `rows` rows of `x`.
@@ -323,6 +354,20 @@ pub struct CudaDit {
     prep: Option<Prepared>,
     /// Device ms per category when profiling (each region is synchronised: slower steps).
     prof: Option<RefCell<[f64; 3]>>,
+    /// The FP8 GEMM path (`CMF_DIT_FP8=1`, or `fast` for fast accumulation) and whether it
+    /// accumulates fast.
+    fp8: Option<(Fp8Gemm, bool)>,
+}
+
+/// `CMF_DIT_FP8`: `1` runs the blocks' q|k|v, O, w1|w3 and w2 GEMMs in FP8 (e4m3, per-row
+/// scales on weights and activations, cuBLASLt); `fast` the same with fast accumulation.
+/// Anything else: bf16. Off by default until its images are checked against the bf16 path.
+fn fp8_request() -> Option<bool> {
+    match std::env::var("CMF_DIT_FP8").as_deref() {
+        Ok("1") => Some(false),
+        Ok("fast") => Some(true),
+        _ => None,
+    }
 }
 
 fn refuse(op: &'static str, why: impl Into<String>) -> Refusal {
@@ -424,7 +469,8 @@ impl CudaDit {
         dev.ctx
             .bind_to_thread()
             .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal("dit.load"))?;
-        let need = weight_bytes(m);
+        // The FP8 path keeps an e4m3 copy of the block planes: half their bf16 bytes again.
+        let need = weight_bytes(m) * if fp8_request().is_some() { 3 } else { 2 } / 2;
         let budget = (dev.free_bytes() as f64 * 0.9) as u64;
         if need > budget {
             return Err(Refusal::new(
@@ -438,7 +484,21 @@ impl CudaDit {
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
         let k = Kernels::load(&dev, m.geo.head_dim())?;
         let blas = Blas::new(&dev)?;
-        let up = Uploader { dev: &dev, k: &k };
+        let fp8 = fp8_request().and_then(|fast| match Fp8Gemm::new(&dev) {
+            Ok(g) => Some((g, fast)),
+            Err(e) => {
+                crate::facade::log::debug(&format!(
+                    "dit: FP8 path unavailable, bf16 instead: {}",
+                    e.0
+                ));
+                None
+            }
+        });
+        let up = Uploader {
+            dev: &dev,
+            k: &k,
+            fp8: fp8.as_ref().map(|(g, _)| g),
+        };
         let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
             bs.iter().map(|b| up.block(b)).collect()
         };
@@ -473,6 +533,7 @@ impl CudaDit {
             prep: None,
             prof: (std::env::var("CMF_DIT_PROFILE").as_deref() == Ok("1"))
                 .then(|| RefCell::new([0.0; 3])),
+            fp8,
             blas,
             k,
             dev: dev.clone(),
@@ -549,7 +610,49 @@ impl CudaDit {
             kc: self.dev.alloc(rows * d * 2)?,
             vc: self.dev.alloc(rows * d * 2)?,
             g: self.dev.alloc(rows * 2 * f * 2)?,
+            xq: match self.fp8 {
+                Some(_) => Some((self.dev.alloc(rows * d.max(f))?, self.dev.alloc(rows * 4)?)),
+                None => None,
+            },
         })
+    }
+
+    /// `out[r, 0..n) = hb[r, 0..k) · Wᵀ` for block plane `w` (`n × k`): in FP8 from its e4m3
+    /// copy when the FP8 path is on (the activation rows quantised first), else bf16.
+    #[allow(clippy::too_many_arguments)]
+    fn block_gemm(
+        &self,
+        work: &Work,
+        w: &DBuf,
+        w8: Option<&Fp8Plane>,
+        n: usize,
+        k: usize,
+        r: usize,
+        out: GemmOut,
+    ) -> DResult<()> {
+        if let (Some((g, fast)), Some(p), Some((xq, xs))) = (&self.fp8, w8, &work.xq) {
+            g.quantize(work.hb.ptr(), r, k, k, xq.ptr(), xs.ptr())?;
+            let to = match out {
+                GemmOut::Bf16(y) => Fp8Out::Bf16(y),
+                GemmOut::F32(y) => Fp8Out::F32(y),
+            };
+            return g.gemm(
+                p.q.ptr(),
+                p.s.ptr(),
+                xq.ptr(),
+                xs.ptr(),
+                to,
+                (n, r, k),
+                n,
+                *fast,
+            );
+        }
+        match out {
+            GemmOut::Bf16(y) => self
+                .blas
+                .gemm_bf16_out(w.ptr(), work.hb.ptr(), y, n, r, k, n),
+            GemmOut::F32(y) => self.gemm(w, n, k, work.hb.ptr(), y, r),
+        }
     }
 
     /// Runs `blocks` over a pass; `mods[i]` is block i's modulation slice (0: unmodulated).
@@ -590,8 +693,9 @@ impl CudaDit {
         for (i, b) in blocks.iter().enumerate() {
             let m = mods[i];
             let t = self.prof_start()?;
-            self.blas
-                .gemm_bf16_out(b.qkv.ptr(), w.hb.ptr(), w.qkv.ptr(), 3 * d, r, d, 3 * d)?;
+            let w8 = b.fp8.as_ref();
+            let qkv_out = GemmOut::Bf16(w.qkv.ptr());
+            self.block_gemm(w, &b.qkv, w8.map(|p| &p[0]), 3 * d, d, r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -639,14 +743,22 @@ impl CudaDit {
             }
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;
-            self.gemm(&b.out, d, d, w.hb.ptr(), w.o.ptr(), r)?;
+            self.block_gemm(
+                w,
+                &b.out,
+                w8.map(|p| &p[1]),
+                d,
+                d,
+                r,
+                GemmOut::F32(w.o.ptr()),
+            )?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.residual(p, w, &b.n2, m, 1, Some((&b.f1, m, 2)), mod_stride)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.blas
-                .gemm_bf16_out(b.w13.ptr(), w.hb.ptr(), w.g.ptr(), 2 * f, r, d, 2 * f)?;
+            let g_out = GemmOut::Bf16(w.g.ptr());
+            self.block_gemm(w, &b.w13, w8.map(|p| &p[2]), 2 * f, d, r, g_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -663,7 +775,15 @@ impl CudaDit {
             )?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.gemm(&b.w2, d, f, w.hb.ptr(), w.o.ptr(), r)?;
+            self.block_gemm(
+                w,
+                &b.w2,
+                w8.map(|p| &p[3]),
+                d,
+                f,
+                r,
+                GemmOut::F32(w.o.ptr()),
+            )?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let next = blocks.get(i + 1).map(|nb| (&nb.n1, mods[i + 1], 0));
@@ -1062,10 +1182,12 @@ fn host_bf16(w: &Weight) -> Vec<u8> {
     out
 }
 
-/// Weight upload: any codec → a bf16 plane on the device.
+/// Weight upload: any codec → a bf16 plane on the device (and its e4m3 copy for block GEMMs
+/// when the FP8 path is on).
 struct Uploader<'u> {
     dev: &'u Dev,
     k: &'u Kernels,
+    fp8: Option<&'u Fp8Gemm>,
 }
 
 impl Uploader<'_> {
@@ -1110,11 +1232,30 @@ impl Uploader<'_> {
     }
 
     fn block(&self, b: &DitBlockWeights) -> DResult<Block> {
+        let qkv = self.plane(&[&b.to_q, &b.to_k, &b.to_v])?;
+        let out = self.plane(&[&b.to_out])?;
+        let w13 = self.plane(&[&b.w1, &b.w3])?;
+        let w2 = self.plane(&[&b.w2])?;
+        let fp8 = match self.fp8 {
+            Some(g) => {
+                let (d, f) = (b.to_out.rows, b.w1.rows);
+                let q =
+                    |p: &DBuf, rows: usize, cols: usize| Fp8Plane::of(self.dev, g, p, rows, cols);
+                Some([
+                    q(&qkv, 3 * d, d)?,
+                    q(&out, d, d)?,
+                    q(&w13, 2 * f, d)?,
+                    q(&w2, d, f)?,
+                ])
+            }
+            None => None,
+        };
         Ok(Block {
-            qkv: self.plane(&[&b.to_q, &b.to_k, &b.to_v])?,
-            out: self.plane(&[&b.to_out])?,
-            w13: self.plane(&[&b.w1, &b.w3])?,
-            w2: self.plane(&[&b.w2])?,
+            qkv,
+            out,
+            w13,
+            w2,
+            fp8,
             norm_q: self.vec(b.norm_q)?,
             norm_k: self.vec(b.norm_k)?,
             n1: self.vec(b.attention_norm1)?,

@@ -1,11 +1,16 @@
 //! FP8 (e4m3) GEMMs on Hopper through cuBLASLt: the groundwork of the DiT's FP8 path (issue 5).
 //!
-//! `out[m, n]` (bf16, row stride `ldc`) = `xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]`, with `x` and
+//! `out[m, n]` (bf16 or f32, row stride `ldc`) = `xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]`, with `x` and
 //! `w` e4m3, row-major, and one f32 scale per row of each (`quant_rows_e4m3`, kernels/fp8.cu:
 //! scale = row amax / 448). In cuBLASLt's column-major terms: D (n × m, ld `ldc`) = op(A) · B
 //! with A = `w` seen as k × n and op = T (FP8 on Hopper wants the "TN" form), B = `x` seen as
 //! k × m; the scales are outer vectors, A's along D's rows (n) and B's along its columns (m)
 //! (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9 and later).
+//!
+//! Status (2026-11-30): written without device time left; nothing here has run on a GPU yet.
+//! To check on the H200: `cuda-test fp8 --nocapture` (parity), `gpu_dit-test fp8 --nocapture`
+//! (the DiT step and whole images against the bf16 path, PSNR), `cmf-fp8-probe` (speed at the
+//! DiT's shapes), then `FP8="1 fast" PARTS="fp8probe bench e2e" bench/device_zimage.sh`.
 
 use super::device::{Arg, DBuf, DResult, Dev, DevError};
 use super::kernels::{Func, Module, FP8};
@@ -47,8 +52,15 @@ impl Drop for Plan {
     }
 }
 
-/// (n, m, k, ldc, fast accumulation)
-type ShapeKey = (usize, usize, usize, usize, bool);
+/// (n, m, k, ldc, fast accumulation, f32 output)
+type ShapeKey = (usize, usize, usize, usize, bool, bool);
+
+/// Where [`Fp8Gemm::gemm`] writes: bf16 or f32 rows.
+#[derive(Clone, Copy)]
+pub enum Fp8Out {
+    Bf16(u64),
+    F32(u64),
+}
 
 pub struct Fp8Gemm {
     dev: Arc<Dev>,
@@ -134,7 +146,7 @@ impl Fp8Gemm {
         )
     }
 
-    /// `out[m, n] = xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]` as bf16 (see the module notes).
+    /// `out[m, n] = xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]` (see the module notes).
     /// `fast_accum`: Hopper's faster FP8 accumulation (fewer promotions to full f32).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
@@ -143,12 +155,16 @@ impl Fp8Gemm {
         ws: u64,
         x: u64,
         xs: u64,
-        out: u64,
+        out: Fp8Out,
         (n, m, k): (usize, usize, usize),
         ldc: usize,
         fast_accum: bool,
     ) -> DResult<()> {
-        let key = (n, m, k, ldc, fast_accum);
+        let (out, f32_out) = match out {
+            Fp8Out::Bf16(p) => (p, false),
+            Fp8Out::F32(p) => (p, true),
+        };
+        let key = (n, m, k, ldc, fast_accum, f32_out);
         if !self.plans.borrow().contains_key(&key) {
             let p = self.plan(key, ws, xs)?;
             self.plans.borrow_mut().insert(key, p);
@@ -191,7 +207,7 @@ impl Fp8Gemm {
         check(s, "cublasLtMatmul (fp8)")
     }
 
-    fn plan(&self, (n, m, k, ldc, fast): ShapeKey, ws: u64, xs: u64) -> DResult<Plan> {
+    fn plan(&self, (n, m, k, ldc, fast, f32_out): ShapeKey, ws: u64, xs: u64) -> DResult<Plan> {
         use lt::cublasLtMatmulDescAttributes_t as A;
         let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
         // SAFETY: writes one descriptor.
@@ -225,7 +241,16 @@ impl Fp8Gemm {
             desc,
             a: layout(e4m3, k, n, k)?,
             b: layout(e4m3, k, m, k)?,
-            d: layout(lt::cudaDataType_t::CUDA_R_16BF, n, m, ldc)?,
+            d: layout(
+                if f32_out {
+                    lt::cudaDataType_t::CUDA_R_32F
+                } else {
+                    lt::cudaDataType_t::CUDA_R_16BF
+                },
+                n,
+                m,
+                ldc,
+            )?,
             // SAFETY: plain data, filled by the heuristic below.
             algo: unsafe { std::mem::zeroed() },
         };
