@@ -7,8 +7,9 @@
 #   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench"), SIZES (default "512 1024"),
-# ATTN (attention variants to time, default "base k w8").
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe"), SIZES (default "512 1024"),
+# ATTN (attention variants to time, default "base k w8"), FP8 (CMF_DIT_FP8 values to time and
+# to render end to end against the bf16 image, e.g. "1 fast"; default none).
 set -u
 cd "$(dirname "$0")/.."
 export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
@@ -31,6 +32,10 @@ fi
 if has vaebench; then
   CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee $OUT/vae-bench.log | tail -6
 fi
+if has fp8probe; then
+  # FP8 groundwork (branch next-fp8): cuBLASLt e4m3 GEMMs at the DiT's shapes against cuBLAS bf16.
+  [ -x .dev/bin/cmf-fp8-probe ] && ./.dev/bin/cmf-fp8-probe --tokens 4128,1056 2>&1 | tee $OUT/fp8-probe.log
+fi
 if has tests; then
   stamp tests
   for t in gpu_dit-test gpu_vae-test cmf_gpu-lib cuda-test gpu_parity-test; do
@@ -45,6 +50,11 @@ if has bench; then
     echo "CMF_DIT_ATTN=$v" | tee -a $OUT/dit-bench.log
     CMF_DIT_ATTN=$v ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
     CMF_DIT_ATTN=$v CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
+  done
+  for f8 in ${FP8:-}; do
+    echo "CMF_DIT_FP8=$f8" | tee -a $OUT/dit-bench.log
+    CMF_DIT_FP8=$f8 ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
+    CMF_DIT_FP8=$f8 CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
   done
 fi
 if has anchor; then
@@ -66,6 +76,16 @@ if has e2e; then
       echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
       grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
       grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
+    done
+    for f8 in ${FP8:-}; do
+      # The FP8 DiT against the bf16 image just made (issue 5: kept only at PSNR >= 35 dB).
+      CMF_DIT_FP8=$f8 $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 \
+        -o $OUT/fox-$s-fp8-$f8.png > $OUT/imagine-$s-fp8-$f8.log 2>&1
+      echo "imagine ${s}² CMF_DIT_FP8=$f8 rc=$?"; grep -E "^timing|^runs" $OUT/imagine-$s-fp8-$f8.log
+      python3 -c "import sys, numpy as np; from PIL import Image
+a, b = (np.asarray(Image.open(p), dtype=np.float64) for p in sys.argv[1:3])
+print('PSNR fp8 vs bf16: %.1f dB' % (10 * np.log10(255 ** 2 / max(((a - b) ** 2).mean(), 1e-12))))" \
+        $OUT/fox-$s.png $OUT/fox-$s-fp8-$f8.png 2>&1 | tail -1
     done
   done
 fi

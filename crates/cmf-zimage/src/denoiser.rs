@@ -78,6 +78,11 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         self.device.is_some()
     }
 
+    /// Block GEMM planes the device runs in FP8 (`CMF_DIT_FP8`; 0 on the CPU or in bf16).
+    pub fn fp8_planes(&self) -> usize {
+        self.device.as_ref().map_or(0, |d| d.fp8_planes())
+    }
+
     fn setup_device(&self, mut dev: GpuDit) -> Option<GpuDit> {
         let mut conds: Vec<CondId> = Vec::new();
         let mut ropes = Vec::new();

@@ -298,6 +298,9 @@ pub struct Timings {
     pub dit_load: f64,
     /// Whether every step ran on the device.
     pub dit_on_device: bool,
+    /// Block GEMM planes the device DiT ran in FP8 to the last step (`CMF_DIT_FP8`; 0: bf16 or
+    /// the CPU).
+    pub dit_fp8_planes: usize,
     pub steps: Vec<f64>,
     pub steps_cpu: Vec<f64>,
     pub vae: f64,
@@ -475,6 +478,7 @@ pub fn generate_with(
             cfg: cfg_now,
         });
     }
+    tm.dit_fp8_planes = denoiser.fp8_planes();
     resident.dit = denoiser.into_device();
     drop(dit);
     release(pack, "dit.");

@@ -21,6 +21,29 @@ use common::*;
 
 const STEP_TOL: f32 = 2e-2;
 
+/// The device DiT reads `CMF_DIT_ATTN` and `CMF_DIT_FP8` when it loads, and the tests of this
+/// file run on parallel threads of one process: each holds this lock throughout, so a variable
+/// one test sets never reaches a model another test loads.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sets an environment variable until dropped (also when the test fails: the next test under
+/// [`serial`] starts from a clean environment).
+struct EnvVar(&'static str);
+impl EnvVar {
+    fn set(name: &'static str, value: &str) -> EnvVar {
+        std::env::set_var(name, value);
+        EnvVar(name)
+    }
+}
+impl Drop for EnvVar {
+    fn drop(&mut self) {
+        std::env::remove_var(self.0);
+    }
+}
+
 fn device() -> Option<Gpu> {
     match Gpu::open(GpuMode::Cuda) {
         Ok(g) => Some(g),
@@ -179,7 +202,21 @@ fn random_dit_hd128() -> (MemTensors, DitConfig) {
 /// Device vs CPU velocity for `caps` (lengths) and an `h × w` latent; both the whole batch and
 /// (when two items) the second item alone (the CFG-truncation subset).
 fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize, seed: u64) {
-    let Some(gpu) = device() else { return };
+    compare_within(src, cfg, caps, h, w, seed, STEP_TOL);
+}
+
+/// [`compare`] with bound `tol` on each item's relative error. Returns the block GEMM planes
+/// the device ran in FP8 (0 without a device).
+fn compare_within(
+    src: &MemTensors,
+    cfg: &DitConfig,
+    caps: &[usize],
+    h: usize,
+    w: usize,
+    seed: u64,
+    tol: f32,
+) -> usize {
+    let Some(gpu) = device() else { return 0 };
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
     let mut rng = Rng(seed);
     let cf = cfg.cap_feat_dim;
@@ -215,13 +252,15 @@ fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize
         for (k, (g, wv)) in got.iter().zip(&want).enumerate() {
             let err = rel_err(g, wv);
             eprintln!("caps {caps:?} latent {h}x{w} items {items:?} [{k}]: rel err {err:.2e}");
-            assert!(err < STEP_TOL, "item {k}: rel err {err} ≥ {STEP_TOL}");
+            assert!(err < tol, "item {k}: rel err {err} ≥ {tol}");
         }
     }
+    den.fp8_planes()
 }
 
 #[test]
 fn fixture_step_matches_cpu_f32_weights() {
+    let _env = serial();
     let (src, cfg) = fixture_dit(None);
     compare(&src, &cfg, &[7], 4, 4, 1);
     compare(&src, &cfg, &[40], 16, 12, 2);
@@ -229,6 +268,7 @@ fn fixture_step_matches_cpu_f32_weights() {
 
 #[test]
 fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
+    let _env = serial();
     for codec in [Dtype::Q8_2f, Dtype::Bf16, Dtype::Q4Block] {
         eprintln!("codec {codec}");
         let (src, cfg) = fixture_dit(Some(codec));
@@ -239,21 +279,22 @@ fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
 /// Every attention variant (`CMF_DIT_ATTN`, read when the model loads), then the default.
 #[test]
 fn head_dim_128_batch_of_two_matches_cpu() {
+    let _env = serial();
     let (src, cfg) = random_dit_hd128();
     for variant in ["base", "k", "w8", "wg", ""] {
         eprintln!("CMF_DIT_ATTN={variant}");
-        std::env::set_var("CMF_DIT_ATTN", variant);
+        let _attn = EnvVar::set("CMF_DIT_ATTN", variant);
         // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
         compare(&src, &cfg, &[77, 5], 32, 32, 4);
         compare(&src, &cfg, &[33], 20, 28, 5);
     }
-    std::env::remove_var("CMF_DIT_ATTN");
 }
 
 /// A refusal after the first device step: that step's output buffer is untouched, the CPU
 /// computes it (bit-identical to the CPU path) and the rest of the run stays on the CPU.
 #[test]
 fn forced_refusal_mid_run_continues_on_cpu_with_cpu_results() {
+    let _env = serial();
     let Some(gpu) = device() else { return };
     let (src, cfg) = fixture_dit(Some(Dtype::Q8_2f));
     let dit = ZImageDit::load(&Loader::new(&src, "dit."), cfg.clone()).unwrap();
@@ -282,6 +323,7 @@ fn forced_refusal_mid_run_continues_on_cpu_with_cpu_results() {
 /// A refusal at load: the whole image is the CPU's, bit for bit.
 #[test]
 fn refusal_at_load_gives_the_cpu_image() {
+    let _env = serial();
     let Some(gpu) = device() else { return };
     let pack = ZimagePack::open(q8_pack()).unwrap();
     let plan = turbo_plan(&pack);
@@ -316,6 +358,7 @@ fn turbo_plan(pack: &ZimagePack) -> Plan {
 /// criterion (within 2/255 on ≥ 99 % of the values), Turbo and CFG recipes.
 #[test]
 fn pipeline_image_matches_cpu() {
+    let _env = serial();
     let Some(gpu) = device() else { return };
     let pack = ZimagePack::open(q8_pack()).unwrap();
     for guidance in [0.0, 3.0] {
@@ -349,5 +392,59 @@ fn pipeline_image_matches_cpu() {
             (off as f64) <= 0.01 * cpu.rgb.len() as f64,
             "guidance {guidance}: {off} values off"
         );
+    }
+}
+
+/// The FP8 path (`CMF_DIT_FP8`, e4m3 GEMMs with per-row scales): a step against the CPU within
+/// 1.5e-1 (e4m3 keeps 3 mantissa bits: ~2.5 % RMS per quantised operand, through every chained
+/// projection; a sanity bound, not the quality criterion), and whole images against the bf16
+/// device path at the criterion, PSNR ≥ 35 dB. Each model is loaded after the variable
+/// is set (`generate` uploads the DiT per call), and each check asserts how many block GEMMs
+/// really ran in FP8: every plane of the random model (dim 256, FFN 512: 4 blocks × 4), only
+/// q|k|v (384 × 128) and O (128 × 128) of the tiny pack, whose FFN of 341 cuBLASLt's FP8 GEMM
+/// cannot take (w1|w3 682 × 128 and w2 128 × 341 stay bf16).
+#[test]
+fn fp8_path_stays_close_to_bf16() {
+    let _env = serial();
+    let Some(gpu) = device() else { return };
+    let pack = ZimagePack::open(q8_pack()).unwrap();
+    let plan = turbo_plan(&pack);
+    std::env::remove_var("CMF_DIT_FP8");
+    let bf16 = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
+    assert!(bf16.timings.dit_on_device, "bf16: the DiT ran on the CPU");
+    assert_eq!(
+        bf16.timings.dit_fp8_planes, 0,
+        "bf16: FP8 planes without CMF_DIT_FP8"
+    );
+    // The tiny pack: 1 noise-refiner, 1 context-refiner and 2 main blocks.
+    let tiny_fp8_planes = 4 * 2;
+    for mode in ["1", "fast"] {
+        let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
+        let (src, cfg) = random_dit_hd128();
+        let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
+        assert_eq!(
+            planes,
+            4 * 4,
+            "CMF_DIT_FP8={mode}: FP8 planes of the random DiT"
+        );
+        let fp8 = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
+        assert!(
+            fp8.timings.dit_on_device,
+            "CMF_DIT_FP8={mode}: the DiT ran on the CPU"
+        );
+        assert_eq!(
+            fp8.timings.dit_fp8_planes, tiny_fp8_planes,
+            "CMF_DIT_FP8={mode}: FP8 planes of the tiny pack"
+        );
+        let mse = fp8
+            .rgb
+            .iter()
+            .zip(&bf16.rgb)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>()
+            / bf16.rgb.len() as f64;
+        let psnr = 10.0 * (255f64 * 255.0 / mse.max(1e-12)).log10();
+        eprintln!("CMF_DIT_FP8={mode}: image PSNR against the bf16 device path {psnr:.1} dB");
+        assert!(psnr >= 35.0, "CMF_DIT_FP8={mode}: PSNR {psnr:.1} dB < 35");
     }
 }

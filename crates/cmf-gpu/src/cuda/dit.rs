@@ -17,6 +17,7 @@
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
+use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
@@ -226,18 +227,66 @@ pub fn attention_for_test(
         .collect())
 }
 
-/// One block's planes (bf16) and norm weights (f32).
+/// One block's GEMM planes and norm weights (f32).
 struct Block {
-    qkv: DBuf,
-    out: DBuf,
-    w13: DBuf,
-    w2: DBuf,
+    qkv: Plane,
+    out: Plane,
+    w13: Plane,
+    w2: Plane,
     norm_q: DBuf,
     norm_k: DBuf,
     n1: DBuf,
     n2: DBuf,
     f1: DBuf,
     f2: DBuf,
+}
+
+/// A block GEMM's weight plane `[n, k]`: bf16, and an e4m3 copy when the FP8 path is on
+/// (`CMF_DIT_FP8`) and cuBLASLt can run this shape in FP8 ([`fp8_fits`]). The GEMM runs in FP8
+/// exactly when the copy exists.
+struct Plane {
+    w: DBuf,
+    fp8: Option<Fp8Plane>,
+}
+
+/// Whether cuBLASLt's FP8 GEMM takes an `[n, k]` plane: its FP8 kernels want every operand
+/// and leading dimension 16-byte aligned (an e4m3 row of k values is k bytes) and find no
+/// algorithm for dimensions that are not multiples of 16 (PyTorch's `_scaled_mm` checks the
+/// same). The activation row count m is a multiple of 32 here (`pad_rows`).
+fn fp8_fits(n: usize, k: usize) -> bool {
+    n % 16 == 0 && k % 16 == 0
+}
+
+/// A block's four GEMM planes as `[n, k]`: q|k|v, O, w1|w3, w2.
+fn block_plane_shapes(g: &DitGeometry) -> [(usize, usize); 4] {
+    let (d, f) = (g.dim, g.ffn);
+    [(3 * d, d), (d, d), (2 * f, d), (d, f)]
+}
+
+/// A weight plane as e4m3 rows with one f32 scale per row (`Fp8Gemm::quantize`).
+struct Fp8Plane {
+    q: DBuf,
+    s: DBuf,
+}
+
+impl Fp8Plane {
+    fn of(dev: &Dev, fp8: &Fp8Gemm, plane: &DBuf, rows: usize, cols: usize) -> DResult<Fp8Plane> {
+        let p = Fp8Plane {
+            q: dev.alloc(rows * cols)?,
+            s: dev.alloc(rows * 4)?,
+        };
+        fp8.quantize(plane.ptr(), rows, cols, cols, p.q.ptr(), p.s.ptr())?;
+        Ok(p)
+    }
+}
+
+/// Where a block GEMM writes.
+#[derive(Clone, Copy)]
+enum GemmOut {
+    /// bf16 rows of `n` values.
+    Bf16(u64),
+    /// f32 rows of `n` values.
+    F32(u64),
 }
 
 /// A refined caption: `[lp, D]` f32 rows.
@@ -256,6 +305,8 @@ struct Work {
     kc: DBuf,
     vc: DBuf,
     g: DBuf,
+    /// FP8 path: the e4m3 activation rows (up to max(D, F) wide) and their scales.
+    xq: Option<(DBuf, DBuf)>,
 }
 
 /// A pass of blocks over `rows` rows of `x`.
@@ -323,6 +374,22 @@ pub struct CudaDit {
     prep: Option<Prepared>,
     /// Device ms per category when profiling (each region is synchronised: slower steps).
     prof: Option<RefCell<[f64; 3]>>,
+    /// The FP8 GEMM path (`CMF_DIT_FP8=1`, or `fast` for fast accumulation) and whether it
+    /// accumulates fast.
+    fp8: Option<(Fp8Gemm, bool)>,
+}
+
+/// `CMF_DIT_FP8`: `1` runs the blocks' q|k|v, O, w1|w3 and w2 GEMMs in FP8 (e4m3, per-row
+/// scales on weights and activations, cuBLASLt), each whose shape cuBLASLt takes
+/// ([`fp8_fits`]; the others stay bf16); `fast` the same with fast accumulation. Anything else:
+/// bf16. Read when the model loads. Off by default until its images are checked against the
+/// bf16 path.
+fn fp8_request() -> Option<bool> {
+    match std::env::var("CMF_DIT_FP8").as_deref() {
+        Ok("1") => Some(false),
+        Ok("fast") => Some(true),
+        _ => None,
+    }
 }
 
 fn refuse(op: &'static str, why: impl Into<String>) -> Refusal {
@@ -424,7 +491,12 @@ impl CudaDit {
         dev.ctx
             .bind_to_thread()
             .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal("dit.load"))?;
-        let need = weight_bytes(m);
+        let fp8 = if fp8_request().is_some() {
+            fp8_copy_bytes(m)
+        } else {
+            0
+        };
+        let need = weight_bytes(m) + fp8;
         let budget = (dev.free_bytes() as f64 * 0.9) as u64;
         if need > budget {
             return Err(Refusal::new(
@@ -438,7 +510,22 @@ impl CudaDit {
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
         let k = Kernels::load(&dev, m.geo.head_dim())?;
         let blas = Blas::new(&dev)?;
-        let up = Uploader { dev: &dev, k: &k };
+        let fp8 = fp8_request().and_then(|fast| match Fp8Gemm::new(&dev) {
+            Ok(g) => Some((g, fast)),
+            Err(e) => {
+                crate::facade::log::debug(&format!(
+                    "dit: FP8 path unavailable, bf16 instead: {}",
+                    e.0
+                ));
+                None
+            }
+        });
+        let up = Uploader {
+            dev: &dev,
+            k: &k,
+            fp8: fp8.as_ref().map(|(g, _)| g),
+            shapes: block_plane_shapes(&m.geo),
+        };
         let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
             bs.iter().map(|b| up.block(b)).collect()
         };
@@ -473,12 +560,25 @@ impl CudaDit {
             prep: None,
             prof: (std::env::var("CMF_DIT_PROFILE").as_deref() == Ok("1"))
                 .then(|| RefCell::new([0.0; 3])),
+            fp8,
             blas,
             k,
             dev: dev.clone(),
         };
         dev.sync()?;
         Ok(dit)
+    }
+
+    /// Block GEMM planes that run in FP8 (0 unless `CMF_DIT_FP8` is set and the device takes
+    /// it; planes whose shape cuBLASLt's FP8 GEMM refuses stay bf16, see [`fp8_fits`]).
+    pub fn fp8_planes(&self) -> usize {
+        self.noise
+            .iter()
+            .chain(&self.ctx)
+            .chain(&self.layers)
+            .flat_map(|b| [&b.qkv, &b.out, &b.w13, &b.w2])
+            .filter(|p| p.fp8.is_some())
+            .count()
     }
 
     /// Device ms per [`PROFILE_CATEGORIES`] since the last call (None unless `CMF_DIT_PROFILE=1`).
@@ -549,7 +649,46 @@ impl CudaDit {
             kc: self.dev.alloc(rows * d * 2)?,
             vc: self.dev.alloc(rows * d * 2)?,
             g: self.dev.alloc(rows * 2 * f * 2)?,
+            xq: match self.fp8_planes() {
+                0 => None,
+                _ => Some((self.dev.alloc(rows * d.max(f))?, self.dev.alloc(rows * 4)?)),
+            },
         })
+    }
+
+    /// `out[r, 0..n) = hb[r, 0..k) · Wᵀ` for block plane `w` (`n × k`): in FP8 from its e4m3
+    /// copy when it has one (the activation rows quantised first), else bf16.
+    fn block_gemm(
+        &self,
+        work: &Work,
+        w: &Plane,
+        (n, k): (usize, usize),
+        r: usize,
+        out: GemmOut,
+    ) -> DResult<()> {
+        if let (Some((g, fast)), Some(p), Some((xq, xs))) = (&self.fp8, &w.fp8, &work.xq) {
+            g.quantize(work.hb.ptr(), r, k, k, xq.ptr(), xs.ptr())?;
+            let to = match out {
+                GemmOut::Bf16(y) => Fp8Out::Bf16(y),
+                GemmOut::F32(y) => Fp8Out::F32(y),
+            };
+            return g.gemm(
+                p.q.ptr(),
+                p.s.ptr(),
+                xq.ptr(),
+                xs.ptr(),
+                to,
+                (n, r, k),
+                n,
+                *fast,
+            );
+        }
+        match out {
+            GemmOut::Bf16(y) => self
+                .blas
+                .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), y, n, r, k, n),
+            GemmOut::F32(y) => self.gemm(&w.w, n, k, work.hb.ptr(), y, r),
+        }
     }
 
     /// Runs `blocks` over a pass; `mods[i]` is block i's modulation slice (0: unmodulated).
@@ -590,8 +729,8 @@ impl CudaDit {
         for (i, b) in blocks.iter().enumerate() {
             let m = mods[i];
             let t = self.prof_start()?;
-            self.blas
-                .gemm_bf16_out(b.qkv.ptr(), w.hb.ptr(), w.qkv.ptr(), 3 * d, r, d, 3 * d)?;
+            let qkv_out = GemmOut::Bf16(w.qkv.ptr());
+            self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -639,14 +778,14 @@ impl CudaDit {
             }
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;
-            self.gemm(&b.out, d, d, w.hb.ptr(), w.o.ptr(), r)?;
+            self.block_gemm(w, &b.out, (d, d), r, GemmOut::F32(w.o.ptr()))?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.residual(p, w, &b.n2, m, 1, Some((&b.f1, m, 2)), mod_stride)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.blas
-                .gemm_bf16_out(b.w13.ptr(), w.hb.ptr(), w.g.ptr(), 2 * f, r, d, 2 * f)?;
+            let g_out = GemmOut::Bf16(w.g.ptr());
+            self.block_gemm(w, &b.w13, (2 * f, d), r, g_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             self.launch(
@@ -663,7 +802,7 @@ impl CudaDit {
             )?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.gemm(&b.w2, d, f, w.hb.ptr(), w.o.ptr(), r)?;
+            self.block_gemm(w, &b.w2, (d, f), r, GemmOut::F32(w.o.ptr()))?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let next = blocks.get(i + 1).map(|nb| (&nb.n1, mods[i + 1], 0));
@@ -1051,6 +1190,17 @@ fn weight_bytes(m: &DitModel) -> u64 {
         .sum::<u64>()
 }
 
+/// Device bytes of the e4m3 copies (rows and row scales) of the block planes that run in FP8.
+fn fp8_copy_bytes(m: &DitModel) -> u64 {
+    let blocks = m.noise_refiner.len() + m.context_refiner.len() + m.layers.len();
+    let per_block: usize = block_plane_shapes(&m.geo)
+        .iter()
+        .filter(|&&(n, k)| fp8_fits(n, k))
+        .map(|&(n, k)| n * k + 4 * n)
+        .sum();
+    (blocks * per_block) as u64
+}
+
 /// `w` decoded to bf16 bytes on the host (the slow path for odd column counts).
 fn host_bf16(w: &Weight) -> Vec<u8> {
     let mut row = vec![0f32; w.cols];
@@ -1062,10 +1212,14 @@ fn host_bf16(w: &Weight) -> Vec<u8> {
     out
 }
 
-/// Weight upload: any codec → a bf16 plane on the device.
+/// Weight upload: any codec → a bf16 plane on the device (and its e4m3 copy for block GEMMs
+/// when the FP8 path is on and the shape fits it).
 struct Uploader<'u> {
     dev: &'u Dev,
     k: &'u Kernels,
+    fp8: Option<&'u Fp8Gemm>,
+    /// [`block_plane_shapes`] of the model.
+    shapes: [(usize, usize); 4],
 }
 
 impl Uploader<'_> {
@@ -1109,12 +1263,24 @@ impl Uploader<'_> {
         Ok((self.plane(&[&l.w])?, self.vec(&b)?))
     }
 
+    /// `ws` stacked into a block GEMM plane of shape `(n, k)`, with its e4m3 copy where the
+    /// FP8 path is on and cuBLASLt takes the shape.
+    fn gemm_plane(&self, ws: &[&Weight], (n, k): (usize, usize)) -> DResult<Plane> {
+        let w = self.plane(ws)?;
+        let fp8 = match self.fp8 {
+            Some(g) if fp8_fits(n, k) => Some(Fp8Plane::of(self.dev, g, &w, n, k)?),
+            _ => None,
+        };
+        Ok(Plane { w, fp8 })
+    }
+
     fn block(&self, b: &DitBlockWeights) -> DResult<Block> {
+        let [qkv, out, w13, w2] = self.shapes;
         Ok(Block {
-            qkv: self.plane(&[&b.to_q, &b.to_k, &b.to_v])?,
-            out: self.plane(&[&b.to_out])?,
-            w13: self.plane(&[&b.w1, &b.w3])?,
-            w2: self.plane(&[&b.w2])?,
+            qkv: self.gemm_plane(&[&b.to_q, &b.to_k, &b.to_v], qkv)?,
+            out: self.gemm_plane(&[&b.to_out], out)?,
+            w13: self.gemm_plane(&[&b.w1, &b.w3], w13)?,
+            w2: self.gemm_plane(&[&b.w2], w2)?,
             norm_q: self.vec(b.norm_q)?,
             norm_k: self.vec(b.norm_k)?,
             n1: self.vec(b.attention_norm1)?,
@@ -1212,6 +1378,10 @@ impl DitDevice for CudaDit {
     fn release(&mut self) {
         self.prep = None;
         self.conds.clear();
+    }
+
+    fn fp8_planes(&self) -> usize {
+        CudaDit::fp8_planes(self)
     }
 }
 

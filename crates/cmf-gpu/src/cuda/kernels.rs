@@ -33,6 +33,8 @@ pub const ATTENTION_WG: &str = concat!(
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 pub const DIT: &str = include_str!("kernels/dit.cu");
 pub const VAE: &str = include_str!("kernels/vae.cu");
+/// e4m3 quantisation for the FP8 GEMMs (sm_89+).
+pub const FP8: &str = include_str!("kernels/fp8.cu");
 
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)
@@ -63,6 +65,7 @@ pub fn all_sources() -> SourceSet {
         ("attention", ATTENTION, model(32, 1, false)),
         ("rowops", ROWOPS, vec![]),
         ("vae", VAE, vec![]),
+        ("fp8", FP8, vec![]),
     ]
 }
 

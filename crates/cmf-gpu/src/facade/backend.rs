@@ -74,6 +74,10 @@ pub trait DitDevice: Send {
     fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal>;
     /// Frees captions and activation buffers (the weights stay).
     fn release(&mut self);
+    /// Block GEMM weight planes that run in FP8 (diagnostics and tests: which path ran).
+    fn fp8_planes(&self) -> usize {
+        0
+    }
 }
 
 /// A model resident on a device. Positions are explicit: a call at `start` overwrites KV rows

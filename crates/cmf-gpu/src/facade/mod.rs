@@ -407,6 +407,10 @@ impl GpuDit {
     pub fn release(&mut self) {
         self.dev.release()
     }
+    /// See [`DitDevice::fp8_planes`].
+    pub fn fp8_planes(&self) -> usize {
+        self.dev.fp8_planes()
+    }
 }
 
 /// A model loaded through the facade. Every entry point passes the gate first.
