@@ -19,6 +19,13 @@
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
+// FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
+// residual_norm, swiglu) write either bf16 rows out_b or, when out_q is set because the consuming
+// GEMM runs in FP8, e4m3 rows out_q with one f32 scale per row out_s (e4m3.cuh), made from the
+// f32 values: what quant_rows_e4m3 would make of the bf16 rows, except that the values skip the
+// bf16 rounding (amax and the bytes come from the f32 values), so a byte can differ where that
+// rounding would have crossed an e4m3 rounding boundary. Such a kernel keeps its row's values in
+// dynamic shared memory (the stash) until the row's amax is known.
 // Compile-time: HD (head dim). Reference: cmf-zimage transformer.rs `Block::forward`.
 
 #ifndef HD
@@ -29,10 +36,24 @@
 
 __device__ __forceinline__ u16 to_f16_sat(float v) { return f32_to_f16(fminf(fmaxf(v, -F16_MAX), F16_MAX)); }
 
-// out_b[r] = bf16(rmsnorm(x[r]) · w · (1 + scale[item]))   (R blocks; scale slot `slot`)
-extern "C" __global__ void rms_mod_bf16(const float* x, const float* w, float eps, int D, const float* mod,
-                                        long long mod_stride, int slot, const int* map, u16* out_b) {
+// Writes value i of row r: bf16 to out_b, or (out_q set) into the e4m3 stash, folding |v| into amax.
+__device__ __forceinline__ void put(float v, int i, long long r, int D, u16* out_b, const u8* out_q, float* stash,
+                                    float& amax) {
+    if (out_q) {
+        stash[i] = v;
+        amax = fmaxf(amax, fabsf(v));
+    } else {
+        out_b[r * D + i] = f32_to_bf16(v);
+    }
+}
+
+// out[r] = rmsnorm(x[r]) · w · (1 + scale[item])   (R blocks; scale slot `slot`), bf16 or e4m3.
+// Dynamic smem: the e4m3 stash (D floats) when out_q.
+extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, int D, const float* mod,
+                                   long long mod_stride, int slot, const int* map, u16* out_b, u8* out_q,
+                                   float* out_s) {
     __shared__ float red[32];
+    extern __shared__ float stash[];
     const long long r = blockIdx.x;
     const float* xr = x + r * D;
     float ss = 0.f;
@@ -40,19 +61,21 @@ extern "C" __global__ void rms_mod_bf16(const float* x, const float* w, float ep
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)D + eps);
     const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
+    float amax = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float v = xr[i] * inv * w[i];
         if (sc) v *= 1.f + sc[i];
-        out_b[r * D + i] = f32_to_bf16(v);
+        put(v, i, r, D, out_b, out_q, stash, amax);
     }
+    if (out_q) emit_e4m3_row(stash, D, amax, red, out_q + r * D, out_s + r);
 }
 
 // x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0), then, when next_w:
-// out_b[r] = bf16(rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]))  (R blocks).
-// Dynamic smem: D floats (the updated row).
+// out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
+// Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
 extern "C" __global__ void residual_norm(float* x, const float* o, const float* w, float eps, int D, const float* mod,
                                          int gate_slot, const float* next_w, const float* next_mod, int next_slot,
-                                         long long mod_stride, const int* map, u16* out_b) {
+                                         long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
     __shared__ float red[32];
     extern __shared__ float row[];
     const long long r = blockIdx.x;
@@ -77,11 +100,13 @@ extern "C" __global__ void residual_norm(float* x, const float* o, const float* 
     ss2 = block_sum(ss2, red);
     const float inv2 = rsqrtf(ss2 / (float)D + eps);
     const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
+    float amax = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float v = row[i] * inv2 * next_w[i];
         if (sc) v *= 1.f + sc[i];
-        out_b[r * D + i] = f32_to_bf16(v);
+        put(v, i, r, D, out_b, out_q, row, amax);
     }
+    if (out_q) emit_e4m3_row(row, D, amax, red, out_q + r * D, out_s + r);
 }
 
 // qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
@@ -139,13 +164,18 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
     }
 }
 
-// gu [R, 2F] bf16 (w1 | w3 per row) → out_b[r, i] = bf16(silu(gu[r, i]) · gu[r, F + i]).
-extern "C" __global__ void swiglu_bf16(const u16* gu, int F, long long R, u16* out_b) {
-    const long long n = R * F;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / F, i = k - r * F;
-        out_b[k] = f32_to_bf16(silu(bf16_to_f32(gu[r * 2 * F + i])) * bf16_to_f32(gu[r * 2 * F + F + i]));
-    }
+// gu [R, 2F] bf16 (w1 | w3 per row) → out[r, i] = silu(gu[r, i]) · gu[r, F + i], bf16 or e4m3.
+// R blocks (one per row: an e4m3 row needs its amax). Dynamic smem: the e4m3 stash (F floats)
+// when out_q.
+extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+    __shared__ float red[32];
+    extern __shared__ float stash[];
+    const long long r = blockIdx.x;
+    const u16* g = gu + r * 2 * F;
+    float amax = 0.f;
+    for (int i = threadIdx.x; i < F; i += blockDim.x)
+        put(silu(bf16_to_f32(g[i])) * bf16_to_f32(g[F + i]), i, r, F, out_b, out_q, stash, amax);
+    if (out_q) emit_e4m3_row(stash, F, amax, red, out_q + r * F, out_s + r);
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.
