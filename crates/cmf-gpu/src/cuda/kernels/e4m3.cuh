@@ -36,13 +36,22 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
 #endif
 }
 
-// The second half of a fused e4m3 producer. Each thread has stored its values of a row of n at
-// stash[i] for i = threadIdx.x + k·blockDim.x (the same threads read them back here, so no
-// barrier is needed beyond block_max's) and folded their |v| into `amax`. Writes the row's scale
-// to *scale and its bytes to q[0, n).
-__device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float amax, float* red, u8* q,
-                                              float* scale) {
+// A group of V values (common.cuh) as e4m3 bytes of v · inv at p.
+template <int V>
+__device__ __forceinline__ void st_e4m3(u8* p, const Vf<V>& a, float inv) {
+    if constexpr (V == 4)
+        *(u32*)p = (u32)pack_e4m3x2(a.v[0] * inv, a.v[1] * inv) | ((u32)pack_e4m3x2(a.v[2] * inv, a.v[3] * inv) << 16);
+    else
+        *p = (u8)pack_e4m3x2(a.v[0] * inv, 0.f);
+}
+
+// The second half of a fused e4m3 producer, whose row of n values is in shared memory: each
+// thread stored groups g = threadIdx.x + k·blockDim.x of V values at stash[V·g] (the same threads
+// read them back here, so no barrier is needed beyond block_max's) and folded their |v| into
+// `amax`. Writes the row's scale to *scale and its bytes to q[0, n).
+template <int V>
+__device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float amax, float* red, u8* q, float* scale) {
     const float s = e4m3_scale(block_max(amax, red)), inv = 1.f / s;
     if (threadIdx.x == 0) *scale = s;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) q[i] = (u8)pack_e4m3x2(stash[i] * inv, 0.f);
+    for (int g = threadIdx.x; g < n / V; g += blockDim.x) st_e4m3<V>(q + V * g, ld_f32<V>(stash + V * g), inv);
 }
