@@ -98,10 +98,11 @@ extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, in
     const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
     if (row_vec4(D, (u64)xr | (u64)w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq))
-        rms_mod_row<4>(xr, w, eps, D, sc, ob, oq, out_s + r, red, rowsm);
+        rms_mod_row<4>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
     else
-        rms_mod_row<1>(xr, w, eps, D, sc, ob, oq, out_s + r, red, rowsm);
+        rms_mod_row<1>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
 }
 
 // One row of residual_norm: xr, orow, the gate g and scale sc (null: none), outputs at the row.
@@ -160,11 +161,12 @@ extern "C" __global__ void residual_norm(float* x, const float* o, const float* 
     const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
     const u64 bits = (u64)xr | (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
     if (row_vec4(D, bits))
-        residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, out_s + r, red, rowsm);
+        residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
     else
-        residual_norm_row<1>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, out_s + r, red, rowsm);
+        residual_norm_row<1>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
 }
 
 // qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
@@ -247,10 +249,11 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
     const u16* gr = gu + r * 2 * F;
     u16* ob = out_b ? out_b + r * F : nullptr;
     u8* oq = out_q ? out_q + r * F : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
     if (row_vec4(F, 2 * ((u64)gr | (u64)ob) | 4 * (u64)oq))
-        swiglu_row<4>(gr, F, ob, oq, out_s + r, red, rowsm);
+        swiglu_row<4>(gr, F, ob, oq, os, red, rowsm);
     else
-        swiglu_row<1>(gr, F, ob, oq, out_s + r, red, rowsm);
+        swiglu_row<1>(gr, F, ob, oq, os, red, rowsm);
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.
