@@ -25,6 +25,10 @@ use cmf_gpu::Gpu;
 use cmf_kernels::Weight;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The DiT's row kernels (bf16 and fused e4m3 outputs) against CPU references.
+#[path = "cuda/dit_rows.rs"]
+mod dit_rows;
+
 /// One backend per test process (context creation and kernel compilation are not free);
 /// tests share it one at a time.
 fn backend() -> Option<std::sync::MutexGuard<'static, Arc<CudaBackend>>> {

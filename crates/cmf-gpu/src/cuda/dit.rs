@@ -14,9 +14,15 @@
 //! → qkv GEMM → q/k norm + RoPE (+ f16 K/V) → flash attention per item → gather → O GEMM →
 //! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
+//!
+//! FP8 (`CMF_DIT_FP8`, see `fp8_request`): block GEMMs whose plane has an e4m3 copy run in
+//! FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the fused residual, SwiGLU:
+//! cuda/dit_rows.rs) then write e4m3 rows and row scales instead of bf16, and only the
+//! attention output is quantised by a pass of its own before the O GEMM.
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
+use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
 use super::weights::{DequantTo, DevCodec, DevWeight};
@@ -37,11 +43,6 @@ pub const PROFILE_CATEGORIES: [&str; 3] = ["gemm", "attention", "rowops"];
 const GEMM: usize = 0;
 const ATTN: usize = 1;
 const ROWS: usize = 2;
-
-/// Ints per row in a row map (`MAPW` in dit.cu): item, J, L, p, rope_row.
-const MAPW: usize = 5;
-/// Threads of the per-row kernels.
-const ROW_THREADS: u32 = 256;
 
 struct Kernels {
     rms_mod: Func,
@@ -70,10 +71,10 @@ impl Kernels {
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
         let attn = load_attention(dev, hd, attention_variant(dev, hd, &choice), &defs)?;
         Ok(Kernels {
-            rms_mod: dit.func("rms_mod_bf16")?,
+            rms_mod: dit.func("rms_mod")?,
             residual_norm: dit.func("residual_norm")?,
             qk_norm_rope: dit.func("qk_norm_rope")?,
-            swiglu: dit.func("swiglu_bf16")?,
+            swiglu: dit.func("swiglu")?,
             bias_pad: dit.func("bias_pad_rows")?,
             add_bias: dit.func("add_bias")?,
             rms: dit.func("rms_bf16")?,
@@ -82,6 +83,14 @@ impl Kernels {
             dequant: rows.func("dequant_rows")?,
             _mods: vec![dit, rows],
         })
+    }
+
+    /// Lets the row kernels keep a row of the model's widths in shared memory (the updated row
+    /// of `residual_norm`, the e4m3 stashes).
+    fn allow_rows(&self, g: &DitGeometry) -> DResult<()> {
+        dit_rows::allow_row_smem(&self.residual_norm, g.dim * 4)?;
+        dit_rows::allow_row_smem(&self.rms_mod, g.dim * 4)?;
+        dit_rows::allow_row_smem(&self.swiglu, g.ffn * 4)
     }
 }
 
@@ -309,6 +318,25 @@ struct Work {
     xq: Option<(DBuf, DBuf)>,
 }
 
+impl Work {
+    /// The e4m3 input rows and scales of the GEMM on `w` when it runs in FP8.
+    fn fp8_input(&self, w: &Plane) -> Option<(u64, u64)> {
+        match (&w.fp8, &self.xq) {
+            (Some(_), Some((q, s))) => Some((q.ptr(), s.ptr())),
+            _ => None,
+        }
+    }
+
+    /// Where a row kernel writes the input of the GEMM on `w`: e4m3 rows when that GEMM runs
+    /// in FP8, else bf16 rows in `hb`.
+    fn gemm_input(&self, w: &Plane) -> RowOut {
+        match self.fp8_input(w) {
+            Some((q, scale)) => RowOut::E4m3 { q, scale },
+            None => RowOut::Bf16(self.hb.ptr()),
+        }
+    }
+}
+
 /// A pass of blocks over `rows` rows of `x`.
 struct Pass<'p> {
     x: u64,
@@ -509,6 +537,7 @@ impl CudaDit {
 
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
         let k = Kernels::load(&dev, m.geo.head_dim())?;
+        k.allow_rows(&m.geo)?;
         let blas = Blas::new(&dev)?;
         let fp8 = fp8_request().and_then(|fast| match Fp8Gemm::new(&dev) {
             Ok(g) => Some((g, fast)),
@@ -570,7 +599,7 @@ impl CudaDit {
     }
 
     /// Block GEMM planes that run in FP8 (0 unless `CMF_DIT_FP8` is set and the device takes
-    /// it; planes whose shape cuBLASLt's FP8 GEMM refuses stay bf16, see [`fp8_fits`]).
+    /// it; planes whose shape cuBLASLt's FP8 GEMM refuses stay bf16, see `fp8_fits`).
     pub fn fp8_planes(&self) -> usize {
         self.noise
             .iter()
@@ -656,8 +685,9 @@ impl CudaDit {
         })
     }
 
-    /// `out[r, 0..n) = hb[r, 0..k) · Wᵀ` for block plane `w` (`n × k`): in FP8 from its e4m3
-    /// copy when it has one (the activation rows quantised first), else bf16.
+    /// `out[r, 0..n) = a[r, 0..k) · Wᵀ` for block plane `w` (`n × k`), the activation rows `a`
+    /// where [`Work::gemm_input`] put them: in FP8 from the plane's e4m3 copy when it has one,
+    /// else bf16 from `hb`.
     fn block_gemm(
         &self,
         work: &Work,
@@ -666,22 +696,16 @@ impl CudaDit {
         r: usize,
         out: GemmOut,
     ) -> DResult<()> {
-        if let (Some((g, fast)), Some(p), Some((xq, xs))) = (&self.fp8, &w.fp8, &work.xq) {
-            g.quantize(work.hb.ptr(), r, k, k, xq.ptr(), xs.ptr())?;
+        if let (Some((xq, xs)), Some(p)) = (work.fp8_input(w), &w.fp8) {
+            let (g, fast) = self
+                .fp8
+                .as_ref()
+                .expect("e4m3 planes exist only with the FP8 GEMM");
             let to = match out {
                 GemmOut::Bf16(y) => Fp8Out::Bf16(y),
                 GemmOut::F32(y) => Fp8Out::F32(y),
             };
-            return g.gemm(
-                p.q.ptr(),
-                p.s.ptr(),
-                xq.ptr(),
-                xs.ptr(),
-                to,
-                (n, r, k),
-                n,
-                *fast,
-            );
+            return g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast);
         }
         match out {
             GemmOut::Bf16(y) => self
@@ -704,30 +728,35 @@ impl CudaDit {
         let (d, f, nh, hd) = (g.dim, g.ffn, g.n_heads, g.head_dim());
         let r = p.rows;
         debug_assert!(r <= w.rows);
-        let rows_grid = (r as u32, 1, 1);
+        let rows = |modulation: u64| NormRows {
+            x: p.x,
+            rows: r,
+            d,
+            eps: g.norm_eps,
+            modulation,
+            mod_stride,
+            map: p.map,
+        };
         let first = &blocks[0];
         let t = self.prof_start()?;
-        self.launch(
+        let out = w.gemm_input(&first.qkv);
+        dit_rows::rms_mod(
+            &self.dev,
             &self.k.rms_mod,
-            rows_grid,
-            ROW_THREADS,
+            &rows(mods[0]),
+            first.n1.ptr(),
             0,
-            &[
-                Arg::Ptr(p.x),
-                Arg::Ptr(first.n1.ptr()),
-                Arg::F32(g.norm_eps),
-                Arg::I32(d as i32),
-                Arg::Ptr(mods[0]),
-                Arg::U64(mod_stride as u64),
-                Arg::I32(0),
-                Arg::Ptr(p.map),
-                Arg::Ptr(w.hb.ptr()),
-            ],
+            out,
         )?;
         self.prof_stop(t, ROWS)?;
         let scale = 1.0 / (hd as f32).sqrt();
         for (i, b) in blocks.iter().enumerate() {
             let m = mods[i];
+            // x += gate · rmsnorm(o) · norm, then the next GEMM's pre-norm of x.
+            let residual = |norm: &DBuf, gate_slot: i32, next: Option<NextNorm>| {
+                let (f, o) = (&self.k.residual_norm, (w.o.ptr(), norm.ptr()));
+                dit_rows::residual_norm(&self.dev, f, &rows(m), o, gate_slot, next)
+            };
             let t = self.prof_start()?;
             let qkv_out = GemmOut::Bf16(w.qkv.ptr());
             self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
@@ -778,75 +807,50 @@ impl CudaDit {
             }
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;
+            self.quantize_attention(w, &b.out, d, r)?;
             self.block_gemm(w, &b.out, (d, d), r, GemmOut::F32(w.o.ptr()))?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            self.residual(p, w, &b.n2, m, 1, Some((&b.f1, m, 2)), mod_stride)?;
+            let ffn_norm = NextNorm {
+                w: b.f1.ptr(),
+                modulation: m,
+                slot: 2,
+                out: w.gemm_input(&b.w13),
+            };
+            residual(&b.n2, 1, Some(ffn_norm))?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             let g_out = GemmOut::Bf16(w.g.ptr());
             self.block_gemm(w, &b.w13, (2 * f, d), r, g_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            self.launch(
-                &self.k.swiglu,
-                grid_stride(r * f),
-                256,
-                0,
-                &[
-                    Arg::Ptr(w.g.ptr()),
-                    Arg::I32(f as i32),
-                    Arg::U64(r as u64),
-                    Arg::Ptr(w.hb.ptr()),
-                ],
-            )?;
+            let out = w.gemm_input(&b.w2);
+            dit_rows::swiglu(&self.dev, &self.k.swiglu, w.g.ptr(), r, f, out)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             self.block_gemm(w, &b.w2, (d, f), r, GemmOut::F32(w.o.ptr()))?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            let next = blocks.get(i + 1).map(|nb| (&nb.n1, mods[i + 1], 0));
-            self.residual(p, w, &b.f2, m, 3, next, mod_stride)?;
+            let next = blocks.get(i + 1).map(|nb| NextNorm {
+                w: nb.n1.ptr(),
+                modulation: mods[i + 1],
+                slot: 0,
+                out: w.gemm_input(&nb.qkv),
+            });
+            residual(&b.f2, 3, next)?;
             self.prof_stop(t, ROWS)?;
         }
         Ok(())
     }
 
-    /// x += gate · rmsnorm(o) · w, then (when `next`) hb = rmsnorm(x) · w' · (1 + scale).
-    #[allow(clippy::too_many_arguments)]
-    fn residual(
-        &self,
-        p: &Pass,
-        w: &Work,
-        norm: &DBuf,
-        m: u64,
-        gate_slot: i32,
-        next: Option<(&DBuf, u64, i32)>,
-        mod_stride: usize,
-    ) -> DResult<()> {
-        let d = self.geo.dim;
-        let (nw, nm, ns) = next.map_or((0, 0, 0), |(b, m, s)| (b.ptr(), m, s));
-        self.launch(
-            &self.k.residual_norm,
-            (p.rows as u32, 1, 1),
-            ROW_THREADS,
-            (d * 4) as u32,
-            &[
-                Arg::Ptr(p.x),
-                Arg::Ptr(w.o.ptr()),
-                Arg::Ptr(norm.ptr()),
-                Arg::F32(self.geo.norm_eps),
-                Arg::I32(d as i32),
-                Arg::Ptr(m),
-                Arg::I32(gate_slot),
-                Arg::Ptr(nw),
-                Arg::Ptr(nm),
-                Arg::I32(ns),
-                Arg::U64(mod_stride as u64),
-                Arg::Ptr(p.map),
-                Arg::Ptr(w.hb.ptr()),
-            ],
-        )
+    /// Before the O GEMM: the attention kernel wrote its output as bf16 rows in `hb`; when the
+    /// GEMM on `w` runs in FP8 they are quantised here (the one GEMM input not written as e4m3
+    /// by its producer: attention writes per head, a row's amax spans all heads).
+    fn quantize_attention(&self, work: &Work, w: &Plane, k: usize, r: usize) -> DResult<()> {
+        match (work.fp8_input(w), &self.fp8) {
+            (Some((q, s)), Some((g, _))) => g.quantize(work.hb.ptr(), r, k, k, q, s),
+            _ => Ok(()),
+        }
     }
 
     fn condition_dev(&mut self, cap: &[f32], len: usize, rope: RopeRows) -> DResult<CondId> {

@@ -31,10 +31,17 @@ pub const ATTENTION_WG: &str = concat!(
     include_str!("kernels/attention_wg.cu")
 );
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
-pub const DIT: &str = include_str!("kernels/dit.cu");
+/// The DiT's row kernels (with the e4m3 encoder: some write FP8 GEMM inputs).
+pub const DIT: &str = concat!(
+    include_str!("kernels/e4m3.cuh"),
+    include_str!("kernels/dit.cu")
+);
 pub const VAE: &str = include_str!("kernels/vae.cu");
 /// e4m3 quantisation for the FP8 GEMMs (sm_89+).
-pub const FP8: &str = include_str!("kernels/fp8.cu");
+pub const FP8: &str = concat!(
+    include_str!("kernels/e4m3.cuh"),
+    include_str!("kernels/fp8.cu")
+);
 
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)

@@ -10,6 +10,7 @@
 pub mod blas;
 pub mod device;
 pub mod dit;
+pub mod dit_rows;
 pub mod fp8;
 pub mod kernels;
 pub mod llm;

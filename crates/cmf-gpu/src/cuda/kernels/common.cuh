@@ -45,6 +45,56 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     return r;
 }
 
+// Row access in groups of V consecutive values: V = 4 reads or writes a group with one 16-byte
+// (f32), 8-byte (bf16) or 4-byte (e4m3) access and needs the row width a multiple of 4 and
+// 16-byte aligned f32 rows (see row_vec4); V = 1 is the scalar path for any width.
+template <int V>
+struct Vf {
+    float v[V];
+};
+template <int V>
+__device__ __forceinline__ Vf<V> ld_f32(const float* p) {
+    Vf<V> a;
+    if constexpr (V == 4) {
+        const float4 q = *(const float4*)p;
+        a.v[0] = q.x, a.v[1] = q.y, a.v[2] = q.z, a.v[3] = q.w;
+    } else {
+        a.v[0] = *p;
+    }
+    return a;
+}
+template <int V>
+__device__ __forceinline__ void st_f32(float* p, const Vf<V>& a) {
+    if constexpr (V == 4) *(float4*)p = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
+    else *p = a.v[0];
+}
+template <int V>
+__device__ __forceinline__ Vf<V> ld_bf16(const u16* p) {
+    Vf<V> a;
+    if constexpr (V == 4) {
+        const uint2 q = *(const uint2*)p;
+        a.v[0] = __uint_as_float(q.x << 16), a.v[1] = __uint_as_float(q.x & 0xffff0000u);
+        a.v[2] = __uint_as_float(q.y << 16), a.v[3] = __uint_as_float(q.y & 0xffff0000u);
+    } else {
+        a.v[0] = bf16_to_f32(*p);
+    }
+    return a;
+}
+template <int V>
+__device__ __forceinline__ void st_bf16(u16* p, const Vf<V>& a) {
+    if constexpr (V == 4) {
+        *(uint2*)p = make_uint2((u32)f32_to_bf16(a.v[0]) | ((u32)f32_to_bf16(a.v[1]) << 16),
+                                (u32)f32_to_bf16(a.v[2]) | ((u32)f32_to_bf16(a.v[3]) << 16));
+    } else {
+        *p = f32_to_bf16(a.v[0]);
+    }
+}
+// Whether rows of width n at these pointers can take the V = 4 path: n a multiple of 4 and every
+// pointer aligned for its group access. Pointers are OR-ed into `bits`, each scaled so that its
+// alignment shows as 16 bytes: f32 (16-byte groups) as is, bf16 (8-byte groups) times 2, e4m3
+// (4-byte groups) times 4; null pointers do not count.
+__device__ __forceinline__ bool row_vec4(int n, unsigned long long bits) { return (n & 3) == 0 && (bits & 15) == 0; }
+
 // Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
 // while its predecessor runs; it must call pdl_wait() before reading anything a predecessor
 // wrote (immutable weights may be read before). pdl_trigger() lets the successor launch early.

@@ -19,6 +19,17 @@
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
+// FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
+// residual_norm, swiglu) write either bf16 rows out_b or, when out_q is set because the consuming
+// GEMM runs in FP8, e4m3 rows out_q with one f32 scale per row out_s (e4m3.cuh), made from the
+// f32 values: what quant_rows_e4m3 would make of the bf16 rows, except that the values skip the
+// bf16 rounding (amax and the bytes come from the f32 values), so a byte can differ where that
+// rounding would have crossed an e4m3 rounding boundary. Such a kernel keeps its row's values in
+// dynamic shared memory (the stash) until the row's amax is known.
+// Row access (rms_mod, residual_norm, swiglu): one block per row, each thread taking groups of 4
+// values (16-byte f32, 8-byte bf16, 4-byte e4m3 accesses) when the width is a multiple of 4 and
+// the rows are aligned (D = 3840, F = 10240 at full size), else single values (the tiny fixture's
+// F = 341): one template body per kernel, V = 4 or 1 (Vf, common.cuh).
 // Compile-time: HD (head dim). Reference: cmf-zimage transformer.rs `Block::forward`.
 
 #ifndef HD
@@ -29,59 +40,133 @@
 
 __device__ __forceinline__ u16 to_f16_sat(float v) { return f32_to_f16(fminf(fmaxf(v, -F16_MAX), F16_MAX)); }
 
-// out_b[r] = bf16(rmsnorm(x[r]) · w · (1 + scale[item]))   (R blocks; scale slot `slot`)
-extern "C" __global__ void rms_mod_bf16(const float* x, const float* w, float eps, int D, const float* mod,
-                                        long long mod_stride, int slot, const int* map, u16* out_b) {
-    __shared__ float red[32];
-    const long long r = blockIdx.x;
-    const float* xr = x + r * D;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)D + eps);
-    const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = xr[i] * inv * w[i];
-        if (sc) v *= 1.f + sc[i];
-        out_b[r * D + i] = f32_to_bf16(v);
+// Group g (V values, common.cuh) of an output row: bf16 to out_b (the row), or (out_q set) into
+// the e4m3 stash, folding |v| into amax.
+template <int V>
+__device__ __forceinline__ void put(const Vf<V>& v, int g, u16* out_b, const u8* out_q, float* stash, float& amax) {
+    if (out_q) {
+        st_f32<V>(stash + V * g, v);
+#pragma unroll
+        for (int j = 0; j < V; j++) amax = fmaxf(amax, fabsf(v.v[j]));
+    } else {
+        st_bf16<V>(out_b + V * g, v);
     }
 }
 
-// x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0), then, when next_w:
-// out_b[r] = bf16(rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]))  (R blocks).
-// Dynamic smem: D floats (the updated row).
-extern "C" __global__ void residual_norm(float* x, const float* o, const float* w, float eps, int D, const float* mod,
-                                         int gate_slot, const float* next_w, const float* next_mod, int next_slot,
-                                         long long mod_stride, const int* map, u16* out_b) {
-    __shared__ float red[32];
-    extern __shared__ float row[];
-    const long long r = blockIdx.x;
-    const float* orow = o + r * D;
-    float* xr = x + r * D;
-    const int item = map[r * MAPW];
+// Σ x² over a row of n f32 (all threads get it).
+template <int V>
+__device__ __forceinline__ float row_sumsq(const float* x, int n, float* red) {
     float ss = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += orow[i] * orow[i];
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)D + eps);
-    const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
+    for (int g = threadIdx.x; g < n / V; g += blockDim.x) {
+        const Vf<V> a = ld_f32<V>(x + V * g);
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += a.v[j] * a.v[j];
+    }
+    return block_sum(ss, red);
+}
+
+// One row of rms_mod: xr, sc (null: unmodulated), out_b / out_q / out_s at the row.
+template <int V>
+__device__ __forceinline__ void rms_mod_row(const float* xr, const float* w, float eps, int D, const float* sc,
+                                            u16* out_b, u8* out_q, float* out_s, float* red, float* stash) {
+    const float inv = rsqrtf(row_sumsq<V>(xr, D, red) / (float)D + eps);
+    float amax = 0.f;
+    for (int g = threadIdx.x; g < D / V; g += blockDim.x) {
+        Vf<V> v = ld_f32<V>(xr + V * g);
+        const Vf<V> wv = ld_f32<V>(w + V * g);
+#pragma unroll
+        for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
+        if (sc) {
+            const Vf<V> s = ld_f32<V>(sc + V * g);
+#pragma unroll
+            for (int j = 0; j < V; j++) v.v[j] *= 1.f + s.v[j];
+        }
+        put<V>(v, g, out_b, out_q, stash, amax);
+    }
+    if (out_q) emit_e4m3_row<V>(stash, D, amax, red, out_q, out_s);
+}
+
+// out[r] = rmsnorm(x[r]) · w · (1 + scale[item])   (R blocks; scale slot `slot`), bf16 or e4m3.
+// Dynamic smem: the e4m3 stash (D floats) when out_q.
+extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, int D, const float* mod,
+                                   long long mod_stride, int slot, const int* map, u16* out_b, u8* out_q,
+                                   float* out_s) {
+    __shared__ float red[32];
+    extern __shared__ __align__(16) float rowsm[];
+    const long long r = blockIdx.x;
+    const float* xr = x + r * D;
+    const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
+    u16* ob = out_b ? out_b + r * D : nullptr;
+    u8* oq = out_q ? out_q + r * D : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
+    if (row_vec4(D, (u64)xr | (u64)w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq))
+        rms_mod_row<4>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
+    else
+        rms_mod_row<1>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
+}
+
+// One row of residual_norm: xr, orow, the gate g and scale sc (null: none), outputs at the row.
+template <int V>
+__device__ __forceinline__ void residual_norm_row(float* xr, const float* orow, const float* w, float eps, int D,
+                                                  const float* g, const float* next_w, const float* sc, u16* out_b,
+                                                  u8* out_q, float* out_s, float* red, float* row) {
+    const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
     float ss2 = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = orow[i] * inv * w[i];
-        if (g) v *= tanhf(g[i]);
-        float nx = xr[i] + v;
-        xr[i] = nx;
-        row[i] = nx;
-        ss2 += nx * nx;
+    for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
+        const Vf<V> o = ld_f32<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
+        Vf<V> nx = ld_f32<V>(xr + V * k);
+        Vf<V> gv;
+        if (g) gv = ld_f32<V>(g + V * k);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float v = o.v[j] * inv * wv.v[j];
+            if (g) v *= tanhf(gv.v[j]);
+            nx.v[j] += v;
+            ss2 += nx.v[j] * nx.v[j];
+        }
+        st_f32<V>(xr + V * k, nx);
+        st_f32<V>(row + V * k, nx);
     }
     if (!next_w) return;
-    ss2 = block_sum(ss2, red);
-    const float inv2 = rsqrtf(ss2 / (float)D + eps);
-    const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = row[i] * inv2 * next_w[i];
-        if (sc) v *= 1.f + sc[i];
-        out_b[r * D + i] = f32_to_bf16(v);
+    const float inv2 = rsqrtf(block_sum(ss2, red) / (float)D + eps);
+    float amax = 0.f;
+    for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
+        Vf<V> v = ld_f32<V>(row + V * k);
+        const Vf<V> wv = ld_f32<V>(next_w + V * k);
+#pragma unroll
+        for (int j = 0; j < V; j++) v.v[j] *= inv2 * wv.v[j];
+        if (sc) {
+            const Vf<V> s = ld_f32<V>(sc + V * k);
+#pragma unroll
+            for (int j = 0; j < V; j++) v.v[j] *= 1.f + s.v[j];
+        }
+        put<V>(v, k, out_b, out_q, row, amax);
     }
+    if (out_q) emit_e4m3_row<V>(row, D, amax, red, out_q, out_s);
+}
+
+// x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0), then, when next_w:
+// out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
+// Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
+extern "C" __global__ void residual_norm(float* x, const float* o, const float* w, float eps, int D, const float* mod,
+                                         int gate_slot, const float* next_w, const float* next_mod, int next_slot,
+                                         long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
+    __shared__ float red[32];
+    extern __shared__ __align__(16) float rowsm[];
+    const long long r = blockIdx.x;
+    const int item = map[r * MAPW];
+    float* xr = x + r * D;
+    const float* orow = o + r * D;
+    const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
+    const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
+    u16* ob = out_b ? out_b + r * D : nullptr;
+    u8* oq = out_q ? out_q + r * D : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
+    const u64 bits = (u64)xr | (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
+    if (row_vec4(D, bits))
+        residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
+    else
+        residual_norm_row<1>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
 }
 
 // qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
@@ -139,13 +224,36 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
     }
 }
 
-// gu [R, 2F] bf16 (w1 | w3 per row) → out_b[r, i] = bf16(silu(gu[r, i]) · gu[r, F + i]).
-extern "C" __global__ void swiglu_bf16(const u16* gu, int F, long long R, u16* out_b) {
-    const long long n = R * F;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / F, i = k - r * F;
-        out_b[k] = f32_to_bf16(silu(bf16_to_f32(gu[r * 2 * F + i])) * bf16_to_f32(gu[r * 2 * F + F + i]));
+// One row of swiglu: gr the row of gu, outputs at the row.
+template <int V>
+__device__ __forceinline__ void swiglu_row(const u16* gr, int F, u16* out_b, u8* out_q, float* out_s, float* red,
+                                           float* stash) {
+    float amax = 0.f;
+    for (int k = threadIdx.x; k < F / V; k += blockDim.x) {
+        const Vf<V> a = ld_bf16<V>(gr + V * k), b = ld_bf16<V>(gr + F + V * k);
+        Vf<V> y;
+#pragma unroll
+        for (int j = 0; j < V; j++) y.v[j] = silu(a.v[j]) * b.v[j];
+        put<V>(y, k, out_b, out_q, stash, amax);
     }
+    if (out_q) emit_e4m3_row<V>(stash, F, amax, red, out_q, out_s);
+}
+
+// gu [R, 2F] bf16 (w1 | w3 per row) → out[r, i] = silu(gu[r, i]) · gu[r, F + i], bf16 or e4m3.
+// R blocks (one per row: an e4m3 row needs its amax). Dynamic smem: the e4m3 stash (F floats)
+// when out_q.
+extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+    __shared__ float red[32];
+    extern __shared__ __align__(16) float rowsm[];
+    const long long r = blockIdx.x;
+    const u16* gr = gu + r * 2 * F;
+    u16* ob = out_b ? out_b + r * F : nullptr;
+    u8* oq = out_q ? out_q + r * F : nullptr;
+    float* os = out_q ? out_s + r : nullptr;
+    if (row_vec4(F, 2 * ((u64)gr | (u64)ob) | 4 * (u64)oq))
+        swiglu_row<4>(gr, F, ob, oq, os, red, rowsm);
+    else
+        swiglu_row<1>(gr, F, ob, oq, os, red, rowsm);
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.

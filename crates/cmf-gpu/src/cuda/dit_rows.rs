@@ -1,0 +1,327 @@
+//! The DiT's row kernels that feed its GEMMs (kernels/dit.cu: `rms_mod`, `residual_norm`,
+//! `swiglu`): their launch shapes, shared by the DiT (cuda/dit.rs) and the parity tests' hooks.
+//!
+//! Each writes the next GEMM's input ([`RowOut`]): bf16 rows, or, when that GEMM runs in FP8,
+//! e4m3 rows with one f32 scale per row (kernels/e4m3.cuh): the activation quantisation fused
+//! into the producer instead of a pass of its own over bf16 rows. One block of
+//! [`ROW_THREADS`] per row; an e4m3 row is held in shared memory until its amax is known.
+
+use super::device::{bytes_of, Arg, DResult, Dev, DevError};
+use super::kernels::{Func, Module, DIT};
+
+/// Threads of the per-row kernels.
+pub const ROW_THREADS: u32 = 256;
+
+/// Ints per row in a row map (`MAPW` in dit.cu): item, J, L, p, rope_row.
+pub const MAPW: usize = 5;
+
+/// Where a row kernel writes its `[rows, n]` output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowOut {
+    /// bf16 rows.
+    Bf16(u64),
+    /// e4m3 rows (`n` bytes each) and one f32 scale per row.
+    E4m3 { q: u64, scale: u64 },
+}
+
+impl RowOut {
+    /// The kernels' trailing `out_b, out_q, out_s` arguments (out_q null: bf16).
+    fn args(self) -> [Arg; 3] {
+        match self {
+            RowOut::Bf16(b) => [Arg::Ptr(b), Arg::Ptr(0), Arg::Ptr(0)],
+            RowOut::E4m3 { q, scale } => [Arg::Ptr(0), Arg::Ptr(q), Arg::Ptr(scale)],
+        }
+    }
+
+    /// Dynamic shared memory of the e4m3 stash for rows of `n` values (none for bf16).
+    fn stash_bytes(self, n: usize) -> usize {
+        match self {
+            RowOut::Bf16(_) => 0,
+            RowOut::E4m3 { .. } => n * 4,
+        }
+    }
+}
+
+/// Lets `f` use `bytes` of dynamic shared memory where that exceeds the 48 KiB default (a
+/// stash of more than 12288 values).
+pub fn allow_row_smem(f: &Func, bytes: usize) -> DResult<()> {
+    if bytes + f.static_smem() > 48 * 1024 {
+        f.allow_smem(bytes)?;
+    }
+    Ok(())
+}
+
+/// The rows a norm kernel works on: `[rows, d]` f32 at `x`, with a block's adaLN modulation:
+/// item 0's `[4, d]` slots at `modulation` (0: unmodulated), item i's `mod_stride` floats
+/// further; `map` (`MAPW` ints per row) ties each row to its item.
+#[derive(Clone, Copy)]
+pub struct NormRows {
+    pub x: u64,
+    pub rows: usize,
+    pub d: usize,
+    pub eps: f32,
+    pub modulation: u64,
+    pub mod_stride: usize,
+    pub map: u64,
+}
+
+/// The pre-norm `residual_norm` applies to the updated rows for the next GEMM: weight `w`,
+/// the adaLN scale in slot `slot` of the modulation at `modulation` (0: none), written to
+/// `out`.
+#[derive(Clone, Copy)]
+pub struct NextNorm {
+    pub w: u64,
+    pub modulation: u64,
+    pub slot: i32,
+    pub out: RowOut,
+}
+
+/// `out = rmsnorm(x) · w · (1 + scale)`, the adaLN scale from slot `slot`.
+pub fn rms_mod(dev: &Dev, f: &Func, n: &NormRows, w: u64, slot: i32, out: RowOut) -> DResult<()> {
+    let [ob, oq, os] = out.args();
+    dev.launch(
+        f,
+        (n.rows as u32, 1, 1),
+        (ROW_THREADS, 1, 1),
+        out.stash_bytes(n.d) as u32,
+        &[
+            Arg::Ptr(n.x),
+            Arg::Ptr(w),
+            Arg::F32(n.eps),
+            Arg::I32(n.d as i32),
+            Arg::Ptr(n.modulation),
+            Arg::U64(n.mod_stride as u64),
+            Arg::I32(slot),
+            Arg::Ptr(n.map),
+            ob,
+            oq,
+            os,
+        ],
+    )
+}
+
+/// `x += tanh(gate) · rmsnorm(o) · w` (gate from slot `gate_slot`), then `next`'s pre-norm of
+/// the updated rows.
+pub fn residual_norm(
+    dev: &Dev,
+    f: &Func,
+    n: &NormRows,
+    (o, w): (u64, u64),
+    gate_slot: i32,
+    next: Option<NextNorm>,
+) -> DResult<()> {
+    let (nw, nm, ns, out) = match next {
+        Some(x) => (x.w, x.modulation, x.slot, x.out),
+        None => (0, 0, 0, RowOut::Bf16(0)),
+    };
+    let [ob, oq, os] = out.args();
+    dev.launch(
+        f,
+        (n.rows as u32, 1, 1),
+        (ROW_THREADS, 1, 1),
+        // The updated row; the e4m3 stash takes its place.
+        (n.d * 4) as u32,
+        &[
+            Arg::Ptr(n.x),
+            Arg::Ptr(o),
+            Arg::Ptr(w),
+            Arg::F32(n.eps),
+            Arg::I32(n.d as i32),
+            Arg::Ptr(n.modulation),
+            Arg::I32(gate_slot),
+            Arg::Ptr(nw),
+            Arg::Ptr(nm),
+            Arg::I32(ns),
+            Arg::U64(n.mod_stride as u64),
+            Arg::Ptr(n.map),
+            ob,
+            oq,
+            os,
+        ],
+    )
+}
+
+/// `out[r] = silu(gu[r, ..ffn]) · gu[r, ffn..]` for `rows` rows of `gu [rows, 2·ffn]` bf16.
+pub fn swiglu(dev: &Dev, f: &Func, gu: u64, rows: usize, ffn: usize, out: RowOut) -> DResult<()> {
+    let [ob, oq, os] = out.args();
+    dev.launch(
+        f,
+        (rows as u32, 1, 1),
+        (ROW_THREADS, 1, 1),
+        out.stash_bytes(ffn) as u32,
+        &[Arg::Ptr(gu), Arg::I32(ffn as i32), ob, oq, os],
+    )
+}
+
+/// What a test hook read back: bf16 rows (as f32), or e4m3 bytes and their row scales.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum RowsBack {
+    Bf16(Vec<f32>),
+    E4m3 { q: Vec<u8>, scale: Vec<f32> },
+}
+
+/// Inputs of the norm kernels' test hooks: `x [rows, d]`, modulation slots `mods [items, 4,
+/// d]` and each row's item (`mods` empty: unmodulated).
+#[doc(hidden)]
+pub struct NormCase<'a> {
+    pub x: &'a [f32],
+    pub d: usize,
+    pub eps: f32,
+    pub mods: &'a [f32],
+    pub items: &'a [usize],
+}
+
+/// The device side of a test hook: the kernels, the uploaded norm case, the output buffers
+/// (poisoned: an unwritten value reads back as NaN).
+struct Hook<'d> {
+    dev: &'d Dev,
+    m: Module,
+    keep: Vec<super::device::DBuf>,
+}
+
+impl<'d> Hook<'d> {
+    fn new(dev: &'d Dev) -> DResult<Hook<'d>> {
+        // The row kernels do not depend on the head dim; any HD compiles them.
+        Ok(Hook {
+            dev,
+            m: Module::load(dev, "dit", DIT, &[("HD", "128".to_string())])?,
+            keep: Vec::new(),
+        })
+    }
+
+    fn up<T: Copy>(&mut self, v: &[T]) -> DResult<u64> {
+        let b = self.dev.upload_new(bytes_of(v))?;
+        let p = b.ptr();
+        self.keep.push(b);
+        Ok(p)
+    }
+
+    fn poisoned(&mut self, bytes: usize) -> DResult<u64> {
+        self.up(&vec![0xffu8; bytes.max(1)])
+    }
+
+    /// Output buffers for `rows × n` values.
+    fn out(&mut self, rows: usize, n: usize, e4m3: bool) -> DResult<RowOut> {
+        Ok(if e4m3 {
+            RowOut::E4m3 {
+                q: self.poisoned(rows * n)?,
+                scale: self.poisoned(rows * 4)?,
+            }
+        } else {
+            RowOut::Bf16(self.poisoned(rows * n * 2)?)
+        })
+    }
+
+    fn back(&self, out: RowOut, rows: usize, n: usize) -> DResult<RowsBack> {
+        let down = |p: u64, bytes: usize| -> DResult<Vec<u8>> {
+            let mut v = vec![0u8; bytes];
+            self.dev.download(&mut v, p)?;
+            Ok(v)
+        };
+        Ok(match out {
+            RowOut::Bf16(b) => RowsBack::Bf16(
+                down(b, rows * n * 2)?
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            ),
+            RowOut::E4m3 { q, scale } => {
+                let mut s = vec![0f32; rows];
+                self.dev.download_f32(&mut s, scale)?;
+                RowsBack::E4m3 {
+                    q: down(q, rows * n)?,
+                    scale: s,
+                }
+            }
+        })
+    }
+
+    fn norm_rows(&mut self, c: &NormCase) -> DResult<NormRows> {
+        let rows = c.x.len() / c.d;
+        if c.x.len() != rows * c.d || c.items.len() != rows {
+            return Err(DevError("NormCase: x is not [items.len(), d]".into()));
+        }
+        let map: Vec<i32> = c
+            .items
+            .iter()
+            .flat_map(|&i| [i as i32, 0, 0, 0, 0])
+            .collect();
+        Ok(NormRows {
+            x: self.up(c.x)?,
+            rows,
+            d: c.d,
+            eps: c.eps,
+            modulation: if c.mods.is_empty() {
+                0
+            } else {
+                self.up(c.mods)?
+            },
+            mod_stride: 4 * c.d,
+            map: self.up(&map)?,
+        })
+    }
+}
+
+/// Test hook: `rms_mod` on `c` with norm weight `w` and the scale of slot `slot`.
+#[doc(hidden)]
+pub fn rms_mod_for_test(
+    dev: &Dev,
+    c: &NormCase,
+    w: &[f32],
+    slot: i32,
+    e4m3: bool,
+) -> DResult<RowsBack> {
+    let mut h = Hook::new(dev)?;
+    let f = h.m.func("rms_mod")?;
+    let n = h.norm_rows(c)?;
+    let (wp, out) = (h.up(w)?, h.out(n.rows, n.d, e4m3)?);
+    allow_row_smem(&f, out.stash_bytes(n.d))?;
+    rms_mod(dev, &f, &n, wp, slot, out)?;
+    h.back(out, n.rows, n.d)
+}
+
+/// Test hook: `residual_norm` on `c` with `o`, norm weight `w` and gate slot `gate_slot`, then
+/// the pre-norm `next_w` with the scale of slot `next_slot` (same modulation). Returns the
+/// updated `x` and the next GEMM's input.
+#[doc(hidden)]
+pub fn residual_norm_for_test(
+    dev: &Dev,
+    c: &NormCase,
+    (o, w): (&[f32], &[f32]),
+    gate_slot: i32,
+    (next_w, next_slot): (&[f32], i32),
+    e4m3: bool,
+) -> DResult<(Vec<f32>, RowsBack)> {
+    let mut h = Hook::new(dev)?;
+    let f = h.m.func("residual_norm")?;
+    let n = h.norm_rows(c)?;
+    let (op, wp, nwp) = (h.up(o)?, h.up(w)?, h.up(next_w)?);
+    let out = h.out(n.rows, n.d, e4m3)?;
+    allow_row_smem(&f, n.d * 4)?;
+    let next = NextNorm {
+        w: nwp,
+        modulation: n.modulation,
+        slot: next_slot,
+        out,
+    };
+    residual_norm(dev, &f, &n, (op, wp), gate_slot, Some(next))?;
+    let mut x = vec![0f32; c.x.len()];
+    dev.download_f32(&mut x, n.x)?;
+    Ok((x, h.back(out, n.rows, n.d)?))
+}
+
+/// Test hook: `swiglu` on `gu [rows, 2·ffn]` (bf16 bits).
+#[doc(hidden)]
+pub fn swiglu_for_test(dev: &Dev, gu: &[u16], ffn: usize, e4m3: bool) -> DResult<RowsBack> {
+    let rows = gu.len() / (2 * ffn);
+    if gu.len() != rows * 2 * ffn {
+        return Err(DevError("swiglu_for_test: gu is not [rows, 2·ffn]".into()));
+    }
+    let mut h = Hook::new(dev)?;
+    let f = h.m.func("swiglu")?;
+    let (g, out) = (h.up(gu)?, h.out(rows, ffn, e4m3)?);
+    allow_row_smem(&f, out.stash_bytes(ffn))?;
+    swiglu(dev, &f, g, rows, ffn, out)?;
+    h.back(out, rows, ffn)
+}

@@ -1,0 +1,57 @@
+// e4m3.cuh — the e4m3 row encoding of the FP8 GEMM path: one source for every kernel that writes
+// FP8 GEMM operands (fp8.cu's quant_rows_e4m3, dit.cu's fused row producers).
+//
+// A row of values v gets one f32 scale s = amax / 448 (448: the largest finite e4m3; an all-zero
+// row gets s = 1) and bytes q = e4m3(v · (1 / s)), rounded to nearest even and saturating. The
+// reciprocal is taken once per row and multiplied in, not divided per value: every producer
+// rounds exactly this way, so a fused producer's rows equal quant_rows_e4m3's of the same values.
+// The conversion (cvt ... e4m3x2) needs sm_89; the FP8 path never runs below it (Fp8Gemm::new
+// refuses such devices), but these sources are compiled for older targets too: there it traps.
+
+#define E4M3_MAX 448.f
+
+// Block-wide max for blockDim.x <= 1024; `red` is 32 floats of shared memory. All threads get it.
+__device__ __forceinline__ float block_max(float v, float* red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.f;
+    return warp_max(v);
+}
+
+// The scale of a row whose absolute maximum is `amax`.
+__device__ __forceinline__ float e4m3_scale(float amax) { return amax > 0.f ? amax / E4M3_MAX : 1.f; }
+
+// Two floats -> two e4m3 bytes (lo in the low byte), round to nearest, saturating.
+__device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// A group of V values (common.cuh) as e4m3 bytes of v · inv at p.
+template <int V>
+__device__ __forceinline__ void st_e4m3(u8* p, const Vf<V>& a, float inv) {
+    if constexpr (V == 4)
+        *(u32*)p = (u32)pack_e4m3x2(a.v[0] * inv, a.v[1] * inv) | ((u32)pack_e4m3x2(a.v[2] * inv, a.v[3] * inv) << 16);
+    else
+        *p = (u8)pack_e4m3x2(a.v[0] * inv, 0.f);
+}
+
+// The second half of a fused e4m3 producer, whose row of n values is in shared memory: each
+// thread stored groups g = threadIdx.x + k·blockDim.x of V values at stash[V·g] (the same threads
+// read them back here, so no barrier is needed beyond block_max's) and folded their |v| into
+// `amax`. Writes the row's scale to *scale and its bytes to q[0, n).
+template <int V>
+__device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float amax, float* red, u8* q, float* scale) {
+    const float s = e4m3_scale(block_max(amax, red)), inv = 1.f / s;
+    if (threadIdx.x == 0) *scale = s;
+    for (int g = threadIdx.x; g < n / V; g += blockDim.x) st_e4m3<V>(q + V * g, ld_f32<V>(stash + V * g), inv);
+}

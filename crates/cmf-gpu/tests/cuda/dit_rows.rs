@@ -1,0 +1,243 @@
+//! The DiT's GEMM-feeding row kernels (cuda/dit_rows.rs, kernels/dit.cu: `rms_mod`,
+//! `residual_norm`, `swiglu`) against f64 CPU references on fresh random inputs, writing bf16
+//! rows and fused e4m3 rows, at the full-size widths (D 3840, F 10240: the vector path), the
+//! fixture's D (128) and an odd width (341: the scalar path). Row 0 is all zero (e4m3 scale 1);
+//! rows span 2⁻² … 2² in scale, each with one outlier that sets its amax.
+//!
+//! Tolerances, per value: bf16 within one rounding of the reference, 2⁻⁸·|ref|, plus 2e-6·|ref|
+//! and 1e-6 of the row's largest value for the f32 evaluation (rsqrtf, summation order), which
+//! can move a value across a rounding midpoint. e4m3: the row scale within 1e-6 relative of
+//! amax/448, and q·scale within e4m3's rounding of the reference, 2⁻⁴·|ref| (3 mantissa bits)
+//! + 2⁻⁹·scale (twice the half step of the subnormals, values under 2⁻⁶·scale).
+
+use super::{backend, rel_err, Rng};
+use cmf_gpu::cuda::device::Dev;
+use cmf_gpu::cuda::dit_rows::{self, NormCase, RowsBack};
+use cmf_gpu::cuda::fp8::e4m3_to_f32;
+
+const ROWS: usize = 37;
+const EPS: f32 = 1e-5;
+
+/// Output formats to check: bf16, and e4m3 where the device has FP8 (8.9+).
+fn formats(dev: &Dev) -> Vec<bool> {
+    if dev.cc >= (8, 9) {
+        vec![false, true]
+    } else {
+        eprintln!(
+            "e4m3 outputs skipped: FP8 needs compute capability 8.9+ ({:?})",
+            dev.cc
+        );
+        vec![false]
+    }
+}
+
+/// `rows × n` values: row 0 zero, then row scales 2⁻² … 2² and one outlier (×20) per row.
+fn rows_of(rng: &mut Rng, rows: usize, n: usize) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..rows * n)
+        .map(|i| rng.uniform() * 2f32.powi((i / n % 5) as i32 - 2))
+        .collect();
+    x[..n].fill(0.0);
+    for r in 1..rows {
+        x[r * n + r * 7 % n] *= 20.0;
+    }
+    x
+}
+
+/// A norm weight around 1.
+fn norm_weight(rng: &mut Rng, n: usize) -> Vec<f32> {
+    rng.vec(n, 0.2).iter().map(|v| 1.0 + v).collect()
+}
+
+/// 1 / RMS of `v` (n values), as the kernels' RMSNorm: 1 / sqrt(mean(v²) + eps).
+fn inv_rms(v: impl Iterator<Item = f64>, n: usize) -> f64 {
+    1.0 / (v.map(|a| a * a).sum::<f64>() / n as f64 + EPS as f64).sqrt()
+}
+
+/// Modulation slot `slot` of row `r`'s item (None: unmodulated).
+fn slot_of<'a>(c: &NormCase<'a>, r: usize, slot: usize) -> Option<&'a [f32]> {
+    (!c.mods.is_empty()).then(|| &c.mods[(c.items[r] * 4 + slot) * c.d..][..c.d])
+}
+
+/// A norm case over `x`: two items (rows alternate), their `[4, d]` modulation slots in `mods`
+/// (empty: unmodulated).
+fn case<'a>(x: &'a [f32], d: usize, mods: &'a [f32], items: &'a [usize]) -> NormCase<'a> {
+    NormCase {
+        x,
+        d,
+        eps: EPS,
+        mods,
+        items,
+    }
+}
+
+/// Checks a kernel's rows against the reference `want [rows, n]`; prints how close to its bound
+/// the worst value came.
+fn check(label: &str, got: &RowsBack, want: &[f64], n: usize) {
+    let mut worst = 0f64;
+    let mut within = |err: f64, tol: f64, what: &dyn Fn() -> String| {
+        assert!(err <= tol, "{label}: {}", what());
+        worst = worst.max(err / tol);
+    };
+    let rows = want.chunks(n);
+    match got {
+        RowsBack::Bf16(v) => {
+            for (r, (g, w)) in v.chunks(n).zip(rows).enumerate() {
+                let big = w.iter().fold(0f64, |m, a| m.max(a.abs()));
+                for (i, (&a, &b)) in g.iter().zip(w).enumerate() {
+                    let tol = b.abs() * (2f64.powi(-8) + 2e-6) + big * 1e-6 + 1e-30;
+                    within((a as f64 - b).abs(), tol, &|| {
+                        format!("[{r}, {i}] = {a}, want {b}")
+                    });
+                }
+            }
+        }
+        RowsBack::E4m3 { q, scale } => {
+            for (r, (qr, w)) in q.chunks(n).zip(rows).enumerate() {
+                let amax = w.iter().fold(0f64, |m, a| m.max(a.abs()));
+                let want_s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+                let s = scale[r] as f64;
+                within((s - want_s).abs(), 1e-6 * want_s, &|| {
+                    format!("row {r}: scale {s}, want {want_s}")
+                });
+                for (i, (&b, &v)) in qr.iter().zip(w).enumerate() {
+                    let got = e4m3_to_f32(b) as f64 * s;
+                    let tol = v.abs() * 2f64.powi(-4) + s * 2f64.powi(-9);
+                    within((got - v).abs(), tol, &|| {
+                        format!("[{r}, {i}] = {got} (byte {b:#04x}), want {v}")
+                    });
+                }
+            }
+        }
+    }
+    let kind = match got {
+        RowsBack::Bf16(_) => "bf16",
+        RowsBack::E4m3 { .. } => "e4m3",
+    };
+    eprintln!("{label} {kind}: worst value at {worst:.2} of its bound");
+}
+
+/// rms_mod: `x · inv_rms(x) · w · (1 + scale)`.
+fn rms_mod_ref(c: &NormCase, w: &[f32], slot: usize) -> Vec<f64> {
+    let d = c.d;
+    let mut out = Vec::with_capacity(c.x.len());
+    for (r, xr) in c.x.chunks(d).enumerate() {
+        let inv = inv_rms(xr.iter().map(|&a| a as f64), d);
+        let sc = slot_of(c, r, slot);
+        out.extend(
+            (0..d)
+                .map(|i| xr[i] as f64 * inv * w[i] as f64 * sc.map_or(1.0, |s| 1.0 + s[i] as f64)),
+        );
+    }
+    out
+}
+
+/// residual_norm: (x + tanh(gate) · o · inv_rms(o) · w, then its pre-norm with `nw` and the
+/// scale of `next_slot`).
+fn residual_norm_ref(
+    c: &NormCase,
+    (o, w): (&[f32], &[f32]),
+    gate_slot: usize,
+    (nw, next_slot): (&[f32], usize),
+) -> (Vec<f64>, Vec<f64>) {
+    let d = c.d;
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for (r, (xr, or)) in c.x.chunks(d).zip(o.chunks(d)).enumerate() {
+        let inv = inv_rms(or.iter().map(|&a| a as f64), d);
+        let g = slot_of(c, r, gate_slot);
+        let nx: Vec<f64> = (0..d)
+            .map(|i| {
+                let gate = g.map_or(1.0, |g| (g[i] as f64).tanh());
+                xr[i] as f64 + or[i] as f64 * inv * w[i] as f64 * gate
+            })
+            .collect();
+        let inv2 = inv_rms(nx.iter().copied(), d);
+        let sc = slot_of(c, r, next_slot);
+        ys.extend(
+            (0..d).map(|i| nx[i] * inv2 * nw[i] as f64 * sc.map_or(1.0, |s| 1.0 + s[i] as f64)),
+        );
+        xs.extend(nx);
+    }
+    (xs, ys)
+}
+
+#[test]
+fn dit_rms_mod_matches_reference() {
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    for d in [3840usize, 128, 341] {
+        let mut rng = Rng::new(d as u64);
+        let x = rows_of(&mut rng, ROWS, d);
+        let w = norm_weight(&mut rng, d);
+        let mods = rng.vec(2 * 4 * d, 0.5);
+        let items: Vec<usize> = (0..ROWS).map(|r| r % 2).collect();
+        for modulated in [true, false] {
+            let c = case(&x, d, if modulated { &mods } else { &[] }, &items);
+            let want = rms_mod_ref(&c, &w, 2);
+            for e4m3 in formats(dev) {
+                let got = dit_rows::rms_mod_for_test(dev, &c, &w, 2, e4m3).unwrap();
+                check(
+                    &format!("rms_mod d {d} modulated {modulated}"),
+                    &got,
+                    &want,
+                    d,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dit_residual_norm_matches_reference() {
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    for d in [3840usize, 128, 341] {
+        let mut rng = Rng::new(100 + d as u64);
+        let x = rows_of(&mut rng, ROWS, d);
+        let o = rows_of(&mut rng, ROWS, d);
+        let (w, nw) = (norm_weight(&mut rng, d), norm_weight(&mut rng, d));
+        // Gate slots around ±2 (tanh far from linear), scale slots within ±0.5.
+        let mods: Vec<f32> = (0..2 * 4 * d)
+            .map(|i| rng.uniform() * if i / d % 2 == 1 { 2.0 } else { 0.5 })
+            .collect();
+        let items: Vec<usize> = (0..ROWS).map(|r| r % 2).collect();
+        for modulated in [true, false] {
+            let c = case(&x, d, if modulated { &mods } else { &[] }, &items);
+            let (want_x, want) = residual_norm_ref(&c, (&o, &w), 3, (&nw, 0));
+            for e4m3 in formats(dev) {
+                let (got_x, got) =
+                    dit_rows::residual_norm_for_test(dev, &c, (&o, &w), 3, (&nw, 0), e4m3).unwrap();
+                let label = format!("residual_norm d {d} modulated {modulated}");
+                let want_x32: Vec<f32> = want_x.iter().map(|&a| a as f32).collect();
+                let err = rel_err(&got_x, &want_x32);
+                assert!(err < 2e-6, "{label}: residual rel err {err}");
+                check(&label, &got, &want, d);
+            }
+        }
+    }
+}
+
+#[test]
+fn dit_swiglu_matches_reference() {
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    for f in [10240usize, 341, 128] {
+        let mut rng = Rng::new(200 + f as u64);
+        // Each row [g | u]: rows_of over 2F values gives both halves the row's scale.
+        let gu: Vec<u16> = rows_of(&mut rng, ROWS, 2 * f)
+            .iter()
+            .map(|&a| half::bf16::from_f32(a).to_bits())
+            .collect();
+        let v = |i: usize| half::bf16::from_bits(gu[i]).to_f64();
+        let want: Vec<f64> = (0..ROWS * f)
+            .map(|k| {
+                let (r, i) = (k / f, k % f);
+                let (g, u) = (v(r * 2 * f + i), v(r * 2 * f + f + i));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        for e4m3 in formats(dev) {
+            let got = dit_rows::swiglu_for_test(dev, &gu, f, e4m3).unwrap();
+            check(&format!("swiglu F {f}"), &got, &want, f);
+        }
+    }
+}
