@@ -7,7 +7,8 @@
 #   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json),
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe"), SIZES (default "512 1024"),
+# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe", "llm": the
+# LLM table of bench/gpu_llm.sh while the pack is made), SIZES (default "512 1024"),
 # ATTN (attention variants to time, default "base k w8"), FP8 (CMF_DIT_FP8 values to time and
 # to render end to end against the bf16 image, e.g. "1 fast"; default none).
 set -u
@@ -44,6 +45,14 @@ if has tests; then
     grep -E "^test result|FAILED|panicked|skipped|rel err|values off" $OUT/$t.log | head -14
   done
 fi
+if has llm; then
+  # Issue 4's LLM table on the same card while the pack is being made (bench/gpu_llm.sh), and a
+  # per-stage profile at a short context.
+  stamp "llm bench"
+  CMF_GPU_BENCH=./.dev/bin/cmf-gpu-bench bash bench/gpu_llm.sh > $OUT/gpu_llm.log 2>&1
+  ./.dev/bin/cmf-gpu-bench --preset qwen3-0.6b --quant q8 --decode-ctx 128 --prefill 512 --profile >> $OUT/gpu_llm.log 2>&1
+  grep -E "decode ctx|prefill +[0-9]+:|decode layer|decode head|graph" $OUT/gpu_llm.log
+fi
 if has bench; then
   stamp dit bench
   for v in ${ATTN:-base k w8}; do
@@ -73,7 +82,7 @@ if has e2e; then
     for run in 1 2; do
       CMF_LOG=debug /usr/bin/time -v $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda \
         --repeat 4 -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
-      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
+      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning|uploaded in|^text encoder" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
       grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
       grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
     done
@@ -82,10 +91,7 @@ if has e2e; then
       CMF_DIT_FP8=$f8 $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 \
         -o $OUT/fox-$s-fp8-$f8.png > $OUT/imagine-$s-fp8-$f8.log 2>&1
       echo "imagine ${s}² CMF_DIT_FP8=$f8 rc=$?"; grep -E "^timing|^runs" $OUT/imagine-$s-fp8-$f8.log
-      python3 -c "import sys, numpy as np; from PIL import Image
-a, b = (np.asarray(Image.open(p), dtype=np.float64) for p in sys.argv[1:3])
-print('PSNR fp8 vs bf16: %.1f dB' % (10 * np.log10(255 ** 2 / max(((a - b) ** 2).mean(), 1e-12))))" \
-        $OUT/fox-$s.png $OUT/fox-$s-fp8-$f8.png 2>&1 | tail -1
+      echo -n "fp8 vs bf16 image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-fp8-$f8.png
     done
   done
 fi

@@ -242,6 +242,17 @@ pub fn fa2_smem(head_dim: usize) -> usize {
     2 * 2 * 64 * (head_dim + 8) * 2
 }
 
+/// Compile-time choices of the decode attention (attention_decode.cu).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeAttnConfig {
+    /// Fewest keys per split past the one-block length.
+    pub min_chunk: usize,
+    /// Up to this many visible keys, one block per kv head.
+    pub one_block: usize,
+    /// Prefetch the block's K/V rows into L2 before the PDL wait.
+    pub prefetch: bool,
+}
+
 /// Kernels compiled for one model's geometry.
 pub struct ModelKernels {
     pub embed_rows: Func,
@@ -266,11 +277,12 @@ impl ModelKernels {
         head_dim: usize,
         group: usize,
         kv_f32: bool,
-        (min_chunk, one_block): (usize, usize),
+        dec: DecodeAttnConfig,
     ) -> DResult<ModelKernels> {
         let defs = vec![
-            ("DEC_MIN_CHUNK", min_chunk.to_string()),
-            ("DEC_ONE_BLOCK", one_block.to_string()),
+            ("DEC_MIN_CHUNK", dec.min_chunk.to_string()),
+            ("DEC_ONE_BLOCK", dec.one_block.to_string()),
+            ("DEC_PREFETCH", (dec.prefetch as u8).to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),

@@ -39,6 +39,10 @@
 #ifndef DEC_MIN_CHUNK
 #define DEC_MIN_CHUNK 128
 #endif
+// 1: ask L2 for the block's K/V rows before the PDL wait (CMF_GPU_DEC_PREFETCH=0 for A/B runs).
+#ifndef DEC_PREFETCH
+#define DEC_PREFETCH 1
+#endif
 #define DEC_WARPS 8
 #define DEC_THREADS (DEC_WARPS * 32)
 
@@ -144,8 +148,10 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
     const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
     const kv_t* krow0 = kc + ((size_t)kvh * S_max + c0) * HD;
     const kv_t* vrow0 = vc + ((size_t)kvh * S_max + c0) * HD;
-    prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
-    prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
+    if (DEC_PREFETCH) {
+        prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
+        prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
+    }
     pdl_wait();
     decode_prologue(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, S - 1, NH, NKV, scale, split == peff - 1,
                     S_max, kc, vc, qs, ow);

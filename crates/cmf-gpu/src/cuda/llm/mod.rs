@@ -17,7 +17,7 @@ mod workspace;
 
 use super::blas::Blas;
 use super::device::{DBuf, DResult, Dev, DevError};
-use super::kernels::{CommonKernels, ModelKernels};
+use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
 use super::weights::{self, DevCodec, DevWeight};
 use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
 use crate::llm::{
@@ -271,7 +271,11 @@ impl CudaLlm {
             s.head_dim,
             s.num_heads / s.num_kv_heads,
             p.kv_f32,
-            (dec_min_chunk(), DEC_ONE_BLOCK),
+            DecodeAttnConfig {
+                min_chunk: dec_min_chunk(),
+                one_block: DEC_ONE_BLOCK,
+                prefetch: std::env::var("CMF_GPU_DEC_PREFETCH").as_deref() != Ok("0"),
+            },
         )
         .map_err(err)?;
         let smem = decode_smem_bytes(
