@@ -249,8 +249,6 @@ pub struct DecodeAttnConfig {
     pub min_chunk: usize,
     /// Up to this many visible keys, one block per kv head.
     pub one_block: usize,
-    /// Prefetch the block's K/V rows into L2 before the PDL wait.
-    pub prefetch: bool,
 }
 
 /// Kernels compiled for one model's geometry.
@@ -282,7 +280,6 @@ impl ModelKernels {
         let defs = vec![
             ("DEC_MIN_CHUNK", dec.min_chunk.to_string()),
             ("DEC_ONE_BLOCK", dec.one_block.to_string()),
-            ("DEC_PREFETCH", (dec.prefetch as u8).to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),

@@ -274,7 +274,6 @@ impl CudaLlm {
             DecodeAttnConfig {
                 min_chunk: dec_min_chunk(),
                 one_block: DEC_ONE_BLOCK,
-                prefetch: std::env::var("CMF_GPU_DEC_PREFETCH").as_deref() != Ok("0"),
             },
         )
         .map_err(err)?;
