@@ -96,6 +96,12 @@ fn bad_requests_are_usage_errors() {
     );
     assert_usage_error(&p, &png, &["--gpu", "fast"], &["fast"]);
     assert_usage_error(&p, &png, &["--repeat", "0"], &["--repeat"]);
+    assert_usage_error(
+        &p,
+        &png,
+        &["--dit-precision", "int4"],
+        &["--dit-precision int4", "bf16, fp8, fp8-fast"],
+    );
     assert!(!png.exists());
 }
 

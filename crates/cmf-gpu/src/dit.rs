@@ -60,8 +60,44 @@ pub struct DitBlockWeights<'a> {
     pub ada: Option<DitLinear<'a>>,
 }
 
+/// Precision of the DiT blocks' GEMMs on the device (`cmf imagine --dit-precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DitPrecision {
+    /// bf16 operands, f32 accumulation.
+    #[default]
+    Bf16,
+    /// e4m3 operands with one scale per row of each (FP8 tensor cores; planes whose shape the
+    /// FP8 GEMM does not take stay bf16), f32 accumulation.
+    Fp8,
+    /// [`DitPrecision::Fp8`] with the tensor cores' fast accumulation (fewer promotions to f32).
+    Fp8Fast,
+}
+
+impl DitPrecision {
+    pub const NAMES: &'static str = "bf16, fp8, fp8-fast";
+
+    pub fn parse(s: &str) -> Option<DitPrecision> {
+        match s {
+            "bf16" => Some(DitPrecision::Bf16),
+            "fp8" => Some(DitPrecision::Fp8),
+            "fp8-fast" => Some(DitPrecision::Fp8Fast),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DitPrecision::Bf16 => "bf16",
+            DitPrecision::Fp8 => "fp8",
+            DitPrecision::Fp8Fast => "fp8-fast",
+        }
+    }
+}
+
 pub struct DitModel<'a> {
     pub geo: DitGeometry,
+    /// What the blocks' GEMMs run in (a device without FP8 tensor cores runs bf16).
+    pub precision: DitPrecision,
     pub x_embedder: DitLinear<'a>,
     pub x_pad_token: &'a [f32],
     pub cap_norm: &'a [f32],

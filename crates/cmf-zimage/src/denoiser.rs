@@ -8,7 +8,7 @@
 //! is computed then, so nothing is computed twice when the device runs the whole way.
 
 use crate::transformer::{pad_to, patchify, unpatchify, Conditioning, DitItem, ZImageDit};
-use cmf_gpu::dit::{CondId, DitItemSetup, DitStepItem, RopeRows};
+use cmf_gpu::dit::{CondId, DitItemSetup, DitPrecision, DitStepItem, RopeRows};
 use cmf_gpu::{Gpu, GpuDit};
 
 pub struct Denoiser<'d, 'a> {
@@ -32,15 +32,17 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         h: usize,
         w: usize,
     ) -> Denoiser<'d, 'a> {
-        Self::with_resident(dit, gpu, None, caps, h, w)
+        Self::with_resident(dit, gpu, None, DitPrecision::Bf16, caps, h, w)
     }
 
     /// As [`Denoiser::new`], reusing `resident` (the same model, loaded by an earlier run and
-    /// handed back by [`Denoiser::into_device`]) instead of uploading the weights again.
+    /// handed back by [`Denoiser::into_device`]) instead of uploading the weights again, or
+    /// else loading the model at `precision`.
     pub fn with_resident(
         dit: &'d ZImageDit<'a>,
         gpu: &Gpu,
         resident: Option<GpuDit>,
+        precision: DitPrecision,
         caps: Vec<(Vec<f32>, usize)>,
         h: usize,
         w: usize,
@@ -59,7 +61,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
                     r.release();
                     Some(r)
                 }
-                None => gpu.load_dit(&dit.device_model()).ok(),
+                None => gpu.load_dit(&dit.device_model(precision)).ok(),
             };
             d.device = dev.and_then(|dev| d.setup_device(dev));
         }
@@ -78,7 +80,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         self.device.is_some()
     }
 
-    /// Block GEMM planes the device runs in FP8 (`CMF_DIT_FP8`; 0 on the CPU or in bf16).
+    /// Block GEMM planes the device runs in FP8 (`--dit-precision fp8`; 0 on the CPU or in bf16).
     pub fn fp8_planes(&self) -> usize {
         self.device.as_ref().map_or(0, |d| d.fp8_planes())
     }

@@ -16,6 +16,7 @@ use crate::transformer::{DitConfig, ZImageDit};
 use crate::vae::{checked_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
+use cmf_gpu::dit::DitPrecision;
 use cmf_gpu::{Gpu, GpuDit, GpuVae};
 use cmf_llm::gpu::GpuEncoder;
 use std::path::{Path, PathBuf};
@@ -185,6 +186,8 @@ pub struct Request {
     pub seed: u64,
     /// Initial latents file (`.npy`, `.safetensors` or raw f32); replaces the seeded noise.
     pub latents: Option<PathBuf>,
+    /// What the device DiT's block GEMMs run in (the CPU path ignores it).
+    pub dit_precision: DitPrecision,
 }
 
 /// The request with every default resolved and checked.
@@ -202,6 +205,7 @@ pub struct Plan {
     pub max_tokens: usize,
     pub seed: u64,
     pub latents: Option<PathBuf>,
+    pub dit_precision: DitPrecision,
 }
 
 impl Plan {
@@ -249,6 +253,7 @@ impl Plan {
             max_tokens: recipe.max_sequence_length.max(1),
             seed: req.seed,
             latents: req.latents.clone(),
+            dit_precision: req.dit_precision,
         })
     }
 
@@ -298,7 +303,7 @@ pub struct Timings {
     pub dit_load: f64,
     /// Whether every step ran on the device.
     pub dit_on_device: bool,
-    /// Block GEMM planes the device DiT ran in FP8 to the last step (`CMF_DIT_FP8`; 0: bf16 or
+    /// Block GEMM planes the device DiT ran in FP8 to the last step (`Plan::dit_precision`; 0: bf16 or
     /// the CPU).
     pub dit_fp8_planes: usize,
     pub steps: Vec<f64>,
@@ -374,13 +379,21 @@ pub fn generate_with(
     // stream, so their work interleaves in order. A cpu_scope on this thread means no device.
     let t0 = Instant::now();
     let c0 = cpu_seconds();
+    // A DiT resident at another precision is uploaded again.
+    if resident
+        .dit
+        .as_ref()
+        .is_some_and(|d| d.precision() != plan.dit_precision)
+    {
+        resident.dit = None;
+    }
     let preload_wanted =
         gpu.is_active() && resident.dit.is_none() && !cmf_gpu::facade::in_cpu_scope();
     let (cap, ncap, preloaded) = std::thread::scope(|s| -> Result<_, ZimageError> {
         let preload = preload_wanted.then(|| {
             s.spawn(|| {
                 let dit = pack.dit().ok()?;
-                gpu.load_dit(&dit.device_model()).ok()
+                gpu.load_dit(&dit.device_model(plan.dit_precision)).ok()
             })
         });
         let te = pack.text_encoder()?;
@@ -449,7 +462,15 @@ pub fn generate_with(
     let n_caps = if ncap.is_some() { 2 } else { 1 };
     let mut caps = vec![cap];
     caps.extend(ncap);
-    let mut denoiser = Denoiser::with_resident(&dit, gpu, resident.dit.take(), caps, lh, lw);
+    let mut denoiser = Denoiser::with_resident(
+        &dit,
+        gpu,
+        resident.dit.take(),
+        plan.dit_precision,
+        caps,
+        lh,
+        lw,
+    );
     tm.dit_on_device = denoiser.on_device();
     tm.dit_load = t0.elapsed().as_secs_f64();
     let sched = Schedule::new(plan.steps, plan.shift);

@@ -21,7 +21,7 @@
 use crate::ops;
 use crate::tensors::{Linear, Loader};
 use crate::ZimageError;
-use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel};
+use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel, DitPrecision};
 use cmf_kernels::RopeTable;
 use rayon::prelude::*;
 
@@ -598,7 +598,7 @@ impl<'a> ZImageDit<'a> {
     }
 
     /// The weights as a device backend takes them (borrowed, nothing decoded).
-    pub fn device_model<'s>(&'s self) -> DitModel<'s> {
+    pub fn device_model<'s>(&'s self, precision: DitPrecision) -> DitModel<'s> {
         let lin = |l: &'s Linear<'a>| DitLinear {
             w: l.w,
             b: l.b.as_deref(),
@@ -631,6 +631,7 @@ impl<'a> ZImageDit<'a> {
             .next()
             .map_or(0, |b| b.w1.out_dim());
         DitModel {
+            precision,
             geo: DitGeometry {
                 dim: cfg.dim,
                 n_heads: cfg.n_heads,

@@ -12,9 +12,10 @@ mod common;
 
 use cmf_convert::zimage::Codec;
 use cmf_format::Dtype;
+use cmf_gpu::dit::DitPrecision;
 use cmf_gpu::{Gpu, GpuMode};
 use cmf_zimage::denoiser::Denoiser;
-use cmf_zimage::pipeline::{generate, Plan, Request, ZimagePack};
+use cmf_zimage::pipeline::{generate, generate_with, Plan, Request, Resident, ZimagePack};
 use cmf_zimage::tensors::{Loader, MemTensors, TensorSource};
 use cmf_zimage::transformer::{DitConfig, DitItem, ZImageDit};
 use common::*;
@@ -410,31 +411,33 @@ fn fp8_path_stays_close_to_bf16() {
     let pack = ZimagePack::open(q8_pack()).unwrap();
     let plan = turbo_plan(&pack);
     std::env::remove_var("CMF_DIT_FP8");
-    let bf16 = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
+    // One set of resident models through every run: a change of precision must upload the
+    // DiT again (the runs below assert the FP8 planes that ran).
+    let mut resident = Resident::default();
+    let bf16 = generate_with(&pack, &plan, &gpu, &mut resident, &mut |_| {}).unwrap();
     assert!(bf16.timings.dit_on_device, "bf16: the DiT ran on the CPU");
-    assert_eq!(
-        bf16.timings.dit_fp8_planes, 0,
-        "bf16: FP8 planes without CMF_DIT_FP8"
-    );
+    assert_eq!(bf16.timings.dit_fp8_planes, 0, "bf16: FP8 planes");
     // The tiny pack: 1 noise-refiner, 1 context-refiner and 2 main blocks.
     let tiny_fp8_planes = 4 * 2;
-    for mode in ["1", "fast"] {
-        let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
-        let (src, cfg) = random_dit_hd128();
-        let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
-        assert_eq!(
-            planes,
-            4 * 4,
-            "CMF_DIT_FP8={mode}: FP8 planes of the random DiT"
-        );
-        let fp8 = generate(&pack, &plan, &gpu, &mut |_| {}).unwrap();
-        assert!(
-            fp8.timings.dit_on_device,
-            "CMF_DIT_FP8={mode}: the DiT ran on the CPU"
-        );
+    for (mode, precision) in [("1", DitPrecision::Fp8), ("fast", DitPrecision::Fp8Fast)] {
+        {
+            let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
+            let (src, cfg) = random_dit_hd128();
+            let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
+            assert_eq!(
+                planes,
+                4 * 4,
+                "CMF_DIT_FP8={mode}: FP8 planes of the random DiT"
+            );
+        }
+        let mut p8 = plan.clone();
+        p8.dit_precision = precision;
+        let fp8 = generate_with(&pack, &p8, &gpu, &mut resident, &mut |_| {}).unwrap();
+        let mode = precision.name();
+        assert!(fp8.timings.dit_on_device, "{mode}: the DiT ran on the CPU");
         assert_eq!(
             fp8.timings.dit_fp8_planes, tiny_fp8_planes,
-            "CMF_DIT_FP8={mode}: FP8 planes of the tiny pack"
+            "{mode}: FP8 planes of the tiny pack"
         );
         let mse = fp8
             .rgb
@@ -444,7 +447,7 @@ fn fp8_path_stays_close_to_bf16() {
             .sum::<f64>()
             / bf16.rgb.len() as f64;
         let psnr = 10.0 * (255f64 * 255.0 / mse.max(1e-12)).log10();
-        eprintln!("CMF_DIT_FP8={mode}: image PSNR against the bf16 device path {psnr:.1} dB");
-        assert!(psnr >= 35.0, "CMF_DIT_FP8={mode}: PSNR {psnr:.1} dB < 35");
+        eprintln!("{mode}: image PSNR against the bf16 device path {psnr:.1} dB");
+        assert!(psnr >= 35.0, "{mode}: PSNR {psnr:.1} dB < 35");
     }
 }

@@ -86,6 +86,7 @@ fn pipeline_case(name: &str) {
         guidance: Some(r["guidance_scale"].as_f64().unwrap() as f32),
         seed: 0,
         latents: Some(lat_path),
+        ..Default::default()
     };
     let plan = Plan::new(&req, &pack.recipe).unwrap();
     let out = generate(&pack, &plan, &cmf_gpu::Gpu::cpu_only(), &mut |_| {}).unwrap();

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use cmf_gpu::dit::DitPrecision;
 use cmf_zimage::pipeline::{generate_with, write_png, Event, Plan, Request, Resident, ZimagePack};
 use cmf_zimage::ZimageError;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -51,6 +52,10 @@ pub struct Args {
     /// first run is cold (uploads), the rest warm; prints both (benchmarking).
     #[arg(long, default_value_t = 1, value_name = "N")]
     repeat: usize,
+    /// What the device DiT's block GEMMs run in: bf16, fp8 (e4m3 with per-row scales, FP8
+    /// tensor cores), fp8-fast (the same with fast accumulation). A device without FP8 runs bf16.
+    #[arg(long, value_name = "P", default_value = "bf16")]
+    dit_precision: String,
     /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
     /// Default: $CMF_GPU (0, 1, cuda), else auto.
     #[arg(long = "gpu", value_name = "MODE")]
@@ -71,8 +76,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let mode = super::llm_opts::resolve_gpu_mode(args.gpu.as_deref())?;
     let gpu = cmf_gpu::Gpu::open(mode)?;
+    let dit_precision = DitPrecision::parse(&args.dit_precision).ok_or_else(|| {
+        UsageError(format!(
+            "--dit-precision {}: expected one of {}",
+            args.dit_precision,
+            DitPrecision::NAMES
+        ))
+    })?;
     let pack = ZimagePack::open(&args.file).map_err(classify)?;
     let req = Request {
+        dit_precision,
         prompt: args.prompt,
         negative_prompt: args.negative_prompt,
         width: args.width,
@@ -181,8 +194,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let steps_cpu: f64 = tm.steps_cpu.iter().sum();
     let device = gpu.info().map(|i| i.name).unwrap_or_else(|| "cpu".into());
     let on = |b: bool| if b { device.as_str() } else { "cpu" };
+    // The DiT's precision where FP8 planes ran (a device without FP8 runs bf16 when asked).
+    let dit_fp8 = if tm.dit_on_device && tm.dit_fp8_planes > 0 {
+        format!(
+            " ({}: {} block GEMM planes in e4m3)",
+            plan.dit_precision.name(),
+            tm.dit_fp8_planes
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "devices: text encoder {}, DiT {}, VAE {}",
+        "devices: text encoder {}, DiT {}{dit_fp8}, VAE {}",
         on(tm.te_on_device),
         on(tm.dit_on_device),
         on(tm.vae_on_device)

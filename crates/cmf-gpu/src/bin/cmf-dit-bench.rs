@@ -138,6 +138,8 @@ fn main() {
         }),
     };
     let model = DitModel {
+        // CMF_DIT_FP8=1|fast times the FP8 path.
+        precision: cmf_gpu::dit::DitPrecision::Bf16,
         geo: geo.clone(),
         x_embedder: DitLinear {
             w: w(&x_emb, d, pd),

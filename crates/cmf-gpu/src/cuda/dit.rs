@@ -15,8 +15,8 @@
 //! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
-//! FP8 (`CMF_DIT_FP8`, see `fp8_request`): block GEMMs whose plane has an e4m3 copy run in
-//! FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the fused residual, SwiGLU:
+//! FP8 (`DitModel::precision`, or `CMF_DIT_FP8`: see `fp8_request`): block GEMMs whose plane
+//! has an e4m3 copy run in FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the fused residual, SwiGLU:
 //! cuda/dit_rows.rs) then write e4m3 rows and row scales instead of bf16, and only the
 //! attention output is quantised by a pass of its own before the O GEMM.
 
@@ -28,8 +28,8 @@ use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOP
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::dit::{
-    pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitStepItem,
-    RopeRows,
+    pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel,
+    DitPrecision, DitStepItem, RopeRows,
 };
 use crate::facade::{DitDevice, Refusal, RefusalReason};
 use cmf_format::Dtype;
@@ -251,7 +251,7 @@ struct Block {
 }
 
 /// A block GEMM's weight plane `[n, k]`: bf16, and an e4m3 copy when the FP8 path is on
-/// (`CMF_DIT_FP8`) and cuBLASLt can run this shape in FP8 ([`fp8_fits`]). The GEMM runs in FP8
+/// (`fp8_request`) and cuBLASLt can run this shape in FP8 ([`fp8_fits`]). The GEMM runs in FP8
 /// exactly when the copy exists.
 struct Plane {
     w: DBuf,
@@ -402,21 +402,24 @@ pub struct CudaDit {
     prep: Option<Prepared>,
     /// Device ms per category when profiling (each region is synchronised: slower steps).
     prof: Option<RefCell<[f64; 3]>>,
-    /// The FP8 GEMM path (`CMF_DIT_FP8=1`, or `fast` for fast accumulation) and whether it
-    /// accumulates fast.
+    /// The FP8 GEMM path (see `fp8_request`) and whether it accumulates fast.
     fp8: Option<(Fp8Gemm, bool)>,
 }
 
-/// `CMF_DIT_FP8`: `1` runs the blocks' q|k|v, O, w1|w3 and w2 GEMMs in FP8 (e4m3, per-row
-/// scales on weights and activations, cuBLASLt), each whose shape cuBLASLt takes
-/// ([`fp8_fits`]; the others stay bf16); `fast` the same with fast accumulation. Anything else:
-/// bf16. Read when the model loads. Off by default until its images are checked against the
-/// bf16 path.
-fn fp8_request() -> Option<bool> {
+/// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run in FP8 (e4m3, per-row scales on
+/// weights and activations, cuBLASLt), each whose shape cuBLASLt takes ([`fp8_fits`]; the
+/// others stay bf16), and with fast accumulation: the model's [`DitPrecision`], unless
+/// `CMF_DIT_FP8` (`0`, `1`, `fast`; tests and A/B runs) overrides it. Read when the model loads.
+fn fp8_request(precision: DitPrecision) -> Option<bool> {
     match std::env::var("CMF_DIT_FP8").as_deref() {
+        Ok("0") => None,
         Ok("1") => Some(false),
         Ok("fast") => Some(true),
-        _ => None,
+        _ => match precision {
+            DitPrecision::Bf16 => None,
+            DitPrecision::Fp8 => Some(false),
+            DitPrecision::Fp8Fast => Some(true),
+        },
     }
 }
 
@@ -519,7 +522,7 @@ impl CudaDit {
         dev.ctx
             .bind_to_thread()
             .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal("dit.load"))?;
-        let fp8 = if fp8_request().is_some() {
+        let fp8 = if fp8_request(m.precision).is_some() {
             fp8_copy_bytes(m)
         } else {
             0
@@ -539,7 +542,7 @@ impl CudaDit {
         let k = Kernels::load(&dev, m.geo.head_dim())?;
         k.allow_rows(&m.geo)?;
         let blas = Blas::new(&dev)?;
-        let fp8 = fp8_request().and_then(|fast| match Fp8Gemm::new(&dev) {
+        let fp8 = fp8_request(m.precision).and_then(|fast| match Fp8Gemm::new(&dev) {
             Ok(g) => Some((g, fast)),
             Err(e) => {
                 crate::facade::log::debug(&format!(
@@ -598,7 +601,7 @@ impl CudaDit {
         Ok(dit)
     }
 
-    /// Block GEMM planes that run in FP8 (0 unless `CMF_DIT_FP8` is set and the device takes
+    /// Block GEMM planes that run in FP8 (0 unless FP8 was asked for and the device takes
     /// it; planes whose shape cuBLASLt's FP8 GEMM refuses stay bf16, see `fp8_fits`).
     pub fn fp8_planes(&self) -> usize {
         self.noise

@@ -1,4 +1,4 @@
-//! FP8 (e4m3) GEMMs on Hopper through cuBLASLt: the groundwork of the DiT's FP8 path (issue 5).
+//! FP8 (e4m3) GEMMs on Hopper through cuBLASLt, for the DiT's FP8 path (`--dit-precision fp8`).
 //!
 //! `out[m, n]` (bf16 or f32, row stride `ldc`) = `xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]`, with `x` and
 //! `w` e4m3, row-major, and one f32 scale per row of each (`quant_rows_e4m3`, kernels/fp8.cu:
@@ -7,21 +7,11 @@
 //! k × m; the scales are outer vectors, A's along D's rows (n) and B's along its columns (m)
 //! (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9 and later).
 //!
-//! Status. Measured on the H200 (2026-11-30), at the Z-Image geometry: `cuda-test fp8` passes
-//! (rel err 1.7e-3 against the exact product of its quantised inputs); a 1024² DiT step takes
-//! 84.6 ms with `CMF_DIT_FP8=1` and 81.4 ms with `fast`, against 101.9 ms in bf16. Profile of the
-//! FP8 step: GEMMs 42.8 ms, ~7 ms of them the separate activation quantise passes (~0.04 ms per
-//! D-wide pass and ~0.1 ms for the F-wide w2 input, per block, 34 blocks); attention 24.8 ms;
-//! row kernels 15.8 ms. `gpu_dit-test fp8` failed there: the tiny fixture's FFN of 341 made
-//! `quantize` refuse and the whole DiT fall back to the CPU.
-//! New since, not yet run on a device: only block planes with both dimensions multiples of 16
-//! get an e4m3 copy (the others stay bf16, cuda/dit.rs `fp8_fits`); the row kernels that feed
-//! FP8 GEMMs write e4m3 rows and scales directly (cuda/dit_rows.rs, kernels/e4m3.cuh: the
-//! quantise passes remain only for the weights at load and the attention output); the row
-//! kernels take 4 values per access. To check on the H200: `cuda-test fp8 dit_rows --nocapture`
-//! (parity), `gpu_dit-test fp8 --nocapture` (the DiT step and whole images against the bf16
-//! path, PSNR, and the count of FP8 planes), then `FP8="1 fast" PARTS="fp8probe bench e2e"
-//! bench/device_zimage.sh` (speed).
+//! Status (H200, 2026-11-30; BENCH.md): `cuda-test fp8` passes (rel err 1.7e-3 against the exact
+//! product of its quantised inputs); a 1024² DiT step takes 100 ms in bf16, 76 ms with
+//! `--dit-precision fp8` and 72 ms with `fp8-fast`, with the row kernels writing e4m3 directly
+//! (cuda/dit_rows.rs, kernels/e4m3.cuh); images 38.0–38.6 dB PSNR from the bf16 ones on the
+//! random-weight full-size pack.
 
 use super::device::{Arg, DBuf, DResult, Dev, DevError};
 use super::kernels::{Func, Module, FP8};

@@ -327,6 +327,7 @@ impl Gpu {
         Ok(GpuDit {
             dev,
             gate: self.gate.clone(),
+            precision: model.precision,
         })
     }
 }
@@ -375,6 +376,7 @@ impl GpuVae {
 pub struct GpuDit {
     dev: Box<dyn DitDevice>,
     gate: Arc<Gate>,
+    precision: crate::dit::DitPrecision,
 }
 
 impl std::fmt::Debug for GpuDit {
@@ -410,6 +412,10 @@ impl GpuDit {
     /// See [`DitDevice::fp8_planes`].
     pub fn fp8_planes(&self) -> usize {
         self.dev.fp8_planes()
+    }
+    /// The precision asked for at load (what runs may differ: see [`GpuDit::fp8_planes`]).
+    pub fn precision(&self) -> crate::dit::DitPrecision {
+        self.precision
     }
 }
 
