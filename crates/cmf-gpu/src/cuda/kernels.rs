@@ -61,6 +61,11 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, model(128, 4, false)),
         ("rowops", ROWOPS, model(64, 2, true)),
         ("attention", ATTENTION, model(128, 4, false)),
+        ("attention", ATTENTION, {
+            let mut d = model(128, 2, false);
+            d.push(("DEC_EARLY_WAIT", "1".to_string()));
+            d
+        }),
         ("attention", ATTENTION, model(128, 2, true)),
         ("attention", ATTENTION, model(64, 1, false)),
         ("attention", ATTENTION, model(256, 8, false)),
@@ -249,6 +254,8 @@ pub struct DecodeAttnConfig {
     pub min_chunk: usize,
     /// Up to this many visible keys, one block per kv head.
     pub one_block: usize,
+    /// Wait for the predecessor first thing (else after prefetching K/V into L2).
+    pub early_wait: bool,
 }
 
 /// Kernels compiled for one model's geometry.
@@ -280,6 +287,7 @@ impl ModelKernels {
         let defs = vec![
             ("DEC_MIN_CHUNK", dec.min_chunk.to_string()),
             ("DEC_ONE_BLOCK", dec.one_block.to_string()),
+            ("DEC_EARLY_WAIT", (dec.early_wait as u8).to_string()),
             ("HD", head_dim.to_string()),
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),

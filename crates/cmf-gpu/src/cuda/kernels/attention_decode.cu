@@ -9,9 +9,10 @@
 //   head kvh, over a contiguous slice [c0, c1) of the visible keys [first, S), S = *pos_ptr + 1
 //   (decode_split). The length comes from device memory, so one captured graph serves every
 //   position; splits past P_eff exit at once.
-// - Every block waits for its predecessor (PDL) first thing. Measured on the H200 (Qwen3-0.6B
-//   q8, 2026-11-30) and dropped: letting idle splits exit before the wait and prefetching the
-//   block's K/V rows into L2 before it were 4-13 % slower per token.
+// - A block waits for its predecessor (PDL) either first thing or, with DEC_EARLY_WAIT = 0,
+//   after asking L2 for its K and V rows: rows before S − 1 were written by earlier tokens'
+//   graphs, which have completed, and a prefetch cannot make a later read stale (L2 is where
+//   the new row's write lands too).
 // - Prologue: warps take the group's raw q heads from the q|k|v matvec output, apply the q norm,
 //   RoPE (rope.cuh) and the score scale, into shared memory. The block holding key S − 1 (the
 //   last split) also normalises and rotates the new k and writes k and v into cache row S − 1
@@ -39,6 +40,12 @@
 #ifndef DEC_MIN_CHUNK
 #define DEC_MIN_CHUNK 128
 #endif
+// When a block waits for its predecessor (PDL). 1: first thing. 0: after reading the length
+// (idle splits exit at once) and asking L2 for its K/V rows, so that setup overlaps the tail of
+// the q|k|v matvec before it. Chosen per model at load (cuda/llm/mod.rs `decode_early_wait`).
+#ifndef DEC_EARLY_WAIT
+#define DEC_EARLY_WAIT 0
+#endif
 #define DEC_WARPS 8
 #define DEC_THREADS (DEC_WARPS * 32)
 
@@ -62,6 +69,13 @@ __device__ __forceinline__ uint4 ldcg16(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
+}
+
+// Asks L2 for `bytes` from `p` (128-byte lines spread over the block's threads).
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+    const char* c = (const char*)p;
+    for (size_t off = (size_t)threadIdx.x * 128; off < bytes; off += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
 }
 
 // 16 bytes of a cache row as f32 (8 halves or 4 floats).
@@ -124,7 +138,9 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
             float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
             int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
     pdl_trigger();
+#if DEC_EARLY_WAIT
     pdl_wait();
+#endif
     extern __shared__ __align__(16) float dsm[];
     float* qs = dsm;
     float* sc = qs + GQA * HD;
@@ -136,10 +152,15 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
     decode_split(pos_ptr, window, P, first, S, peff, chunk);
     if (split >= peff) return;
     const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
-    decode_prologue(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, S - 1, NH, NKV, scale, split == peff - 1,
-                    S_max, kc, vc, qs, ow);
     const kv_t* krow0 = kc + ((size_t)kvh * S_max + c0) * HD;
     const kv_t* vrow0 = vc + ((size_t)kvh * S_max + c0) * HD;
+#if !DEC_EARLY_WAIT
+    prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
+    prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
+    pdl_wait();
+#endif
+    decode_prologue(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, S - 1, NH, NKV, scale, split == peff - 1,
+                    S_max, kc, vc, qs, ow);
 
     // Scores.
     for (int i = threadIdx.x; i < len; i += DEC_THREADS) {
