@@ -9,8 +9,8 @@
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
 # Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe", "llm": the
 # LLM table of bench/gpu_llm.sh while the pack is made), SIZES (default "512 1024"),
-# ATTN (attention variants to time, default "base k w8"), FP8 (CMF_DIT_FP8 values to time and
-# to render end to end against the bf16 image, e.g. "1 fast"; default none).
+# ATTN (attention variants to time, default "base k w8"; "wg" is the Hopper default), FP8 (`--dit-precision` values to time and
+# to render end to end against the bf16 image, e.g. "fp8 fp8-fast"; default none).
 set -u
 cd "$(dirname "$0")/.."
 export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
@@ -61,9 +61,11 @@ if has bench; then
     CMF_DIT_ATTN=$v CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
   done
   for f8 in ${FP8:-}; do
-    echo "CMF_DIT_FP8=$f8" | tee -a $OUT/dit-bench.log
-    CMF_DIT_FP8=$f8 ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
-    CMF_DIT_FP8=$f8 CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
+    # cmf-dit-bench takes the precision from CMF_DIT_FP8 (fp8 → 1, fp8-fast → fast).
+    env8=$([ "$f8" = fp8-fast ] && echo fast || echo 1)
+    echo "--dit-precision $f8 (CMF_DIT_FP8=$env8)" | tee -a $OUT/dit-bench.log
+    CMF_DIT_FP8=$env8 ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
+    CMF_DIT_FP8=$env8 CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
   done
 fi
 if has anchor; then
@@ -88,10 +90,10 @@ if has e2e; then
     done
     for f8 in ${FP8:-}; do
       # The FP8 DiT against the bf16 image just made (issue 5: kept only at PSNR >= 35 dB).
-      CMF_DIT_FP8=$f8 $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 \
-        -o $OUT/fox-$s-fp8-$f8.png > $OUT/imagine-$s-fp8-$f8.log 2>&1
-      echo "imagine ${s}² CMF_DIT_FP8=$f8 rc=$?"; grep -E "^timing|^runs" $OUT/imagine-$s-fp8-$f8.log
-      echo -n "fp8 vs bf16 image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-fp8-$f8.png
+      $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 --dit-precision $f8 \
+        -o $OUT/fox-$s-$f8.png > $OUT/imagine-$s-$f8.log 2>&1
+      echo "imagine ${s}² --dit-precision $f8 rc=$?"; grep -E "^devices|^timing|^runs" $OUT/imagine-$s-$f8.log
+      echo -n "$f8 vs bf16 image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-$f8.png
     done
   done
 fi
