@@ -520,7 +520,6 @@ impl VaeDecoder<'_> {
     }
 }
 
-/// `[3, H, W]` in [-1, 1] → interleaved RGB u8 (diffusers `VaeImageProcessor.postprocess` + `numpy_to_pil`).
 /// [`to_rgb8`] of a decoded image, refusing NaN or infinity (named as `stage`).
 pub fn checked_rgb8(img: &Tensor3, stage: &str) -> Result<Vec<u8>, ZimageError> {
     if img.data.iter().any(|v| !v.is_finite()) {
@@ -532,6 +531,7 @@ pub fn checked_rgb8(img: &Tensor3, stage: &str) -> Result<Vec<u8>, ZimageError> 
     Ok(to_rgb8(img))
 }
 
+/// `[3, H, W]` in [-1, 1] → interleaved RGB u8 (diffusers `VaeImageProcessor.postprocess` + `numpy_to_pil`).
 pub fn to_rgb8(img: &Tensor3) -> Vec<u8> {
     let hw = img.h * img.w;
     let mut out = vec![0u8; hw * img.c];
