@@ -145,3 +145,20 @@ pub const SEQ_MULTI_OF: usize = 32;
 pub fn pad_rows(n: usize) -> usize {
     n.div_ceil(SEQ_MULTI_OF) * SEQ_MULTI_OF
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DitPrecision;
+
+    /// `NAMES` (the error message's list) names exactly what `parse` takes, in order.
+    #[test]
+    fn precision_names_parse_back() {
+        let all = [DitPrecision::Bf16, DitPrecision::Fp8, DitPrecision::Fp8Fast];
+        for p in all {
+            assert_eq!(DitPrecision::parse(p.name()), Some(p));
+        }
+        let names: Vec<&str> = all.iter().map(|p| p.name()).collect();
+        assert_eq!(DitPrecision::NAMES, names.join(", "));
+        assert_eq!(DitPrecision::parse("int4"), None);
+    }
+}
