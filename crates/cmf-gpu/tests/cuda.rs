@@ -719,7 +719,7 @@ fn dit_attention_variants_match_reference() {
         let k = rng.vec(t * nh * hd, 1.7);
         let v = rng.vec(t * nh * hd, 1.0);
         let want = full_attention_reference(&q, &k, &v, t, nh, hd);
-        for variant in ["base", "k", "w8", "wg"] {
+        for variant in ["base", "k", "w8", "wg", "ws"] {
             let got =
                 cmf_gpu::cuda::dit::attention_for_test(b.device(), variant, &q, &k, &v, t, nh)
                     .unwrap_or_else(|e| panic!("{variant}: {e:?}"));

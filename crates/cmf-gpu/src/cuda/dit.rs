@@ -24,7 +24,10 @@ use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
 use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
-use super::kernels::{fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM};
+use super::kernels::{
+    fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM, WS_SMEM,
+};
+use super::tma;
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::dit::{
@@ -106,33 +109,102 @@ struct AttnShape {
 struct AttnKernel {
     f: Func,
     shape: AttnShape,
+    /// K and V reach the kernel as TMA tensor maps (attn_full_ws) rather than pointers.
+    tma: bool,
     _m: Module,
+}
+
+/// One item's attention: q `[l, NH, HD]` f32 and k, v `[NH, l, HD]` f16 at these addresses,
+/// the output as bf16 rows of `out` (`[*, NH · HD]`): row r < np → img_row0 + r, else
+/// cap_row0 + r − np.
+struct AttnCall {
+    q: u64,
+    k: u64,
+    v: u64,
+    len: usize,
+    n_heads: usize,
+    scale: f32,
+    img_row0: usize,
+    np: usize,
+    cap_row0: usize,
+    out: u64,
+}
+
+impl AttnKernel {
+    fn launch(&self, dev: &Dev, c: &AttnCall) -> DResult<()> {
+        const HD: u64 = 128;
+        let shape = self.shape;
+        let tail = [
+            Arg::I32(c.len as i32),
+            Arg::F32(c.scale),
+            Arg::I32(c.n_heads as i32),
+            Arg::I32(c.img_row0 as i32),
+            Arg::I32(c.np as i32),
+            Arg::I32(c.cap_row0 as i32),
+            Arg::Ptr(c.out),
+        ];
+        let mut args = Vec::with_capacity(11);
+        if self.tma {
+            // Boxes of 64 dims (128 bytes, the swizzle span) × 128 keys × 1 head.
+            let (len, nh) = (c.len as u64, c.n_heads as u64);
+            let map = |base| {
+                tma::f16_3d_swizzled(base, [HD, len, nh], [HD * 2, len * HD * 2], [64, 128, 1])
+            };
+            args.push(Arg::Bytes(map(c.k)?.to_vec()));
+            args.push(Arg::Bytes(map(c.v)?.to_vec()));
+            args.push(Arg::Ptr(c.q));
+        } else {
+            args.extend([
+                Arg::Ptr(c.q),
+                Arg::Ptr(c.k),
+                Arg::Ptr(c.v),
+                Arg::I32(c.len as i32),
+            ]);
+        }
+        args.extend(tail);
+        dev.launch(
+            &self.f,
+            (c.len.div_ceil(shape.rows) as u32, c.n_heads as u32, 1),
+            (shape.threads, 1, 1),
+            shape.smem as u32,
+            &args,
+        )
+    }
 }
 
 #[derive(Clone, PartialEq, Debug)]
 enum AttnVariant {
     /// An attention_wg.cu entry point, compiled for this arch-specific target.
     Wgmma(&'static str, String),
+    /// attn_full_ws (attention_wg.cu): TMA loads, warp-specialised and ping-ponged.
+    WarpSpecialized(String),
     /// An attention.cu entry point and its warps per block.
     MmaSync(&'static str, u32),
 }
 
-/// The kernel `CMF_DIT_ATTN` names: `wg` (Hopper warpgroup MMA; head dim 128 on sm_90 only,
-/// else `base`), `base` (mma.sync, 4 warps, 32-bit K loads), `k` (4 warps, ldmatrix K loads),
-/// `w8` (8 warps, ldmatrix). Unset or anything else: `wg` where it applies, else `base`.
-/// Measured on the H200 (DiT step, attention part): 1024² 26.9 ms with `wg` against 45.7 with
-/// `base`; 512² step 25.3 against 25.8 ms.
+/// The kernel `CMF_DIT_ATTN` names: `ws` (Hopper, head dim 128 on sm_90 only: TMA loads by a
+/// producer warpgroup, ping-ponged wgmma warpgroups, P in registers), `wg` (the earlier
+/// wgmma kernel: loads by every thread, P through shared memory), `base` (mma.sync, 4 warps,
+/// 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8` (8 warps, ldmatrix). Unset or anything
+/// else: `ws` where it applies, else `base`. Measured on the H200 (attention of a 1024² step,
+/// 8 layers + refiners, commit in BENCH.md): `ws` 5.0 ms, `wg` 8.3 ms; earlier, 30 layers:
+/// `wg` 26.9 ms against 45.7 with `base`.
 fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
     let wg = dev
         .arch_specific()
         .filter(|_| hd == 128)
         .map(|a| AttnVariant::Wgmma("attn_full_wg", a));
     let base = AttnVariant::MmaSync("attn_full_fa2", 4);
+    let ws = dev
+        .arch_specific()
+        .filter(|_| hd == 128)
+        .map(AttnVariant::WarpSpecialized);
     match choice {
+        "wg" => wg.unwrap_or(base),
         "k" => AttnVariant::MmaSync("attn_full_fa2_k", 4),
         "w8" => AttnVariant::MmaSync("attn_full_fa2_w8", 8),
         "base" => base,
-        _ => wg.unwrap_or(base),
+        _ => ws.unwrap_or(base),
     }
 }
 
@@ -143,6 +215,7 @@ fn load_attention(
     variant: AttnVariant,
     defs: &[(&str, String)],
 ) -> DResult<AttnKernel> {
+    let tma = matches!(variant, AttnVariant::WarpSpecialized(_));
     let (m, f, shape) = match variant {
         AttnVariant::Wgmma(entry, arch) => {
             let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, defs, &arch)?;
@@ -151,6 +224,21 @@ fn load_attention(
                 threads: 256,
                 rows: 128,
                 smem: WG_SMEM,
+            };
+            (m, f, shape)
+        }
+        AttnVariant::WarpSpecialized(arch) => {
+            // Experiment switch: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will.
+            let mut defs = defs.to_vec();
+            if std::env::var("CMF_DIT_WS_PINGPONG").as_deref() == Ok("0") {
+                defs.push(("WS_PINGPONG", "0".to_string()));
+            }
+            let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, &defs, &arch)?;
+            let f = m.func("attn_full_ws")?;
+            let shape = AttnShape {
+                threads: 384,
+                rows: 128,
+                smem: WS_SMEM,
             };
             (m, f, shape)
         }
@@ -166,7 +254,12 @@ fn load_attention(
         }
     };
     f.allow_smem(shape.smem)?;
-    Ok(AttnKernel { f, shape, _m: m })
+    Ok(AttnKernel {
+        f,
+        shape,
+        tma,
+        _m: m,
+    })
 }
 
 /// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
@@ -196,7 +289,6 @@ pub fn attention_for_test(
         ("KV_F32", "0".to_string()),
     ];
     let kernel = load_attention(dev, HD, attention_variant(dev, HD, variant), &defs)?;
-    let (f, shape) = (&kernel.f, kernel.shape);
     let f16s = |x: &[f32]| -> Vec<u16> {
         x.iter()
             .map(|&a| half::f16::from_f32(a).to_bits())
@@ -208,25 +300,20 @@ pub fn attention_for_test(
     let out = dev.alloc(n * 2)?;
     // Poison: a row the kernel leaves unwritten reads back as NaN.
     dev.upload(out.ptr(), bytes_of(&vec![0x7fc0u16; n]))?;
-    let scale = 1.0 / (HD as f32).sqrt();
-    dev.launch(
-        f,
-        (t.div_ceil(shape.rows) as u32, nh as u32, 1),
-        (shape.threads, 1, 1),
-        shape.smem as u32,
-        &[
-            Arg::Ptr(dq.ptr()),
-            Arg::Ptr(dk.ptr()),
-            Arg::Ptr(dv.ptr()),
-            Arg::I32(t as i32),
-            Arg::I32(t as i32),
-            Arg::F32(scale),
-            Arg::I32(nh as i32),
-            Arg::I32(0),
-            Arg::I32(t as i32),
-            Arg::I32(0),
-            Arg::Ptr(out.ptr()),
-        ],
+    kernel.launch(
+        dev,
+        &AttnCall {
+            q: dq.ptr(),
+            k: dk.ptr(),
+            v: dv.ptr(),
+            len: t,
+            n_heads: nh,
+            scale: 1.0 / (HD as f32).sqrt(),
+            img_row0: 0,
+            np: t,
+            cap_row0: 0,
+            out: out.ptr(),
+        },
     )?;
     let mut raw = vec![0u8; n * 2];
     dev.download(&mut raw, out.ptr())?;
@@ -787,26 +874,19 @@ impl CudaDit {
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             for sg in p.segs {
-                let shape = self.k.attn.shape;
-                self.launch(
-                    &self.k.attn.f,
-                    (sg.l.div_ceil(shape.rows) as u32, nh as u32, 1),
-                    shape.threads,
-                    shape.smem as u32,
-                    &[
-                        Arg::Ptr(w.q.at(sg.j * d * 4)),
-                        Arg::Ptr(w.kc.at(sg.j * d * 2)),
-                        Arg::Ptr(w.vc.at(sg.j * d * 2)),
-                        Arg::I32(sg.l as i32),
-                        Arg::I32(sg.l as i32),
-                        Arg::F32(scale),
-                        Arg::I32(nh as i32),
-                        Arg::I32(sg.img_row0 as i32),
-                        Arg::I32(sg.np as i32),
-                        Arg::I32(sg.cap_row0 as i32),
-                        Arg::Ptr(w.hb.ptr()),
-                    ],
-                )?;
+                let call = AttnCall {
+                    q: w.q.at(sg.j * d * 4),
+                    k: w.kc.at(sg.j * d * 2),
+                    v: w.vc.at(sg.j * d * 2),
+                    len: sg.l,
+                    n_heads: nh,
+                    scale,
+                    img_row0: sg.img_row0,
+                    np: sg.np,
+                    cap_row0: sg.cap_row0,
+                    out: w.hb.ptr(),
+                };
+                self.k.attn.launch(&self.dev, &call)?;
             }
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;

@@ -99,6 +99,10 @@ pub fn hopper_sources() -> SourceSet {
 /// per warpgroup (2) a P block of 64 rows × 128 keys, f16, plus 1 KiB to align the swizzle atoms.
 pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 1024;
 
+/// Dynamic shared memory of attn_full_ws: 1 KiB to align the swizzle atoms, Q (128 rows × 128
+/// dims, f16), 3 slots × (K + V) × 128 keys × 128 dims, f16, then 6 mbarriers.
+pub const WS_SMEM: usize = 1024 + 128 * 128 * 2 + 3 * 2 * 128 * 128 * 2 + 64;
+
 /// The source NVRTC sees: the common helpers, then the op family.
 pub fn full_source(src: &str) -> String {
     format!("{COMMON}\n{src}")

@@ -17,6 +17,7 @@ pub mod llm;
 pub mod matvec;
 pub mod nvrtc;
 mod staging;
+pub mod tma;
 pub mod vae;
 pub mod weights;
 

@@ -12,10 +12,9 @@
 // Block: two warpgroups (256 threads), 128 query rows; warp w owns rows 16w .. 16w + 15, so
 // the per-warp register fragments are the mma.sync ones (Q as the register A operand of S = Q·Kᵀ,
 // f32 accumulators in the m16n8 C layout). K/V tiles of 128 keys, double-buffered through
-// cp.async. P goes through shared memory as the A operand of O += P·V: with P taken from
-// registers instead (as FlashAttention-3 does), every tile after the first came out wrong on
-// the H200 (the first tile alone, and any one tile alone, matched) — measured, not understood;
-// the shared-memory route costs one 16 KiB store per tile and passes.
+// cp.async. P goes through shared memory as the A operand of O += P·V (the first register-P
+// attempt gave wrong tiles after the first: the compiler reused P's registers while the tensor
+// core still read them; attn_full_ws below pins them and takes P from registers).
 // Shared layout, 128-byte swizzle (what wgmma reads at full rate; the unswizzled layout measured
 // 37 ms of attention per 1024² step): a tile of 128 keys × 128 dims is two 16 KiB halves (dims
 // 0–63, 64–127); in a half, key k's 128 bytes sit at (k / 8) · 1024 + (k % 8) · 128, their
@@ -241,6 +240,301 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(o[i]);
     }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    store_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attn_full_ws: the same contract, warp-specialised and ping-ponged (FlashAttention-3's plan,
+// written for this layout). Block: 2 consumer warpgroups (64 query rows each) and 1 producer
+// warpgroup (384 threads; setmaxnreg moves registers from the producer to the consumers: 9
+// warps would leave one SM sub-partition 3 warps of at most 168 registers).
+// - The producer's lane 0 streams K and V tiles with TMA (tensor maps made on the host, 128-byte
+//   swizzle: the layout wgmma reads, as described above) into 3 slots, each slot guarded by a
+//   "full" mbarrier (transaction bytes) and an "empty" one (the 256 consumer threads release it).
+//   No consumer thread issues a load and no __syncthreads couples the warpgroups.
+// - Q is converted to f16 once and kept in shared memory (both GEMM operands of S = Q·Kᵀ come
+//   from shared memory), so the registers go to O, S and two P buffers.
+// - Per tile j a warpgroup issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together, with P in
+//   registers (the A operand), then runs the softmax of tile j while those GEMMs run. Two named
+//   barriers pass a token so the warpgroups issue their GEMMs in turn: one's softmax runs under
+//   the other's tensor-core work.
+// - Register operands of an in-flight wgmma are pinned (ws_keep after the wait): without that
+//   the compiler may reuse P's registers before the tensor core has read them.
+#define WS_SLOTS 3
+#define WS_THREADS 384
+#ifndef WS_PINGPONG
+#define WS_PINGPONG 1
+#endif
+#define WS_Q_BYTES (WG_ROWS * HD * 2)
+
+template <bool B>
+struct FalseTrue {
+    static constexpr bool value = B;
+};
+
+struct __align__(64) TmaDesc {
+    u64 v[16];
+};
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// The spin stays inside the asm: a C++ loop on a per-thread flag is a branch ptxas must treat
+// as divergent, and it then serialises every wgmma after it.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// A 3-D TMA tile (coordinates innermost first) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, int c0, int c1, int c2, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void named_sync(u32 id, u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(u32 id, u32 n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+__device__ __forceinline__ void ws_keep_u(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// d[64] (+)= A (m64k16 at adesc, K-major) · B (k16n128 at bdesc, K-major); scale_d 0 overwrites.
+__device__ __forceinline__ void wgmma_ss_k_major(float* d, u64 adesc, u64 bdesc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(adesc), "l"(bdesc), "r"(scale_d));
+}
+// d[64] += a (m64k16, registers) · B (k16n128 at bdesc, MN-major).
+__device__ __forceinline__ void wgmma_rs_mn_major(float* d, const u32* a, u64 bdesc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1));
+}
+
+// The online softmax of attn_full_ws, lean (per element: a max, one FFMA, one ex2, one add):
+// the running maxima stay in raw score units and the scale folds into the exponent's FFMA;
+// keys at or past T are masked only in the tile that has them (TAIL).
+template <bool TAIL>
+__device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
+                                           float& l0, float& l1, float& corr0, float& corr1, u32 (*pa)[4]) {
+    if (TAIL) {
+#pragma unroll
+        for (int nt = 0; nt < WG_KEYS / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kt + nt * 8 + tg * 2 + (e & 1) >= T) s[4 * nt + e] = NEG_INF;
+    }
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < WG_KEYS / 8; nt++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * nt + 0], s[4 * nt + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+    }
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
+    // Every tile holds at least one key < T, so the new maxima are finite.
+    const float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
+    corr0 = fast_exp2(fmaf(m0, sl2, -ms0));
+    corr1 = fast_exp2(fmaf(m1, sl2, -ms1));
+    m0 = mx0;
+    m1 = mx1;
+    float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+    for (int c = 0; c < WG_KEYS / 16; c++) {
+        float p[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) p[e] = fast_exp2(fmaf(s[8 * c + e], sl2, (e & 2) ? -ms1 : -ms0));
+        a0 += (p[0] + p[1]) + (p[4] + p[5]);
+        a1 += (p[2] + p[3]) + (p[6] + p[7]);
+        pa[c][0] = pack_f16x2(p[0], p[1]);
+        pa[c][1] = pack_f16x2(p[2], p[3]);
+        pa[c][2] = pack_f16x2(p[4], p[5]);
+        pa[c][3] = pack_f16x2(p[6], p[7]);
+    }
+    l0 = l0 * corr0 + a0;
+    l1 = l1 * corr1 + a1;
+}
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
+attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const float* q, int T,
+             float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b) {
+    extern __shared__ __align__(128) u8 wsm[];
+    // The warp index through a shuffle: ptxas then knows the role branches below are uniform per
+    // warp (a branch it must treat as divergent makes it serialise every wgmma after it).
+    const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(FULL_MASK, tid >> 5, 0);
+    const int h = blockIdx.y;
+    const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    const u32 q_sm = sbase;                                  // 2 warpgroups × 64 rows × HD, f16
+    const u32 kv_sm = sbase + WS_Q_BYTES;                    // slot s: K at + 2s·TILE, V one TILE on
+    const u32 bars = kv_sm + WS_SLOTS * 2 * WG_TILE;         // full[s] at + 8s, empty[s] at + 8(SLOTS + s)
+    const int ntiles = (T + WG_KEYS - 1) / WG_KEYS;
+    if (tid == 0) {
+        for (int s = 0; s < WS_SLOTS; s++) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (WS_SLOTS + s), 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp >= 8) {
+        // Producer warpgroup: it gives its registers to the consumers; one thread puts tile t
+        // in slot t % SLOTS once the consumers released tile t − SLOTS.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (warp == 8 && lane == 0) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"(&tk) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"(&tv) : "memory");
+            for (int t = 0; t < ntiles; t++) {
+                const int s = t % WS_SLOTS;
+                if (t >= WS_SLOTS) mbar_wait(bars + 8 * (WS_SLOTS + s), (t / WS_SLOTS - 1) & 1);
+                const u32 full = bars + 8 * s, kd = kv_sm + s * 2 * WG_TILE, vd = kd + WG_TILE;
+                mbar_expect_tx(full, 2 * WG_TILE);
+                tma_load_3d(kd, &tk, 0, t * WG_KEYS, h, full);
+                tma_load_3d(kd + WG_TILE / 2, &tk, 64, t * WG_KEYS, h, full);
+                tma_load_3d(vd, &tv, 0, t * WG_KEYS, h, full);
+                tma_load_3d(vd + WG_TILE / 2, &tv, 64, t * WG_KEYS, h, full);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int wgi = warp >> 2, g = lane >> 2, tg = lane & 3;
+    const int r0 = blockIdx.x * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const float sl2 = scale * 1.4426950408889634f;
+    // This warpgroup's 64 Q rows as f16, swizzled as a K-major A operand (rows at or past T: 0).
+    const u32 qs = q_sm + wgi * (WS_Q_BYTES / 2);
+    for (int i = tid & 127; i < 64 * (HD / 8); i += 128) {
+        const int row = i >> 4, c8 = i & 15;
+        const int r = blockIdx.x * WG_ROWS + wgi * 64 + row;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < T) {
+            const float* src = q + ((size_t)r * NH + h) * HD + c8 * 8;
+            const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
+            v = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y), pack_f16x2(b.z, b.w));
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + sw_chunk(row, c8, 64)), "r"(v.x),
+                     "r"(v.y), "r"(v.z), "r"(v.w)
+                     : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores → wgmma reads
+    named_sync(3 + wgi, 128);
+
+    // Tokens: barrier 1 lets warpgroup 0 issue, barrier 2 warpgroup 1; warpgroup 0 goes first.
+    const u32 my_tok = 1 + wgi, other_tok = 2 - wgi;
+    if (WS_PINGPONG && wgi == 1) named_arrive(1, 256);
+
+    typedef u32 PFrag[WG_KEYS / 16][4];
+    float o[64], s[64];
+    PFrag pa, pb;  // P of the previous tile (read by its P·V in flight) and of the current one
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = s[i] = 0.f;
+#pragma unroll
+    for (int c = 0; c < WG_KEYS / 16; c++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) pa[c][e] = pb[c][e] = 0u;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
+    auto rescale_o = [&]() {
+#pragma unroll
+        for (int dn = 0; dn < HD / 8; dn++) {
+            o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
+            o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
+        }
+    };
+    const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
+    const u64 v_desc0 = wg_desc(kv_sm + WG_TILE, WG_KEYS * 128, 1024);
+    auto issue_pv = [&](int tile, PFrag& p) {
+        const u64 vd = v_desc0 + (u64)((tile % WS_SLOTS) * 2 * WG_TILE >> 4);
+#pragma unroll
+        for (int c = 0; c < WG_KEYS / 16; c++) wgmma_rs_mn_major(o, p[c], vd + (u64)(c * 2048 >> 4));
+        wg_commit();
+    };
+    auto pin = [&](PFrag& p) {
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(o[i]);
+#pragma unroll
+        for (int c = 0; c < WG_KEYS / 16; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ws_keep_u(p[c][e]);
+    };
+    // Tile j: S_j, and with FIRST false P_{j−1}·V_{j−1} (P_{j−1} in prev) issued with it, then
+    // P_j into cur. No wgmma sits under a run-time condition: ptxas would take that branch as
+    // divergent and serialise every wgmma.
+    auto step = [&](int j, PFrag& prev, PFrag& cur, auto first) {
+        constexpr bool FIRST = decltype(first)::value;
+        const int sj = j % WS_SLOTS;
+        // O's rows take tile j − 1's correction before P_{j−1}·V_{j−1} lands in them.
+        if (!FIRST) rescale_o();
+        mbar_wait(bars + 8 * sj, (j / WS_SLOTS) & 1);
+        if (WS_PINGPONG) named_sync(my_tok, 256);
+        pin(prev);
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(s[i]);
+        wg_fence();
+        // Descriptors: a base per operand, the k-step's byte offset added in 16-byte units.
+        const u64 kd = k_desc0 + (u64)(sj * 2 * WG_TILE >> 4);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)  // the first k-step overwrites S (scale-d 0)
+            wgmma_ss_k_major(s, q_desc0 + (u64)(((kk >> 2) * 8192 + (kk & 3) * 32) >> 4),
+                             kd + (u64)(((kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        wg_commit();
+        if (!FIRST) issue_pv(j - 1, prev);
+        if (WS_PINGPONG) named_arrive(other_tok, 256);
+        if (FIRST) wg_wait0();
+        else wg_wait1();
+#pragma unroll
+        for (int i = 0; i < 64; i++) wg_keep(s[i]);
+        if (j * WG_KEYS + WG_KEYS > T) ws_softmax<true>(s, j * WG_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, cur);
+        else ws_softmax<false>(s, j * WG_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, cur);
+        if (!FIRST) {
+            wg_wait0();
+            pin(prev);
+            // Tile j − 1 is read (its K by S_{j−1}, its V by the P·V just waited for).
+            mbar_arrive(bars + 8 * (WS_SLOTS + (j - 1) % WS_SLOTS));
+        }
+    };
+    // Two tiles per trip so P's two buffers swap roles without copies.
+    step(0, pb, pa, FalseTrue<true>());
+    int j = 1;
+    for (; j + 1 < ntiles; j += 2) {
+        step(j, pa, pb, FalseTrue<false>());
+        step(j + 1, pb, pa, FalseTrue<false>());
+    }
+    if (j < ntiles) step(j, pa, pb, FalseTrue<false>());
+    auto finish = [&](PFrag& last) {
+        rescale_o();
+        pin(last);
+        wg_fence();
+        issue_pv(ntiles - 1, last);
+        wg_wait0();
+        pin(last);
+    };
+    // The last P is in pa when ntiles is odd (a reference picked at run time would put P in
+    // local memory).
+    if (ntiles & 1) finish(pa);
+    else finish(pb);
+    if (WS_PINGPONG && wgi == 0) named_sync(1, 256);  // takes warpgroup 1's last token
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
     const float i0 = 1.f / l0, i1 = 1.f / l1;
