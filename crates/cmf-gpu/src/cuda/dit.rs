@@ -376,15 +376,6 @@ impl Fp8Plane {
     }
 }
 
-/// Where a block GEMM writes.
-#[derive(Clone, Copy)]
-enum GemmOut {
-    /// bf16 rows of `n` values.
-    Bf16(u64),
-    /// f32 rows of `n` values.
-    F32(u64),
-}
-
 /// A refined caption: `[lp, D]` f32 rows.
 struct Cond {
     rows: DBuf,
@@ -394,6 +385,7 @@ struct Cond {
 /// Activation buffers for up to `rows` rows.
 struct Work {
     rows: usize,
+    /// The O and w2 GEMMs' output, bf16 `[rows, d]` (read by `residual_norm`).
     o: DBuf,
     hb: DBuf,
     qkv: DBuf,
@@ -761,7 +753,7 @@ impl CudaDit {
         let hb_w = d.max(f).max(g.cap_feat_dim).max(g.patch_dim);
         Ok(Work {
             rows,
-            o: self.dev.alloc(rows * d * 4)?,
+            o: self.dev.alloc(rows * d * 2)?,
             hb: self.dev.alloc(rows * hb_w * 2)?,
             qkv: self.dev.alloc(rows * 3 * d * 2)?,
             q: self.dev.alloc(rows * d * 4)?,
@@ -775,34 +767,27 @@ impl CudaDit {
         })
     }
 
-    /// `out[r, 0..n) = a[r, 0..k) · Wᵀ` for block plane `w` (`n × k`), the activation rows `a`
-    /// where [`Work::gemm_input`] put them: in FP8 from the plane's e4m3 copy when it has one,
-    /// else bf16 from `hb`.
+    /// `out[r, 0..n) = a[r, 0..k) · Wᵀ` as bf16 rows, for block plane `w` (`n × k`), the
+    /// activation rows `a` where [`Work::gemm_input`] put them: in FP8 from the plane's e4m3
+    /// copy when it has one, else bf16 from `hb`.
     fn block_gemm(
         &self,
         work: &Work,
         w: &Plane,
         (n, k): (usize, usize),
         r: usize,
-        out: GemmOut,
+        out: u64,
     ) -> DResult<()> {
         if let (Some((xq, xs)), Some(p)) = (work.fp8_input(w), &w.fp8) {
             let (g, fast) = self
                 .fp8
                 .as_ref()
                 .expect("e4m3 planes exist only with the FP8 GEMM");
-            let to = match out {
-                GemmOut::Bf16(y) => Fp8Out::Bf16(y),
-                GemmOut::F32(y) => Fp8Out::F32(y),
-            };
+            let to = Fp8Out::Bf16(out);
             return g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast);
         }
-        match out {
-            GemmOut::Bf16(y) => self
-                .blas
-                .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), y, n, r, k, n),
-            GemmOut::F32(y) => self.gemm(&w.w, n, k, work.hb.ptr(), y, r),
-        }
+        self.blas
+            .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)
     }
 
     /// Runs `blocks` over a pass; `mods[i]` is block i's modulation slice (0: unmodulated).
@@ -848,7 +833,7 @@ impl CudaDit {
                 dit_rows::residual_norm(&self.dev, f, &rows(m), o, gate_slot, next)
             };
             let t = self.prof_start()?;
-            let qkv_out = GemmOut::Bf16(w.qkv.ptr());
+            let qkv_out = w.qkv.ptr();
             self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
@@ -891,7 +876,7 @@ impl CudaDit {
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;
             self.quantize_attention(w, &b.out, d, r)?;
-            self.block_gemm(w, &b.out, (d, d), r, GemmOut::F32(w.o.ptr()))?;
+            self.block_gemm(w, &b.out, (d, d), r, w.o.ptr())?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let ffn_norm = NextNorm {
@@ -903,7 +888,7 @@ impl CudaDit {
             residual(&b.n2, 1, Some(ffn_norm))?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            let g_out = GemmOut::Bf16(w.g.ptr());
+            let g_out = w.g.ptr();
             self.block_gemm(w, &b.w13, (2 * f, d), r, g_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
@@ -911,7 +896,7 @@ impl CudaDit {
             dit_rows::swiglu(&self.dev, &self.k.swiglu, w.g.ptr(), r, f, out)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.block_gemm(w, &b.w2, (d, f), r, GemmOut::F32(w.o.ptr()))?;
+            self.block_gemm(w, &b.w2, (d, f), r, w.o.ptr())?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let next = blocks.get(i + 1).map(|nb| NextNorm {

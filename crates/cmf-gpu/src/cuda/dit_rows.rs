@@ -8,6 +8,7 @@
 
 use super::device::{bytes_of, Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, DIT};
+use half::bf16;
 
 /// Threads of the per-row kernels.
 pub const ROW_THREADS: u32 = 256;
@@ -281,9 +282,9 @@ pub fn rms_mod_for_test(
     h.back(out, n.rows, n.d)
 }
 
-/// Test hook: `residual_norm` on `c` with `o`, norm weight `w` and gate slot `gate_slot`, then
-/// the pre-norm `next_w` with the scale of slot `next_slot` (same modulation). Returns the
-/// updated `x` and the next GEMM's input.
+/// Test hook: `residual_norm` on `c` with `o` (rounded to bf16, as the GEMMs write it), norm
+/// weight `w` and gate slot `gate_slot`, then the pre-norm `next_w` with the scale of slot
+/// `next_slot` (same modulation). Returns the updated `x` and the next GEMM's input.
 #[doc(hidden)]
 pub fn residual_norm_for_test(
     dev: &Dev,
@@ -296,7 +297,8 @@ pub fn residual_norm_for_test(
     let mut h = Hook::new(dev)?;
     let f = h.m.func("residual_norm")?;
     let n = h.norm_rows(c)?;
-    let (op, wp, nwp) = (h.up(o)?, h.up(w)?, h.up(next_w)?);
+    let o_bf16: Vec<u16> = o.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    let (op, wp, nwp) = (h.up(&o_bf16)?, h.up(w)?, h.up(next_w)?);
     let out = h.out(n.rows, n.d, e4m3)?;
     allow_row_smem(&f, n.d * 4)?;
     let next = NextNorm {

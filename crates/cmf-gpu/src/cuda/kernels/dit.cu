@@ -1,7 +1,7 @@
 // dit.cu — the row operations of the Z-Image DiT between its GEMMs (cuda/dit.rs).
 //
 // Design. The residual stream X [R, D] stays f32 on the device; every GEMM takes bf16 operands
-// (cuBLAS, f32 accumulate, f32 out), so each kernel here that feeds a GEMM writes bf16. Rows of
+// (cuBLAS, f32 accumulate, bf16 out), so each kernel here that feeds a GEMM writes bf16. Rows of
 // several batch items share the weights: the host lays them out [img0 | img1 | cap0 | cap1] and
 // describes each row by a map entry (MAPW ints):
 //   {item, J, L, p, rope_row}: the row belongs to `item`, whose joint sequence starts at row J
@@ -10,7 +10,7 @@
 // Attention runs per item over its own joint sequence (attn_full_fa2 in attention.cu), so Q is
 // written in joint order (row J + p) and K/V into the item's [NH, L, HD] f16 slice at offset
 // NH·J·HD; the attention kernel writes its bf16 output straight back at the X rows.
-// The q|k|v and w1|w3 GEMMs write bf16 (half the bytes of f32 for the kernels that read them).
+// Every block GEMM writes bf16 (half the bytes of f32 for the kernels that read them).
 // Modulation (adaLN): `mod` points at one block's [4, D] slice of item 0; item i's slice is
 // `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp (raw Linear
 // outputs: the kernels apply 1 + scale and tanh(gate), as diffusers does). mod = 0: unmodulated
@@ -65,6 +65,18 @@ __device__ __forceinline__ float row_sumsq(const float* x, int n, float* red) {
     return block_sum(ss, red);
 }
 
+// Σ x² over a row of n bf16 (all threads get it).
+template <int V>
+__device__ __forceinline__ float row_sumsq_bf16(const u16* x, int n, float* red) {
+    float ss = 0.f;
+    for (int g = threadIdx.x; g < n / V; g += blockDim.x) {
+        const Vf<V> a = ld_bf16<V>(x + V * g);
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += a.v[j] * a.v[j];
+    }
+    return block_sum(ss, red);
+}
+
 // One row of rms_mod: xr, sc (null: unmodulated), out_b / out_q / out_s at the row.
 template <int V>
 __device__ __forceinline__ void rms_mod_row(const float* xr, const float* w, float eps, int D, const float* sc,
@@ -107,13 +119,13 @@ extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, in
 
 // One row of residual_norm: xr, orow, the gate g and scale sc (null: none), outputs at the row.
 template <int V>
-__device__ __forceinline__ void residual_norm_row(float* xr, const float* orow, const float* w, float eps, int D,
+__device__ __forceinline__ void residual_norm_row(float* xr, const u16* orow, const float* w, float eps, int D,
                                                   const float* g, const float* next_w, const float* sc, u16* out_b,
                                                   u8* out_q, float* out_s, float* red, float* row) {
-    const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
+    const float inv = rsqrtf(row_sumsq_bf16<V>(orow, D, red) / (float)D + eps);
     float ss2 = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
-        const Vf<V> o = ld_f32<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
+        const Vf<V> o = ld_bf16<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
         Vf<V> nx = ld_f32<V>(xr + V * k);
         Vf<V> gv;
         if (g) gv = ld_f32<V>(g + V * k);
@@ -145,10 +157,11 @@ __device__ __forceinline__ void residual_norm_row(float* xr, const float* orow, 
     if (out_q) emit_e4m3_row<V>(row, D, amax, red, out_q, out_s);
 }
 
-// x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0), then, when next_w:
+// x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0; o is the bf16 output of
+// the O or w2 GEMM: half the bytes of f32 to write and read back), then, when next_w:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
-extern "C" __global__ void residual_norm(float* x, const float* o, const float* w, float eps, int D, const float* mod,
+extern "C" __global__ void residual_norm(float* x, const u16* o, const float* w, float eps, int D, const float* mod,
                                          int gate_slot, const float* next_w, const float* next_mod, int next_slot,
                                          long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
     __shared__ float red[32];
@@ -156,13 +169,13 @@ extern "C" __global__ void residual_norm(float* x, const float* o, const float* 
     const long long r = blockIdx.x;
     const int item = map[r * MAPW];
     float* xr = x + r * D;
-    const float* orow = o + r * D;
+    const u16* orow = o + r * D;
     const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
     const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
     float* os = out_q ? out_s + r : nullptr;
-    const u64 bits = (u64)xr | (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
+    const u64 bits = (u64)xr | 2 * (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
     if (row_vec4(D, bits))
         residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
     else
