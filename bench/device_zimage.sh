@@ -9,7 +9,7 @@
 #             whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
 # Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe", "llm": the
 # LLM table of bench/gpu_llm.sh while the pack is made), SIZES (default "512 1024"),
-# ATTN (attention variants to time, default "base k w8"; "wg" is the Hopper default), FP8 (`--dit-precision` values to time and
+# ATTN (attention variants to time, default "base k w8"; "ws" is the Hopper default, "wg" the one before), FP8 (`--dit-precision` values to time and
 # to render end to end against the bf16 image, e.g. "fp8 fp8-fast"; default none).
 set -u
 cd "$(dirname "$0")/.."
