@@ -53,24 +53,18 @@ __device__ __forceinline__ void put(const Vf<V>& v, int g, u16* out_b, const u8*
     }
 }
 
-// Σ x² over a row of n f32 (all threads get it).
+// A group of V values of a row, f32 or bf16 (the row kernels read both).
 template <int V>
-__device__ __forceinline__ float row_sumsq(const float* x, int n, float* red) {
-    float ss = 0.f;
-    for (int g = threadIdx.x; g < n / V; g += blockDim.x) {
-        const Vf<V> a = ld_f32<V>(x + V * g);
-#pragma unroll
-        for (int j = 0; j < V; j++) ss += a.v[j] * a.v[j];
-    }
-    return block_sum(ss, red);
-}
+__device__ __forceinline__ Vf<V> ld_vals(const float* p) { return ld_f32<V>(p); }
+template <int V>
+__device__ __forceinline__ Vf<V> ld_vals(const u16* p) { return ld_bf16<V>(p); }
 
-// Σ x² over a row of n bf16 (all threads get it).
-template <int V>
-__device__ __forceinline__ float row_sumsq_bf16(const u16* x, int n, float* red) {
+// Σ x² over a row of n values, f32 or bf16 (all threads get it).
+template <int V, typename T>
+__device__ __forceinline__ float row_sumsq(const T* x, int n, float* red) {
     float ss = 0.f;
     for (int g = threadIdx.x; g < n / V; g += blockDim.x) {
-        const Vf<V> a = ld_bf16<V>(x + V * g);
+        const Vf<V> a = ld_vals<V>(x + V * g);
 #pragma unroll
         for (int j = 0; j < V; j++) ss += a.v[j] * a.v[j];
     }
@@ -122,7 +116,7 @@ template <int V>
 __device__ __forceinline__ void residual_norm_row(float* xr, const u16* orow, const float* w, float eps, int D,
                                                   const float* g, const float* next_w, const float* sc, u16* out_b,
                                                   u8* out_q, float* out_s, float* red, float* row) {
-    const float inv = rsqrtf(row_sumsq_bf16<V>(orow, D, red) / (float)D + eps);
+    const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
     float ss2 = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
         const Vf<V> o = ld_bf16<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
