@@ -9,10 +9,10 @@ use cmf_llm::Model;
 use cmf_server::{EngineOptions, RunningServer, ServerConfig};
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 #[path = "../../../../test-support/scratch.rs"]
 mod scratch;
-use std::time::Duration;
 
 /// `fixtures/llm/qwen2-tiny` as a CMF f32 file (converted once per test process).
 pub fn model_path() -> &'static PathBuf {
