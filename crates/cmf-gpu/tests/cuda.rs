@@ -422,6 +422,41 @@ fn chunked_prefill_and_split_attention_at_long_context() {
 }
 
 #[test]
+fn short_context_decode_graphs_match_reference_across_the_switch() {
+    let Some(b) = backend() else { return };
+    // Below DEC_ONE_BLOCK (256) keys decode runs a second graph with one attention block per kv
+    // head (K/V staged in shared memory by default); from position 256 on, the split-K graph.
+    // Decode from 250 crosses the switch; every mode, with a sliding-window layer, q8 and bf16
+    // weights (f16 KV) and f16 weights (f32 KV: too large to stage at head_dim 128, so `grid`).
+    let prompt: Vec<u32> = (0..250).map(|i| (i * 17 + 2) % 300).collect();
+    let opts = LlmOptions {
+        max_context: 512,
+        prefill_chunk: 128,
+        ..Default::default()
+    };
+    for (d, hd) in [(Dtype::Q8Row, 128), (Dtype::Bf16, 64), (Dtype::F16, 128)] {
+        let m = SynthModel::new(tiny_spec(hd, Some(100)), d, SynthOptions::QWEN3, 11);
+        for mode in ["off", "grid", "staged"] {
+            std::env::set_var("CMF_GPU_DEC_SHORT", mode);
+            let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 12, AttnKernel::Fa2, true);
+            std::env::remove_var("CMF_GPU_DEC_SHORT");
+            eprintln!(
+                "{d} hd {hd}, short decode {mode}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}"
+            );
+            let exact = d == Dtype::F16;
+            let tol = if exact { 1e-4 } else { 6e-2 };
+            assert!(ep < tol && ed < tol, "{d} hd {hd} {mode}: decode {ed:.2e}");
+            if exact {
+                assert_eq!(
+                    mis, 0,
+                    "{d} {mode}: greedy tokens differ from the reference"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn precise_mode_is_exact_for_bf16_weights() {
     let Some(b) = backend() else { return };
     // bf16 weights are exact in f32; with f32 prefill GEMMs and an f32 cache every operation
@@ -713,18 +748,28 @@ fn full_attention_reference(
 fn dit_attention_variants_match_reference() {
     let Some(b) = backend() else { return };
     let (nh, hd) = (3usize, 128usize);
-    for (t, spread) in [(77usize, 1.0f32), (300, 3.0), (1100, 1.0), (1100, 4.0)] {
+    // 176 and 352: whole key tiles of `ws` (no tail); 177: a one-key tail; 1100: 7 tiles,
+    // each slot's barriers reused over several phases.
+    for (t, spread) in [
+        (77usize, 1.0f32),
+        (176, 2.0),
+        (177, 1.0),
+        (300, 3.0),
+        (352, 1.0),
+        (1100, 1.0),
+        (1100, 4.0),
+    ] {
         let mut rng = Rng::new(t as u64 * 31 + spread as u64);
         let q = rng.vec(t * nh * hd, spread * 1.7);
         let k = rng.vec(t * nh * hd, 1.7);
         let v = rng.vec(t * nh * hd, 1.0);
         let want = full_attention_reference(&q, &k, &v, t, nh, hd);
-        for variant in ["base", "k", "w8", "wg", "ws"] {
+        for variant in ["base", "k", "w8", "wg", "ws", "ws128"] {
             let got =
                 cmf_gpu::cuda::dit::attention_for_test(b.device(), variant, &q, &k, &v, t, nh)
                     .unwrap_or_else(|e| panic!("{variant}: {e:?}"));
             let err = rel_err(&got, &want);
-            eprintln!("dit attention {variant:>4} t {t:>4} spread {spread}: rel err {err:.2e}");
+            eprintln!("dit attention {variant:>5} t {t:>4} spread {spread}: rel err {err:.2e}");
             assert!(err < 1e-2, "{variant} t {t}: rel err {err}");
         }
     }

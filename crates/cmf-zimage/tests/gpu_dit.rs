@@ -282,7 +282,7 @@ fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
 fn head_dim_128_batch_of_two_matches_cpu() {
     let _env = serial();
     let (src, cfg) = random_dit_hd128();
-    for variant in ["base", "k", "w8", "wg", "ws", ""] {
+    for variant in ["base", "k", "w8", "wg", "ws", "ws128", ""] {
         eprintln!("CMF_DIT_ATTN={variant}");
         let _attn = EnvVar::set("CMF_DIT_ATTN", variant);
         // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).

@@ -146,7 +146,7 @@ fn run(a: &Args) -> Result<(), String> {
     let load_s = t0.elapsed().as_secs_f64();
     let bpt = m.bytes_per_token() as f64;
     eprintln!(
-        "{} | {} {} ({} layers) | weights {:.2} GB resident {:.2} GB | synth {synth_s:.1} s, upload {load_s:.1} s | kv f32: {} | attention splits {}",
+        "{} | {} {} ({} layers) | weights {:.2} GB resident {:.2} GB | synth {synth_s:.1} s, upload {load_s:.1} s | kv f32: {} | attention splits {}, short contexts {:?}",
         info.name,
         a.preset,
         a.quant,
@@ -154,7 +154,8 @@ fn run(a: &Args) -> Result<(), String> {
         m.weight_bytes() as f64 / 1e9,
         weight_bytes_resident(&dev) as f64 / 1e9,
         dev.kv_is_f32(),
-        dev.attention_splits()
+        dev.attention_splits(),
+        dev.short_decode()
     );
     let mut rng = Rng::new(7);
     let mut prompt = |n: usize| -> Vec<u32> {

@@ -25,7 +25,7 @@ use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
 use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
-    fa2_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM, WS_SMEM,
+    fa2_smem, ws_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM, WS_KEYS,
 };
 use super::tma;
 use super::weights::{DequantTo, DevCodec, DevWeight};
@@ -109,8 +109,9 @@ struct AttnShape {
 struct AttnKernel {
     f: Func,
     shape: AttnShape,
-    /// K and V reach the kernel as TMA tensor maps (attn_full_ws) rather than pointers.
-    tma: bool,
+    /// K and V reach the kernel as TMA tensor maps of boxes of this many keys (attn_full_ws)
+    /// rather than as pointers.
+    tma_keys: Option<u32>,
     _m: Module,
 }
 
@@ -144,11 +145,12 @@ impl AttnKernel {
             Arg::Ptr(c.out),
         ];
         let mut args = Vec::with_capacity(11);
-        if self.tma {
-            // Boxes of 64 dims (128 bytes, the swizzle span) × 128 keys × 1 head.
+        if let Some(keys) = self.tma_keys {
+            // Boxes of 64 dims (128 bytes, the swizzle span) × one K/V tile of attn_full_ws
+            // × 1 head; keys past len read as zeros.
             let (len, nh) = (c.len as u64, c.n_heads as u64);
             let map = |base| {
-                tma::f16_3d_swizzled(base, [HD, len, nh], [HD * 2, len * HD * 2], [64, 128, 1])
+                tma::f16_3d_swizzled(base, [HD, len, nh], [HD * 2, len * HD * 2], [64, keys, 1])
             };
             args.push(Arg::Bytes(map(c.k)?.to_vec()));
             args.push(Arg::Bytes(map(c.v)?.to_vec()));
@@ -176,14 +178,16 @@ impl AttnKernel {
 enum AttnVariant {
     /// An attention_wg.cu entry point, compiled for this arch-specific target.
     Wgmma(&'static str, String),
-    /// attn_full_ws (attention_wg.cu): TMA loads, warp-specialised and ping-ponged.
-    WarpSpecialized(String),
+    /// attn_full_ws (attention_wg.cu): TMA loads, warp-specialised and ping-ponged; tiles of
+    /// this many keys.
+    WarpSpecialized(String, usize),
     /// An attention.cu entry point and its warps per block.
     MmaSync(&'static str, u32),
 }
 
 /// The kernel `CMF_DIT_ATTN` names: `ws` (Hopper, head dim 128 on sm_90 only: TMA loads by a
-/// producer warpgroup, ping-ponged wgmma warpgroups, P in registers), `wg` (the earlier
+/// producer warpgroup, ping-ponged wgmma warpgroups, P in registers, 176-key tiles), `ws128`
+/// (the same with 128-key tiles and 3 slots), `wg` (the earlier
 /// wgmma kernel: loads by every thread, P through shared memory), `base` (mma.sync, 4 warps,
 /// 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8` (8 warps, ldmatrix). Unset or anything
 /// else: `ws` where it applies, else `base`. Measured on the H200 (attention of a 1024² step,
@@ -195,16 +199,18 @@ fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
         .filter(|_| hd == 128)
         .map(|a| AttnVariant::Wgmma("attn_full_wg", a));
     let base = AttnVariant::MmaSync("attn_full_fa2", 4);
-    let ws = dev
-        .arch_specific()
-        .filter(|_| hd == 128)
-        .map(AttnVariant::WarpSpecialized);
+    let ws = |keys| {
+        dev.arch_specific()
+            .filter(|_| hd == 128)
+            .map(|a| AttnVariant::WarpSpecialized(a, keys))
+    };
     match choice {
+        "ws128" => ws(128).unwrap_or(base),
         "wg" => wg.unwrap_or(base),
         "k" => AttnVariant::MmaSync("attn_full_fa2_k", 4),
         "w8" => AttnVariant::MmaSync("attn_full_fa2_w8", 8),
         "base" => base,
-        _ => ws.unwrap_or(base),
+        _ => ws(WS_KEYS).unwrap_or(base),
     }
 }
 
@@ -215,7 +221,10 @@ fn load_attention(
     variant: AttnVariant,
     defs: &[(&str, String)],
 ) -> DResult<AttnKernel> {
-    let tma = matches!(variant, AttnVariant::WarpSpecialized(_));
+    let tma_keys = match variant {
+        AttnVariant::WarpSpecialized(_, keys) => Some(keys as u32),
+        _ => None,
+    };
     let (m, f, shape) = match variant {
         AttnVariant::Wgmma(entry, arch) => {
             let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, defs, &arch)?;
@@ -227,9 +236,10 @@ fn load_attention(
             };
             (m, f, shape)
         }
-        AttnVariant::WarpSpecialized(arch) => {
+        AttnVariant::WarpSpecialized(arch, keys) => {
             // Experiment switch: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will.
             let mut defs = defs.to_vec();
+            defs.push(("WS_KEYS", keys.to_string()));
             if std::env::var("CMF_DIT_WS_PINGPONG").as_deref() == Ok("0") {
                 defs.push(("WS_PINGPONG", "0".to_string()));
             }
@@ -238,7 +248,7 @@ fn load_attention(
             let shape = AttnShape {
                 threads: 384,
                 rows: 128,
-                smem: WS_SMEM,
+                smem: ws_smem(keys),
             };
             (m, f, shape)
         }
@@ -257,7 +267,7 @@ fn load_attention(
     Ok(AttnKernel {
         f,
         shape,
-        tma,
+        tma_keys,
         _m: m,
     })
 }

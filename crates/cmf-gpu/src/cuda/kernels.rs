@@ -56,7 +56,8 @@ pub fn all_sources() -> SourceSet {
         ]
     };
     vec![
-        ("matvec", MATVEC, vec![]),
+        ("matvec", MATVEC, MatvecConfig::DEFAULT.defines()),
+        ("matvec", MATVEC, MatvecConfig::SMALL.defines()),
         ("sample", SAMPLE, vec![]),
         ("rowops", ROWOPS, model(128, 4, false)),
         ("rowops", ROWOPS, model(64, 2, true)),
@@ -82,26 +83,50 @@ pub fn all_sources() -> SourceSet {
 }
 
 /// Sources built only for Hopper's arch-specific target (`sm_90a`: wgmma), same shape as
-/// [`all_sources`].
+/// [`all_sources`]. attention_wg is built with both K/V tile sizes of attn_full_ws (its
+/// `WS_KEYS` define): the one the engine runs ([`WS_KEYS`]) and 128.
 pub fn hopper_sources() -> SourceSet {
-    vec![(
-        "attention_wg",
-        ATTENTION_WG,
-        vec![
-            ("HD", "128".to_string()),
-            ("GQA", "1".to_string()),
-            ("KV_F32", "0".to_string()),
-        ],
-    )]
+    let wg = |keys: usize| {
+        (
+            "attention_wg",
+            ATTENTION_WG,
+            vec![
+                ("HD", "128".to_string()),
+                ("GQA", "1".to_string()),
+                ("KV_F32", "0".to_string()),
+                ("WS_KEYS", keys.to_string()),
+            ],
+        )
+    };
+    vec![wg(WS_KEYS), wg(128)]
 }
 
 /// Dynamic shared memory of attn_full_wg: 2 slots × (K + V) × 128 keys × 128 dims, f16, then
 /// per warpgroup (2) a P block of 64 rows × 128 keys, f16, plus 1 KiB to align the swizzle atoms.
 pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 1024;
 
-/// Dynamic shared memory of attn_full_ws: 1 KiB to align the swizzle atoms, Q (128 rows × 128
-/// dims, f16), 3 slots × (K + V) × 128 keys × 128 dims, f16, then 6 mbarriers.
-pub const WS_SMEM: usize = 1024 + 128 * 128 * 2 + 3 * 2 * 128 * 128 * 2 + 64;
+/// Keys per K/V tile of attn_full_ws (its `WS_KEYS` define; 176 is FlashAttention-3's tile for
+/// head dim 128; 128, with 3 slots, also builds: `CMF_DIT_ATTN=ws128`). The TMA boxes of K and V
+/// span this many keys.
+pub const WS_KEYS: usize = 176;
+
+/// K/V slots of attn_full_ws at `keys` keys a tile (its `WS_SLOTS` default): as many as fit in
+/// 227 KiB, at most 3.
+pub const fn ws_slots(keys: usize) -> usize {
+    if keys <= 128 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory of attn_full_ws at `keys` keys a tile: 1 KiB to align the swizzle
+/// atoms, Q (128 rows × 128 dims, f16), the slots × (K + V) × keys × 128 dims, f16, then 4
+/// mbarriers a slot (K and V full, K and V empty). 214 080 bytes at 176 keys.
+pub const fn ws_smem(keys: usize) -> usize {
+    1024 + 128 * 128 * 2 + ws_slots(keys) * 2 * keys * 128 * 2 + 4 * 8 * ws_slots(keys)
+}
+const _: () = assert!(ws_smem(WS_KEYS) <= 227 * 1024 && ws_smem(128) <= 227 * 1024);
 
 /// The source NVRTC sees: the common helpers, then the op family.
 pub fn full_source(src: &str) -> String {
@@ -209,22 +234,107 @@ impl Func {
 pub struct CommonKernels {
     /// Indexed by `DevCodec as usize`.
     pub mv: [Func; 5],
+    /// How the matvecs were built and are launched.
+    pub mv_config: MatvecConfig,
+    /// The matvecs built for small weights ([`MatvecConfig::SMALL`]; None when
+    /// `CMF_GPU_MV_SMALL=0`), used up to [`MatvecConfig::SMALL_BYTES`] of weights a launch.
+    pub mv_small: Option<[Func; 5]>,
     pub topk_partial: Func,
     pub topk_final: Func,
     _mods: Vec<Module>,
 }
 
+/// Build and launch shape of the matvecs (matvec.cu): 16-byte chunks of a row in flight per
+/// lane (`MV_U`), the resident blocks per SM the register allocation must allow (`MV_MINB`),
+/// and the most blocks per SM the grid uses. `CMF_GPU_MV=U,MINB,BPS` overrides it (A/B runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecConfig {
+    pub chunks_in_flight: usize,
+    pub min_blocks: usize,
+    pub blocks_per_sm: usize,
+}
+
+impl MatvecConfig {
+    /// Two blocks of 256 threads per SM need at most 128 registers a thread: say so to ptxas
+    /// (NVRTC 13.5 gives the q8 kernel 132 without the bound, and the grid then runs in two
+    /// waves: 996 against 1294 tok/s on Qwen3-0.6B q8, H200).
+    pub const DEFAULT: MatvecConfig = MatvecConfig {
+        chunks_in_flight: 4,
+        min_blocks: 2,
+        blocks_per_sm: 2,
+    };
+
+    /// Small weights (a launch of at most [`Self::SMALL_BYTES`]: Qwen3-0.6B's layers) are
+    /// latency-bound: two chunks in flight leave 80 registers, so three blocks fit an SM and the
+    /// jobs of the largest (gate|up, 3072 row pairs) take one round, every first load issued
+    /// before the wait for the previous kernel. Same-call A/B on the H200 (whole model in
+    /// either shape): Qwen3-0.6B q8 1325 against 1272 tok/s; Qwen3-8B q8 369 against 386 and
+    /// Qwen3-0.6B bf16 1101 against 1147, hence the byte limit.
+    pub const SMALL: MatvecConfig = MatvecConfig {
+        chunks_in_flight: 2,
+        min_blocks: 3,
+        blocks_per_sm: 3,
+    };
+    pub const SMALL_BYTES: u64 = 8 << 20;
+
+    fn defines(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("MV_U", self.chunks_in_flight.to_string()),
+            ("MV_MINB", self.min_blocks.to_string()),
+        ]
+    }
+
+    /// `U,MINB,BPS` (each ≥ 1, U ≤ 8), or None.
+    pub fn parse(v: &str) -> Option<MatvecConfig> {
+        let n: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        match n[..] {
+            [u, m, b] if (1..=8).contains(&u) && (1..=8).contains(&m) && (1..=8).contains(&b) => {
+                Some(MatvecConfig {
+                    chunks_in_flight: u,
+                    min_blocks: m,
+                    blocks_per_sm: b,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn from_env() -> MatvecConfig {
+        std::env::var("CMF_GPU_MV")
+            .ok()
+            .and_then(|v| Self::parse(&v))
+            .unwrap_or(Self::DEFAULT)
+    }
+}
+
 impl CommonKernels {
     pub fn load(dev: &Dev) -> DResult<CommonKernels> {
-        let mv = Module::load(dev, "matvec", MATVEC, &[])?;
+        let mv_config = MatvecConfig::from_env();
+        let mv = Module::load(dev, "matvec", MATVEC, &mv_config.defines())?;
+        let small = match std::env::var("CMF_GPU_MV_SMALL").as_deref() {
+            Ok("0") => None,
+            _ => Some(Module::load(
+                dev,
+                "matvec",
+                MATVEC,
+                &MatvecConfig::SMALL.defines(),
+            )?),
+        };
         let sample = Module::load(dev, "sample", SAMPLE, &[])?;
-        let mvf = [
-            mv.func("mv_q8")?,
-            mv.func("mv_q4")?,
-            mv.func("mv_bf16")?,
-            mv.func("mv_f16")?,
-            mv.func("mv_f32")?,
-        ];
+        let funcs = |m: &Module| -> DResult<[Func; 5]> {
+            Ok([
+                m.func("mv_q8")?,
+                m.func("mv_q4")?,
+                m.func("mv_bf16")?,
+                m.func("mv_f16")?,
+                m.func("mv_f32")?,
+            ])
+        };
+        let mvf = funcs(&mv)?;
+        let mv_small = small.as_ref().map(funcs).transpose()?;
         // Matvec prologues keep x (f32 for float codecs) in shared memory: allow what the
         // device offers (227 KiB on Hopper).
         let max_smem = dev
@@ -233,15 +343,19 @@ impl CommonKernels {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .unwrap_or(48 * 1024) as usize;
-        for f in &mvf {
+        for f in mvf.iter().chain(mv_small.iter().flatten()) {
             // The opt-in limit covers static + dynamic shared memory.
             f.allow_smem(max_smem.saturating_sub(f.static_smem()))?;
         }
+        let mut mods = vec![mv, sample];
+        mods.extend(small);
         Ok(CommonKernels {
             mv: mvf,
-            topk_partial: sample.func("topk_partial")?,
-            topk_final: sample.func("topk_final")?,
-            _mods: vec![mv, sample],
+            mv_config,
+            mv_small,
+            topk_partial: mods[1].func("topk_partial")?,
+            topk_final: mods[1].func("topk_final")?,
+            _mods: mods,
         })
     }
 }
@@ -272,6 +386,8 @@ pub struct ModelKernels {
     pub rope_qk_kv: Func,
     /// Decode attention with the q/k norm, RoPE and KV write fused in (attention_decode.cu).
     pub attn_decode: Func,
+    /// The same for contexts of at most `one_block` keys, K/V staged in shared memory.
+    pub attn_decode_short: Func,
     pub attn_prefill_simple: Func,
     /// Tensor-core prefill attention (f16 cache, head_dim ≤ 128): version 1 (synchronous
     /// tile loads) and version 2 (cp.async double buffering, ldmatrix.trans for V).
@@ -319,11 +435,32 @@ impl ModelKernels {
             dequant_rows: rows.func("dequant_rows")?,
             rope_qk_kv: rows.func("rope_qk_kv")?,
             attn_decode: attn.func("attn_decode")?,
+            attn_decode_short: attn.func("attn_decode_short")?,
             attn_prefill_simple: attn.func("attn_prefill_simple")?,
             attn_prefill_mma: mma,
             attn_prefill_fa2: fa2,
             _mods: vec![rows, attn],
         };
         Ok(k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MatvecConfig;
+
+    #[test]
+    fn matvec_config_parses_three_bounded_numbers() {
+        assert_eq!(
+            MatvecConfig::parse("2, 3,3"),
+            Some(MatvecConfig {
+                chunks_in_flight: 2,
+                min_blocks: 3,
+                blocks_per_sm: 3
+            })
+        );
+        for bad in ["", "2,3", "2,3,3,3", "0,1,1", "9,1,1", "2,x,3", "2,3,-1"] {
+            assert_eq!(MatvecConfig::parse(bad), None, "{bad:?}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Host side of `kernels/matvec.cu`: packs the segment table and picks the grid.
 
 use super::device::{Arg, DResult, Dev};
-use super::kernels::CommonKernels;
+use super::kernels::{CommonKernels, MatvecConfig};
 use super::weights::{DevCodec, DevWeight};
 
 /// Matvec epilogues (`mode` in matvec.cu).
@@ -108,9 +108,16 @@ pub fn launch(
     } else {
         1
     };
-    // Two resident blocks per SM at most; as many rounds of jobs as that takes, and then as
-    // few blocks as give every warp the same number of rounds (no half-empty last round).
-    let max_blocks = 2 * dev.sm_count as usize;
+    // Small weights take the latency shape (MatvecConfig::SMALL) where it was built.
+    let bytes: u64 = segs.iter().map(|s| s.w.bytes()).sum();
+    let (funcs, config) = match &ck.mv_small {
+        Some(f) if bytes <= MatvecConfig::SMALL_BYTES => (f, MatvecConfig::SMALL),
+        _ => (&ck.mv, ck.mv_config),
+    };
+    // `blocks_per_sm` resident blocks per SM at most; as many rounds of jobs as that takes, and
+    // then as few blocks as give every warp the same number of rounds (no half-empty last
+    // round).
+    let max_blocks = config.blocks_per_sm * dev.sm_count as usize;
     let rounds = jobs.div_ceil(WARPS * max_blocks).max(1);
     let blocks = jobs.div_ceil(WARPS * rounds).max(1);
     // SAFETY: MvArgsC is repr(C) plain data mirroring `struct MvArgs` in matvec.cu.
@@ -121,7 +128,7 @@ pub fn launch(
         )
     };
     dev.launch_ex(
-        &ck.mv[codec as usize],
+        &funcs[codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
         smem_bytes(codec, k, nq) as u32,

@@ -27,6 +27,12 @@
 // - One split: the block writes out = o / l. Several: each writes its unnormalised partial
 //   (o, max, sum) to `part`; the last block of the kv head to finish (counted in count[kvh],
 //   which it resets) merges them with the log-sum-exp rescale.
+// - attn_decode_short: the same arithmetic for contexts of at most DEC_ONE_BLOCK keys, launched
+//   with one block per kv head (the host captures a second decode graph for them). It copies
+//   the block's K and V rows into shared memory with cp.async before waiting for its
+//   predecessor (rows before S − 1 are immutable by then; the prologue puts row S − 1 there
+//   itself), and computes its RoPE factors before the wait too, so no load from the cache and
+//   no sincos sits on the path after the q|k|v matvec; two threads share a key in the scores.
 // Layouts: qkv [NH + 2·NKV, HD] f32 (q heads, k heads, v heads; biases already added by the
 // matvec); caches [NKV, S_max, HD]; part [NH, P, HD + 2]; out [NH, HD] f32.
 // Reference: llm/reference.rs `layer`; parity: tests/cuda.rs (decode against the CPU model).
@@ -40,9 +46,11 @@
 #ifndef DEC_MIN_CHUNK
 #define DEC_MIN_CHUNK 128
 #endif
-// When a block waits for its predecessor (PDL). 1: first thing. 0: after reading the length
-// (idle splits exit at once) and asking L2 for its K/V rows, so that setup overlaps the tail of
-// the q|k|v matvec before it. Chosen per model at load (cuda/llm/mod.rs `decode_early_wait`).
+// When a split-K block waits for its predecessor (PDL). 1: first thing. 0: after reading the
+// length (idle splits exit at once) and asking L2 for its K/V rows, so that setup overlaps the
+// tail of the q|k|v matvec before it. Chosen per model at load (cuda/llm/mod.rs
+// `decode_early_wait`). attn_decode_short always waits after starting its copies (measured on
+// the H200, Qwen3-0.6B q8 from context 128: 1374 tok/s against 1316 waiting first).
 #ifndef DEC_EARLY_WAIT
 #define DEC_EARLY_WAIT 0
 #endif
@@ -69,6 +77,16 @@ __device__ __forceinline__ uint4 ldcg16(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
+}
+
+// cp.async of 16 bytes, global → shared (L2 only: rows written by earlier kernels).
+__device__ __forceinline__ void dec_cp16(void* dst, const void* src) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src));
+}
+__device__ __forceinline__ void dec_cp_wait_all() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
 
 // Asks L2 for `bytes` from `p` (128-byte lines spread over the block's threads).
@@ -102,12 +120,35 @@ __device__ __forceinline__ void kv_vec(uint4 u, float* o) {
 #define V_CPL (V_LPR / V_LANES)
 #define V_UNROLL 8
 
+// 16-byte chunks per cache row, and the staged copy's layout (attn_decode_short): row i's
+// chunk c sits at chunk position c ^ X(i), X(i) = (i % 8) · (chunks / 8), so the lanes of a
+// quarter-warp reading the same chunk of 8 consecutive rows (or two halves of 4 rows) hit 8
+// different 16-byte bank groups. Needs a power-of-two chunk count of at least 8; otherwise the
+// rows are stored plainly (correct, with bank conflicts).
+#define KV_CHUNKS (HD / KV_VEC)
+#define KV_SWZ (KV_CHUNKS >= 8 && (KV_CHUNKS & (KV_CHUNKS - 1)) == 0)
+__device__ __forceinline__ int stage_pos(int i, int c) {
+    return i * KV_CHUNKS + (KV_SWZ ? c ^ ((i & 7) * (KV_CHUNKS / 8)) : c);
+}
+// Shared q: element e of head g at g · QS_STRIDE + q_idx(e). The second half of a head is
+// shifted by 16 bytes so the two threads of a key (each reading its half) use different banks.
+#define QS_STRIDE (HD + 4)
+__device__ __forceinline__ int q_idx(int e) { return e + (e >= HD / 2 ? 4 : 0); }
+
+// 16 bytes of cache row c0 + i, chunk c: from the staged copy or from global memory.
+template <bool STAGED>
+__device__ __forceinline__ uint4 kv_chunk(const kv_t* rows, const uint4* staged, int i, int c) {
+    if (STAGED) return staged[stage_pos(i, c)];
+    return ldcg16(rows + (size_t)i * HD + c * KV_VEC);
+}
+
 // The prologue: q heads → shared qs (normed, rotated, scaled); in the last split also the new
-// k and v → cache row `pos`. `scratch`: DEC_WARPS × HD floats.
+// k and v → cache row `pos` (and, when staged, into the staged copy's row `srow`). `scratch`:
+// DEC_WARPS × HD floats. cs/sn: this lane's RoPE factors at `pos`. Ends without a barrier.
 __device__ __forceinline__ void decode_prologue(const float* qkv, const float* q_norm, const float* k_norm, float eps,
-                                                const float* inv_freq, int R, float attn_factor, int pos, int NH,
+                                                const float (&cs)[RJ], const float (&sn)[RJ], int R, int pos, int NH,
                                                 int NKV, float scale, bool last, int S_max, kv_t* kc, kv_t* vc,
-                                                float* qs, float* scratch) {
+                                                float* qs, float* scratch, uint4* ks_stage, uint4* vs_stage, int srow) {
     const int kvh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int u = warp; u < GQA + (last ? 2 : 0); u += DEC_WARPS) {
         const int kind = u < GQA ? 0 : u - GQA + 1;  // 0: q head u, 1: k, 2: v
@@ -117,33 +158,43 @@ __device__ __forceinline__ void decode_prologue(const float* qkv, const float* q
         for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? src[lane + 32 * j] : 0.f;
         if (kind < 2) {
             head_rmsnorm(v, kind == 0 ? q_norm : k_norm, eps, lane);
-            head_rope(v, scratch + warp * HD, pos, inv_freq, R, attn_factor, lane);
+            head_rope_with(v, scratch + warp * HD, cs, sn, R, lane);
         }
         kv_t* dst = (kind == 1 ? kc : vc) + ((size_t)kvh * S_max + pos) * HD;
+        kv_t* sdst = ks_stage ? (kv_t*)(kind == 1 ? ks_stage : vs_stage) : nullptr;
 #pragma unroll
         for (int j = 0; j < RJ; j++) {
             const int e = lane + 32 * j;
             if (e >= HD) continue;
-            if (kind == 0) qs[u * HD + e] = v[j] * scale;
-            else dst[e] = to_kv(v[j]);
+            if (kind == 0) {
+                qs[u * QS_STRIDE + q_idx(e)] = v[j] * scale;
+            } else {
+                const kv_t val = to_kv(v[j]);
+                dst[e] = val;
+                if (sdst) sdst[stage_pos(srow, e / KV_VEC) * KV_VEC + e % KV_VEC] = val;
+            }
         }
     }
-    __syncthreads();
 }
 
-// Dynamic smem (floats): qs [GQA][HD], scores [GQA][chunk_max], per-warp outputs
+// Dynamic smem: [staged K, staged V: DEC_ONE_BLOCK × HD kv_t each, attn_decode_short only],
+// then floats: qs [GQA][QS_STRIDE], scores [GQA][chunk_max], per-warp outputs
 // [DEC_WARPS][GQA][HD] (also the prologue's RoPE scratch), merge weights [DEC_WARPS][P].
-extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
-            float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
-            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
+template <bool STAGED>
+__device__ __forceinline__ void decode_body(const float* qkv, const float* q_norm, const float* k_norm, float eps,
+                                            const float* inv_freq, int R, float attn_factor, const int* pos_ptr,
+                                            int NH, int NKV, int window, int S_max, float scale, int P,
+                                            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count,
+                                            float* out) {
     pdl_trigger();
-#if DEC_EARLY_WAIT
-    pdl_wait();
-#endif
+    // DEC_EARLY_WAIT applies to the split-K kernel; the staged one always copies first.
+    constexpr bool WAIT_FIRST = DEC_EARLY_WAIT && !STAGED;
+    if (WAIT_FIRST) pdl_wait();
     extern __shared__ __align__(16) float dsm[];
-    float* qs = dsm;
-    float* sc = qs + GQA * HD;
+    uint4* ks = (uint4*)dsm;
+    uint4* vs = ks + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0);
+    float* qs = (float*)(vs + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0));
+    float* sc = qs + GQA * QS_STRIDE;
     float* ow = sc + GQA * chunk_max;
     float* wts = ow + DEC_WARPS * GQA * HD;
     __shared__ float lsh[GQA];  // softmax sums
@@ -154,37 +205,70 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
     const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
     const kv_t* krow0 = kc + ((size_t)kvh * S_max + c0) * HD;
     const kv_t* vrow0 = vc + ((size_t)kvh * S_max + c0) * HD;
-#if !DEC_EARLY_WAIT
-    prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
-    prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
-    pdl_wait();
-#endif
-    decode_prologue(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, S - 1, NH, NKV, scale, split == peff - 1,
-                    S_max, kc, vc, qs, ow);
+    if (STAGED && (peff != 1 || len > DEC_ONE_BLOCK)) {
+        // The host launches this kernel only for contexts of at most DEC_ONE_BLOCK keys; make a
+        // violation loud (NaN output) rather than overrun shared memory.
+        for (int i = threadIdx.x; i < GQA * HD; i += DEC_THREADS)
+            out[(size_t)kvh * GQA * HD + i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    float cs[RJ], sn[RJ];
+    head_rope_factors(cs, sn, S - 1, inv_freq, R, attn_factor, lane);
+    if (STAGED) {
+        // Rows c0 .. S − 2 were written by earlier tokens' graphs; the prologue adds row S − 1.
+        for (int idx = threadIdx.x; idx < (len - 1) * KV_CHUNKS; idx += DEC_THREADS) {
+            const int i = idx / KV_CHUNKS, c = idx % KV_CHUNKS;
+            dec_cp16(ks + stage_pos(i, c), krow0 + (size_t)i * HD + c * KV_VEC);
+            dec_cp16(vs + stage_pos(i, c), vrow0 + (size_t)i * HD + c * KV_VEC);
+        }
+    }
+    if (!WAIT_FIRST) {
+        if (!STAGED) {
+            prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
+            prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
+        }
+        pdl_wait();
+    }
+    decode_prologue(qkv, q_norm, k_norm, eps, cs, sn, R, S - 1, NH, NKV, scale, split == peff - 1, S_max, kc, vc, qs,
+                    ow, STAGED ? ks : nullptr, STAGED ? vs : nullptr, len - 1);
+    if (STAGED) dec_cp_wait_all();
+    __syncthreads();
 
-    // Scores.
-    for (int i = threadIdx.x; i < len; i += DEC_THREADS) {
-        const kv_t* kr = krow0 + (size_t)i * HD;
+    // Scores: TPK threads per key (two when staged: more keys in flight at short contexts),
+    // each taking a contiguous share of the row's chunks; the pair sums with one shuffle.
+    constexpr int TPK = STAGED && KV_CHUNKS % 2 == 0 ? 2 : 1;
+    constexpr int CPT = KV_CHUNKS / TPK;
+    constexpr int GRP = KV_GRP < CPT ? KV_GRP : CPT;
+    const int part_c = (threadIdx.x % TPK) * CPT;
+    for (int base = 0; base < len; base += DEC_THREADS / TPK) {
+        const int i = base + threadIdx.x / TPK;
         float acc[GQA];
 #pragma unroll
         for (int g = 0; g < GQA; g++) acc[g] = 0.f;
+        if (i < len) {
 #pragma unroll
-        for (int c0v = 0; c0v < HD / KV_VEC; c0v += KV_GRP) {
-            uint4 raw[KV_GRP];
+            for (int cb = 0; cb < CPT; cb += GRP) {
+                uint4 raw[GRP];
 #pragma unroll
-            for (int c = 0; c < KV_GRP; c++) raw[c] = ldcg16(kr + (c0v + c) * KV_VEC);
+                for (int c = 0; c < GRP; c++) raw[c] = kv_chunk<STAGED>(krow0, ks, i, part_c + cb + c);
 #pragma unroll
-            for (int c = 0; c < KV_GRP; c++) {
-                float kf[KV_VEC];
-                kv_vec(raw[c], kf);
+                for (int c = 0; c < GRP; c++) {
+                    float kf[KV_VEC];
+                    kv_vec(raw[c], kf);
+                    const int e0 = (part_c + cb + c) * KV_VEC;
 #pragma unroll
-                for (int g = 0; g < GQA; g++)
+                    for (int g = 0; g < GQA; g++)
 #pragma unroll
-                    for (int e = 0; e < KV_VEC; e++) acc[g] += qs[g * HD + (c0v + c) * KV_VEC + e] * kf[e];
+                        for (int e = 0; e < KV_VEC; e++) acc[g] += qs[g * QS_STRIDE + q_idx(e0 + e)] * kf[e];
+                }
             }
         }
+        if (TPK == 2)
 #pragma unroll
-        for (int g = 0; g < GQA; g++) sc[g * chunk_max + i] = acc[g];
+            for (int g = 0; g < GQA; g++) acc[g] += __shfl_xor_sync(FULL_MASK, acc[g], 1);
+        if (i < len && threadIdx.x % TPK == 0)
+#pragma unroll
+            for (int g = 0; g < GQA; g++) sc[g * chunk_max + i] = acc[g];
     }
     __syncthreads();
 
@@ -225,7 +309,7 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
             const int i = i0 + u * kstep;
 #pragma unroll
             for (int c = 0; c < V_CPL; c++)
-                raw[u][c] = i < len ? ldcg16(vrow0 + (size_t)i * HD + (sl + 32 * c) * KV_VEC) : make_uint4(0, 0, 0, 0);
+                raw[u][c] = i < len ? kv_chunk<STAGED>(vrow0, vs, i, sl + 32 * c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < V_UNROLL; u++) {
@@ -313,3 +397,21 @@ attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float ep
         __syncwarp();
     }
 }
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
+            float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
+            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
+    decode_body<false>(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, pos_ptr, NH, NKV, window, S_max, scale, P,
+                       chunk_max, kc, vc, part, count, out);
+}
+
+// Contexts of at most DEC_ONE_BLOCK keys, grid (NKV, 1): K/V staged in shared memory.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS)
+attn_decode_short(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
+                  float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
+                  int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
+    decode_body<true>(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, pos_ptr, NH, NKV, window, S_max, scale, P,
+                      chunk_max, kc, vc, part, count, out);
+}
+

@@ -251,24 +251,53 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 // written for this layout). Block: 2 consumer warpgroups (64 query rows each) and 1 producer
 // warpgroup (384 threads; setmaxnreg moves registers from the producer to the consumers: 9
 // warps would leave one SM sub-partition 3 warps of at most 168 registers).
-// - The producer's lane 0 streams K and V tiles with TMA (tensor maps made on the host, 128-byte
-//   swizzle: the layout wgmma reads, as described above) into 3 slots, each slot guarded by a
-//   "full" mbarrier (transaction bytes) and an "empty" one (the 256 consumer threads release it).
-//   No consumer thread issues a load and no __syncthreads couples the warpgroups.
+// - K/V tiles of WS_KEYS keys (176 by default, FlashAttention-3's tile for head dim 128; 128
+//   still builds): S = Q·Kᵀ is one m64n176k16 wgmma per k16 step of the head dim (88 f32
+//   accumulators a thread), O += P·V WS_KEYS / 16 = 11 m64n128k16 steps over the keys. A tile
+//   is laid out as described at the top with WS_KEYS keys per half: dims 0–63 of key k at
+//   (k / 8) · 1024 + (k % 8) · 128, dims 64–127 WS_KEYS · 128 bytes on.
+// - The producer's lane 0 streams K and V with TMA (tensor maps made on the host: boxes of 64
+//   dims × WS_KEYS keys, 128-byte swizzle, the layout wgmma reads; keys ≥ T come back as zeros)
+//   into WS_SLOTS slots: 2 at 176 keys (Q 32 KiB + 2 × 88 KiB), 3 at 128 keys (Q + 3 × 64 KiB;
+//   4 would not fit in 227 KiB). K and V of a slot each have a "full" mbarrier (transaction
+//   bytes) and an "empty" one (the 256 consumer threads release it): K_j is free once S_j has
+//   run, V_j only once P_j·V_j has, a tile later; so the producer loads K one tile ahead of V
+//   (K0, K1, V0, K2, V1, ...), and with two slots each load is still issued about a tile before
+//   it is read. No consumer thread issues a load and no __syncthreads couples the warpgroups.
 // - Q is converted to f16 once and kept in shared memory (both GEMM operands of S = Q·Kᵀ come
-//   from shared memory), so the registers go to O, S and two P buffers.
-// - Per tile j a warpgroup issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1} together, with P in
-//   registers (the A operand), then runs the softmax of tile j while those GEMMs run. Two named
+//   from shared memory), so the registers go to O (64 a thread), S (88) and one P (44).
+// - FlashAttention-3's order, one P buffer. Per tile j (j > 0) a warpgroup issues S_j = Q·K_jᵀ
+//   and O += P_{j−1}·V_{j−1} (P in registers, the A operand) as two commit groups, waits for S_j
+//   alone (wait_group 1: P·V stays in flight), releases K_j, runs the softmax of tile j in place
+//   on the f32 S registers, then waits for P_{j−1}·V_{j−1}, releases V_{j−1}, and only then
+//   packs S_j into the f16 P registers (the P·V that read them is done). O's rows take tile j's
+//   correction before P_j·V_j is issued, with S_{j+1}; the last P·V follows the loop. Two named
 //   barriers pass a token so the warpgroups issue their GEMMs in turn: one's softmax runs under
 //   the other's tensor-core work.
 // - Register operands of an in-flight wgmma are pinned (ws_keep after the wait): without that
 //   the compiler may reuse P's registers before the tensor core has read them.
-#define WS_SLOTS 3
+// - No wgmma sits under a run-time branch or after a C++ spin loop on an mbarrier (mbar_wait
+//   spins inside its asm): ptxas takes either as divergent and then serialises every wgmma
+//   (remark C7519, a WARPGROUP.DEPBAR after each HGMMA).
+#ifndef WS_KEYS
+#define WS_KEYS 176
+#endif
+#if WS_KEYS != 128 && WS_KEYS != 176
+#error "attn_full_ws: WS_KEYS must be 128 or 176 (an S = Q·Kᵀ wgmma wrapper per width)"
+#endif
+#ifndef WS_SLOTS
+#define WS_SLOTS (WS_KEYS <= 128 ? 3 : 2)
+#endif
+#define WS_TILE (WS_KEYS * HD * 2)  // bytes per K (or V) tile
 #define WS_THREADS 384
 #ifndef WS_PINGPONG
 #define WS_PINGPONG 1
 #endif
 #define WS_Q_BYTES (WG_ROWS * HD * 2)
+// 1 KiB to align the swizzle atoms, Q, the slots, 4 mbarriers a slot (kernels.rs: WS_SMEM).
+#define WS_SMEM_BYTES (1024 + WS_Q_BYTES + WS_SLOTS * 2 * WS_TILE + 32 * WS_SLOTS)
+static_assert(WS_SMEM_BYTES <= 227 * 1024, "attn_full_ws: shared memory over 227 KiB");
+static_assert(WS_KEYS % 16 == 0 && WS_KEYS <= 256, "attn_full_ws: TMA box and k16 steps");
 
 template <bool B>
 struct FalseTrue {
@@ -332,22 +361,46 @@ __device__ __forceinline__ void wgmma_rs_mn_major(float* d, const u32* a, u64 bd
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1));
 }
 
-// The online softmax of attn_full_ws, lean (per element: a max, one FFMA, one ex2, one add):
-// the running maxima stay in raw score units and the scale folds into the exponent's FFMA;
-// keys at or past T are masked only in the tile that has them (TAIL).
+// d[88] (+)= A (m64k16 at adesc, K-major) · B (k16n176 at bdesc, K-major); scale_d 0 overwrites.
+// S = Q·Kᵀ of a 176-key tile: thread t holds rows 16·warp + t/4 and + 8, columns 8i + 2(t % 4)
+// + {0, 1} (i < 22), the n128 layout with 6 more column blocks.
+__device__ __forceinline__ void wgmma_ss_k_major_n176(float* d, u64 adesc, u64 bdesc, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, "
+        "%88, %89, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+        : "l"(adesc), "l"(bdesc), "r"(scale_d));
+}
+
+// S (+)= Q·K_jᵀ for one k16 step of the head dim, WS_KEYS columns.
+__device__ __forceinline__ void ws_qk(float* s, u64 adesc, u64 bdesc, int scale_d) {
+#if WS_KEYS == 176
+    wgmma_ss_k_major_n176(s, adesc, bdesc, scale_d);
+#else
+    wgmma_ss_k_major(s, adesc, bdesc, scale_d);
+#endif
+}
+
+// The online softmax of attn_full_ws, lean (per element: a max, one FFMA, one ex2, one add), in
+// place: s (rows g and g + 8, this thread's WS_KEYS / 4 columns) becomes the probabilities in
+// f32, packed into P by ws_pack_p once the previous P·V is done. The running maxima stay in raw
+// score units and the scale folds into the exponent's FFMA; keys at or past T are masked only
+// in the tile that has them (TAIL).
 template <bool TAIL>
 __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
-                                           float& l0, float& l1, float& corr0, float& corr1, u32 (*pa)[4]) {
+                                           float& l0, float& l1, float& corr0, float& corr1) {
     if (TAIL) {
 #pragma unroll
-        for (int nt = 0; nt < WG_KEYS / 8; nt++)
+        for (int nt = 0; nt < WS_KEYS / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 if (kt + nt * 8 + tg * 2 + (e & 1) >= T) s[4 * nt + e] = NEG_INF;
     }
     float mx0 = m0, mx1 = m1;
 #pragma unroll
-    for (int nt = 0; nt < WG_KEYS / 8; nt++) {
+    for (int nt = 0; nt < WS_KEYS / 8; nt++) {
         mx0 = fmaxf(mx0, fmaxf(s[4 * nt + 0], s[4 * nt + 1]));
         mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
     }
@@ -361,19 +414,25 @@ __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, floa
     m1 = mx1;
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
-    for (int c = 0; c < WG_KEYS / 16; c++) {
-        float p[8];
+    for (int c = 0; c < WS_KEYS / 16; c++) {
 #pragma unroll
-        for (int e = 0; e < 8; e++) p[e] = fast_exp2(fmaf(s[8 * c + e], sl2, (e & 2) ? -ms1 : -ms0));
-        a0 += (p[0] + p[1]) + (p[4] + p[5]);
-        a1 += (p[2] + p[3]) + (p[6] + p[7]);
-        pa[c][0] = pack_f16x2(p[0], p[1]);
-        pa[c][1] = pack_f16x2(p[2], p[3]);
-        pa[c][2] = pack_f16x2(p[4], p[5]);
-        pa[c][3] = pack_f16x2(p[6], p[7]);
+        for (int e = 0; e < 8; e++) s[8 * c + e] = fast_exp2(fmaf(s[8 * c + e], sl2, (e & 2) ? -ms1 : -ms0));
+        a0 += (s[8 * c + 0] + s[8 * c + 1]) + (s[8 * c + 4] + s[8 * c + 5]);
+        a1 += (s[8 * c + 2] + s[8 * c + 3]) + (s[8 * c + 6] + s[8 * c + 7]);
     }
     l0 = l0 * corr0 + a0;
     l1 = l1 * corr1 + a1;
+}
+// The probabilities as f16 A fragments of P·V: k16 step c takes columns 16c .. 16c + 15, i.e.
+// accumulator blocks 2c (a0: row g, a1: row g + 8) and 2c + 1 (a2, a3).
+__device__ __forceinline__ void ws_pack_p(const float* s, u32 (*pa)[4]) {
+#pragma unroll
+    for (int c = 0; c < WS_KEYS / 16; c++) {
+        pa[c][0] = pack_f16x2(s[8 * c + 0], s[8 * c + 1]);
+        pa[c][1] = pack_f16x2(s[8 * c + 2], s[8 * c + 3]);
+        pa[c][2] = pack_f16x2(s[8 * c + 4], s[8 * c + 5]);
+        pa[c][3] = pack_f16x2(s[8 * c + 6], s[8 * c + 7]);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
@@ -387,33 +446,44 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const u32 q_sm = sbase;                                  // 2 warpgroups × 64 rows × HD, f16
     const u32 kv_sm = sbase + WS_Q_BYTES;                    // slot s: K at + 2s·TILE, V one TILE on
-    const u32 bars = kv_sm + WS_SLOTS * 2 * WG_TILE;         // full[s] at + 8s, empty[s] at + 8(SLOTS + s)
-    const int ntiles = (T + WG_KEYS - 1) / WG_KEYS;
+    // mbarriers of slot s: K full, V full, K empty, V empty, WS_SLOTS · 8 bytes apart.
+    const u32 full_k = kv_sm + WS_SLOTS * 2 * WS_TILE, full_v = full_k + 8 * WS_SLOTS;
+    const u32 empty_k = full_v + 8 * WS_SLOTS, empty_v = empty_k + 8 * WS_SLOTS;
+    const int ntiles = (T + WS_KEYS - 1) / WS_KEYS;
     if (tid == 0) {
         for (int s = 0; s < WS_SLOTS; s++) {
-            mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (WS_SLOTS + s), 256);
+            mbar_init(full_k + 8 * s, 1);
+            mbar_init(full_v + 8 * s, 1);
+            mbar_init(empty_k + 8 * s, 256);
+            mbar_init(empty_v + 8 * s, 256);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
     if (warp >= 8) {
-        // Producer warpgroup: it gives its registers to the consumers; one thread puts tile t
-        // in slot t % SLOTS once the consumers released tile t − SLOTS.
+        // Producer warpgroup: it gives its registers to the consumers; one thread puts K_t and
+        // V_t in slot t % SLOTS once the consumers released K (V) of tile t − SLOTS. K runs a
+        // tile ahead of V (K_t is read by S_t, V_t by P_t·V_t in the next tile's step).
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (warp == 8 && lane == 0) {
             asm volatile("prefetch.tensormap [%0];" ::"l"(&tk) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"(&tv) : "memory");
-            for (int t = 0; t < ntiles; t++) {
-                const int s = t % WS_SLOTS;
-                if (t >= WS_SLOTS) mbar_wait(bars + 8 * (WS_SLOTS + s), (t / WS_SLOTS - 1) & 1);
-                const u32 full = bars + 8 * s, kd = kv_sm + s * 2 * WG_TILE, vd = kd + WG_TILE;
-                mbar_expect_tx(full, 2 * WG_TILE);
-                tma_load_3d(kd, &tk, 0, t * WG_KEYS, h, full);
-                tma_load_3d(kd + WG_TILE / 2, &tk, 64, t * WG_KEYS, h, full);
-                tma_load_3d(vd, &tv, 0, t * WG_KEYS, h, full);
-                tma_load_3d(vd + WG_TILE / 2, &tv, 64, t * WG_KEYS, h, full);
+            auto load = [&](const TmaDesc* map, u32 full, u32 empty, u32 dst, int t) {
+                if (t >= WS_SLOTS) mbar_wait(empty, (t / WS_SLOTS - 1) & 1);
+                mbar_expect_tx(full, WS_TILE);
+                tma_load_3d(dst, map, 0, t * WS_KEYS, h, full);
+                tma_load_3d(dst + WS_TILE / 2, map, 64, t * WS_KEYS, h, full);
+            };
+            for (int t = 0; t <= ntiles; t++) {
+                if (t < ntiles) {
+                    const int s = t % WS_SLOTS;
+                    load(&tk, full_k + 8 * s, empty_k + 8 * s, kv_sm + s * 2 * WS_TILE, t);
+                }
+                if (t > 0) {
+                    const int s = (t - 1) % WS_SLOTS;
+                    load(&tv, full_v + 8 * s, empty_v + 8 * s, kv_sm + s * 2 * WS_TILE + WS_TILE, t - 1);
+                }
             }
         }
         return;
@@ -445,15 +515,18 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     const u32 my_tok = 1 + wgi, other_tok = 2 - wgi;
     if (WS_PINGPONG && wgi == 1) named_arrive(1, 256);
 
-    typedef u32 PFrag[WG_KEYS / 16][4];
-    float o[64], s[64];
-    PFrag pa, pb;  // P of the previous tile (read by its P·V in flight) and of the current one
+    // S of the current tile (f32 scores, then probabilities in place) and the one P (f16 A
+    // fragments of P·V, written only after the P·V that read the previous tile's is done).
+    float o[64], s[WS_KEYS / 2];
+    u32 p[WS_KEYS / 16][4];
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = s[i] = 0.f;
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
 #pragma unroll
-    for (int c = 0; c < WG_KEYS / 16; c++)
+    for (int i = 0; i < WS_KEYS / 2; i++) s[i] = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; e++) pa[c][e] = pb[c][e] = 0u;
+    for (int c = 0; c < WS_KEYS / 16; c++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) p[c][e] = 0u;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
     auto rescale_o = [&]() {
 #pragma unroll
@@ -463,77 +536,74 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
         }
     };
     const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
-    const u64 v_desc0 = wg_desc(kv_sm + WG_TILE, WG_KEYS * 128, 1024);
-    auto issue_pv = [&](int tile, PFrag& p) {
-        const u64 vd = v_desc0 + (u64)((tile % WS_SLOTS) * 2 * WG_TILE >> 4);
+    // V as an MN-major B operand: 8-key groups 1024 B apart, dims 64–127 one half (WS_KEYS·128 B) on.
+    const u64 v_desc0 = wg_desc(kv_sm + WS_TILE, WS_KEYS * 128, 1024);
+    // O += P·V_tile, WS_KEYS / 16 k16 steps of 16 keys (two 8-key groups, 2048 B) each.
+    auto issue_pv = [&](int tile) {
+        const u64 vd = v_desc0 + (u64)((tile % WS_SLOTS) * 2 * WS_TILE >> 4);
 #pragma unroll
-        for (int c = 0; c < WG_KEYS / 16; c++) wgmma_rs_mn_major(o, p[c], vd + (u64)(c * 2048 >> 4));
+        for (int c = 0; c < WS_KEYS / 16; c++) wgmma_rs_mn_major(o, p[c], vd + (u64)(c * 2048 >> 4));
         wg_commit();
     };
-    auto pin = [&](PFrag& p) {
+    auto pin = [&]() {
 #pragma unroll
         for (int i = 0; i < 64; i++) wg_keep(o[i]);
 #pragma unroll
-        for (int c = 0; c < WG_KEYS / 16; c++)
+        for (int c = 0; c < WS_KEYS / 16; c++)
 #pragma unroll
             for (int e = 0; e < 4; e++) ws_keep_u(p[c][e]);
     };
-    // Tile j: S_j, and with FIRST false P_{j−1}·V_{j−1} (P_{j−1} in prev) issued with it, then
-    // P_j into cur. No wgmma sits under a run-time condition: ptxas would take that branch as
-    // divergent and serialise every wgmma.
-    auto step = [&](int j, PFrag& prev, PFrag& cur, auto first) {
+    // Tile j: S_j, and with FIRST false P_{j−1}·V_{j−1} (P_{j−1} in p) issued with it; then the
+    // softmax of tile j in s, and P_j into p once P_{j−1}·V_{j−1} is done. No wgmma sits under a
+    // run-time condition: ptxas would take that branch as divergent and serialise every wgmma.
+    auto step = [&](int j, auto first) {
         constexpr bool FIRST = decltype(first)::value;
-        const int sj = j % WS_SLOTS;
+        const int sj = j % WS_SLOTS, sp = (j + WS_SLOTS - 1) % WS_SLOTS;
         // O's rows take tile j − 1's correction before P_{j−1}·V_{j−1} lands in them.
         if (!FIRST) rescale_o();
-        mbar_wait(bars + 8 * sj, (j / WS_SLOTS) & 1);
+        mbar_wait(full_k + 8 * sj, (j / WS_SLOTS) & 1);
+        if (!FIRST) mbar_wait(full_v + 8 * sp, ((j - 1) / WS_SLOTS) & 1);
         if (WS_PINGPONG) named_sync(my_tok, 256);
-        pin(prev);
+        pin();
 #pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(s[i]);
+        for (int i = 0; i < WS_KEYS / 2; i++) wg_keep(s[i]);
         wg_fence();
         // Descriptors: a base per operand, the k-step's byte offset added in 16-byte units.
-        const u64 kd = k_desc0 + (u64)(sj * 2 * WG_TILE >> 4);
+        const u64 kd = k_desc0 + (u64)(sj * 2 * WS_TILE >> 4);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)  // the first k-step overwrites S (scale-d 0)
-            wgmma_ss_k_major(s, q_desc0 + (u64)(((kk >> 2) * 8192 + (kk & 3) * 32) >> 4),
-                             kd + (u64)(((kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32) >> 4), kk > 0);
+            ws_qk(s, q_desc0 + (u64)(((kk >> 2) * 8192 + (kk & 3) * 32) >> 4),
+                  kd + (u64)(((kk >> 2) * WS_KEYS * 128 + (kk & 3) * 32) >> 4), kk > 0);
         wg_commit();
-        if (!FIRST) issue_pv(j - 1, prev);
+        if (!FIRST) issue_pv(j - 1);
         if (WS_PINGPONG) named_arrive(other_tok, 256);
         if (FIRST) wg_wait0();
-        else wg_wait1();
+        else wg_wait1();  // S_j is done (P_{j−1}·V_{j−1}, committed after it, may still run)
 #pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(s[i]);
-        if (j * WG_KEYS + WG_KEYS > T) ws_softmax<true>(s, j * WG_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, cur);
-        else ws_softmax<false>(s, j * WG_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, cur);
+        for (int i = 0; i < WS_KEYS / 2; i++) wg_keep(s[i]);
+        mbar_arrive(empty_k + 8 * sj);  // K_j is read
+        if (j * WS_KEYS + WS_KEYS > T) ws_softmax<true>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1);
+        else ws_softmax<false>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1);
         if (!FIRST) {
             wg_wait0();
-            pin(prev);
-            // Tile j − 1 is read (its K by S_{j−1}, its V by the P·V just waited for).
-            mbar_arrive(bars + 8 * (WS_SLOTS + (j - 1) % WS_SLOTS));
+            pin();
+            mbar_arrive(empty_v + 8 * sp);  // V_{j−1} is read
         }
+        ws_pack_p(s, p);  // P_{j−1} is no longer read: P_j takes its registers
     };
-    // Two tiles per trip so P's two buffers swap roles without copies.
-    step(0, pb, pa, FalseTrue<true>());
-    int j = 1;
-    for (; j + 1 < ntiles; j += 2) {
-        step(j, pa, pb, FalseTrue<false>());
-        step(j + 1, pb, pa, FalseTrue<false>());
-    }
-    if (j < ntiles) step(j, pa, pb, FalseTrue<false>());
-    auto finish = [&](PFrag& last) {
+    step(0, FalseTrue<true>());
+    for (int j = 1; j < ntiles; j++) step(j, FalseTrue<false>());
+    // The last tile's P·V.
+    {
+        const int last = ntiles - 1;
         rescale_o();
-        pin(last);
+        mbar_wait(full_v + 8 * (last % WS_SLOTS), (last / WS_SLOTS) & 1);
+        pin();
         wg_fence();
-        issue_pv(ntiles - 1, last);
+        issue_pv(last);
         wg_wait0();
-        pin(last);
-    };
-    // The last P is in pa when ntiles is odd (a reference picked at run time would put P in
-    // local memory).
-    if (ntiles & 1) finish(pa);
-    else finish(pb);
+        pin();
+    }
     if (WS_PINGPONG && wgi == 0) named_sync(1, 256);  // takes warpgroup 1's last token
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);

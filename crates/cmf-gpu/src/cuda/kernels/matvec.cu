@@ -19,7 +19,13 @@
 
 #define MV_WARPS 8
 // Chunks of 16 bytes per row in flight per lane (two rows per warp, double-buffered).
+#ifndef MV_U
 #define MV_U 4
+#endif
+// Resident blocks per SM the register allocation must allow (launch bounds).
+#ifndef MV_MINB
+#define MV_MINB 2
+#endif
 
 struct Seg {
     const u8* w;       // codec payload (q8: int8 rows; q4: nibble plane; float codecs: values)
@@ -339,8 +345,8 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) mv_q8(const MvArgs a) { matvec_body<CODEC_Q8>(a); }
-extern "C" __global__ void __launch_bounds__(256) mv_q4(const MvArgs a) { matvec_body<CODEC_Q4>(a); }
-extern "C" __global__ void __launch_bounds__(256) mv_bf16(const MvArgs a) { matvec_body<CODEC_BF16>(a); }
-extern "C" __global__ void __launch_bounds__(256) mv_f16(const MvArgs a) { matvec_body<CODEC_F16>(a); }
-extern "C" __global__ void __launch_bounds__(256) mv_f32(const MvArgs a) { matvec_body<CODEC_F32>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_q8(const MvArgs a) { matvec_body<CODEC_Q8>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_q4(const MvArgs a) { matvec_body<CODEC_Q4>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_bf16(const MvArgs a) { matvec_body<CODEC_BF16>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_f16(const MvArgs a) { matvec_body<CODEC_F16>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_f32(const MvArgs a) { matvec_body<CODEC_F32>(a); }

@@ -23,26 +23,45 @@ __device__ __forceinline__ void head_rmsnorm(float (&v)[RJ], const float* norm, 
         if (lane + 32 * j < HD) v[j] = v[j] * inv * norm[lane + 32 * j];
 }
 
-// Rotate-half RoPE at position `pos` over the first 2R dims (partial rotary leaves the rest),
-// angles pos · inv_freq[i], both factors scaled by attn_factor (YaRN). `buf`: this warp's HD
-// floats of shared scratch (a lane needs its partner element, 32·j lanes away or more).
-__device__ __forceinline__ void head_rope(float (&v)[RJ], float* buf, int pos, const float* inv_freq, int R,
-                                          float attn_factor, int lane) {
+// The RoPE factors of this lane's elements at position `pos`: angles pos · inv_freq[i], both
+// scaled by attn_factor (YaRN). They depend on the position only, so the fused decode attention
+// computes them before it waits for the q|k|v matvec.
+__device__ __forceinline__ void head_rope_factors(float (&cs)[RJ], float (&sn)[RJ], int pos, const float* inv_freq,
+                                                  int R, float attn_factor, int lane) {
+#pragma unroll
+    for (int j = 0; j < RJ; j++) {
+        const int e = lane + 32 * j;
+        cs[j] = sn[j] = 0.f;
+        if (e < 2 * R && e < HD) {
+            const int i = e < R ? e : e - R;
+            sincosf((float)pos * inv_freq[i], &sn[j], &cs[j]);
+            sn[j] *= attn_factor;
+            cs[j] *= attn_factor;
+        }
+    }
+}
+
+// Rotate-half RoPE over the first 2R dims (partial rotary leaves the rest) with the factors of
+// head_rope_factors. `buf`: this warp's HD floats of shared scratch (a lane needs its partner
+// element, 32·j lanes away or more).
+__device__ __forceinline__ void head_rope_with(float (&v)[RJ], float* buf, const float (&cs)[RJ], const float (&sn)[RJ],
+                                               int R, int lane) {
 #pragma unroll
     for (int j = 0; j < RJ; j++)
         if (lane + 32 * j < HD) buf[lane + 32 * j] = v[j];
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < RJ; j++) {
-        int e = lane + 32 * j;
-        if (e < 2 * R && e < HD) {
-            int i = e < R ? e : e - R;
-            float sn, cs;
-            sincosf((float)pos * inv_freq[i], &sn, &cs);
-            sn *= attn_factor;
-            cs *= attn_factor;
-            v[j] = e < R ? v[j] * cs - buf[e + R] * sn : v[j] * cs + buf[e - R] * sn;
-        }
+        const int e = lane + 32 * j;
+        if (e < 2 * R && e < HD) v[j] = e < R ? v[j] * cs[j] - buf[e + R] * sn[j] : v[j] * cs[j] + buf[e - R] * sn[j];
     }
     __syncwarp();
+}
+
+// Rotate-half RoPE at position `pos` (head_rope_factors, then head_rope_with).
+__device__ __forceinline__ void head_rope(float (&v)[RJ], float* buf, int pos, const float* inv_freq, int R,
+                                          float attn_factor, int lane) {
+    float cs[RJ], sn[RJ];
+    head_rope_factors(cs, sn, pos, inv_freq, R, attn_factor, lane);
+    head_rope_with(v, buf, cs, sn, R, lane);
 }

@@ -118,19 +118,24 @@ impl CudaLlm {
 
     /// Decode attention for layer `l` with the q/k norm, RoPE and the KV write of the new
     /// token fused in (attention_decode.cu): reads the q|k|v matvec output, writes `ws.attn`.
+    /// In the short-context chain (`enqueue_short`) one block per kv head, staged or not.
     fn attention_decode(&self, l: usize) -> DResult<()> {
         let (ws, s) = (&self.ws, &self.spec);
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
-        let smem = super::decode_smem_bytes(
-            s.num_heads / s.num_kv_heads,
-            s.head_dim,
-            self.chunk_max,
-            self.splits,
-        );
+        let group = s.num_heads / s.num_kv_heads;
+        let mut smem = super::decode_smem_bytes(group, s.head_dim, self.chunk_max, self.splits);
+        let (func, grid_y) = match (self.enqueue_short.get(), self.short) {
+            (true, super::ShortDecode::Staged) => {
+                smem += 2 * super::DEC_ONE_BLOCK * s.head_dim * if self.kv_f32 { 4 } else { 2 };
+                (&self.mk.attn_decode_short, 1)
+            }
+            (true, super::ShortDecode::Grid) => (&self.mk.attn_decode, 1),
+            _ => (&self.mk.attn_decode, self.splits as u32),
+        };
         self.go(
-            &self.mk.attn_decode,
-            (s.num_kv_heads as u32, self.splits as u32, 1),
+            func,
+            (s.num_kv_heads as u32, grid_y, 1),
             ((super::DEC_WARPS * 32) as u32, 1, 1),
             smem as u32,
             &[
@@ -308,13 +313,17 @@ impl CudaLlm {
         self.enqueue_sample(sampler)
     }
 
-    fn capture(&self, sampler: &Sampler) -> DResult<Graph> {
+    /// Captures the whole-token graph; `short`: the chain for contexts of at most
+    /// `DEC_ONE_BLOCK` keys (one decode-attention block per kv head).
+    fn capture(&self, sampler: &Sampler, short: bool) -> DResult<Graph> {
+        self.enqueue_short.set(short);
         let stream = &self.dev.stream;
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| DevError(format!("begin graph capture: {e:?}")))?;
         let enq = self.enqueue_token(sampler);
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        self.enqueue_short.set(false);
         enq?;
         match graph {
             Ok(Some(g)) => {
@@ -335,15 +344,23 @@ impl CudaLlm {
         sampler: &Sampler,
         want_logits: bool,
     ) -> DResult<(u32, Vec<f32>)> {
-        if self
-            .graph
-            .as_ref()
-            .map(|(s, _)| s != sampler)
-            .unwrap_or(true)
-        {
-            self.graph = None;
-            let g = self.capture(sampler)?;
-            self.graph = Some((*sampler, g));
+        // Positions below DEC_ONE_BLOCK see at most that many keys in every layer. Both graphs
+        // are captured together, so crossing the switch mid-generation costs no capture.
+        let split_mode = self.short != super::ShortDecode::Off;
+        let short = split_mode && pos < super::DEC_ONE_BLOCK;
+        for slot in [false, true] {
+            if slot && !split_mode {
+                continue;
+            }
+            let stale = self.graphs[slot as usize]
+                .as_ref()
+                .map(|(s, _)| s != sampler)
+                .unwrap_or(true);
+            if stale {
+                self.graphs[slot as usize] = None;
+                let g = self.capture(sampler, slot)?;
+                self.graphs[slot as usize] = Some((*sampler, g));
+            }
         }
         if self.dev_inputs != Some((token, pos)) {
             self.dev
@@ -351,7 +368,9 @@ impl CudaLlm {
         }
         // From here the device inputs are unknown until the step completes.
         self.dev_inputs = None;
-        let (_, g) = self.graph.as_ref().expect("captured above");
+        let (_, g) = self.graphs[short as usize]
+            .as_ref()
+            .expect("captured above");
         g.0.launch()
             .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
         let mut tok = [0u8; 4];

@@ -77,7 +77,12 @@ pub struct CudaLlm {
     /// Start position of the prefill chunk in flight.
     pf_start: usize,
     blas: Option<Blas>,
-    graph: Option<(Sampler, Graph)>,
+    /// Captured whole-token graphs: [split-K attention, short contexts]. Index 1 is used while
+    /// the position is below `DEC_ONE_BLOCK` (see `ShortDecode`).
+    graphs: [Option<(Sampler, Graph)>; 2],
+    short: ShortDecode,
+    /// Whether the decode chain being enqueued is the short-context one (set around capture).
+    enqueue_short: std::cell::Cell<bool>,
     /// (token, position) the device-side decode inputs hold now, if known.
     dev_inputs: Option<(u32, usize)>,
     /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
@@ -129,20 +134,60 @@ fn decode_early_wait(layer_bytes: u64) -> bool {
 }
 
 /// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`).
-const DEC_ONE_BLOCK: usize = 256;
+pub(super) const DEC_ONE_BLOCK: usize = 256;
 
 /// Warps per decode-attention block (`DEC_WARPS` in attention_decode.cu).
 pub(super) const DEC_WARPS: usize = 8;
 
-/// Dynamic shared memory of `attn_decode` (its layout comment): q, scores, per-warp outputs,
-/// merge weights, all f32.
+/// Dynamic shared memory of `attn_decode` (its layout comment): q (rows padded by 4), scores,
+/// per-warp outputs, merge weights, all f32.
 pub(super) fn decode_smem_bytes(
     group: usize,
     head_dim: usize,
     chunk_max: usize,
     splits: usize,
 ) -> usize {
-    4 * (group * head_dim + group * chunk_max + DEC_WARPS * group * head_dim + DEC_WARPS * splits)
+    4 * (group * (head_dim + 4)
+        + group * chunk_max
+        + DEC_WARPS * group * head_dim
+        + DEC_WARPS * splits)
+}
+
+/// Dynamic shared memory of `attn_decode_short`: the staged K and V rows (`DEC_ONE_BLOCK` keys
+/// each), then `attn_decode`'s layout.
+fn decode_short_smem_bytes(p: &Plan, group: usize, head_dim: usize) -> usize {
+    let kv_elem = if p.kv_f32 { 4 } else { 2 };
+    2 * DEC_ONE_BLOCK * head_dim * kv_elem
+        + decode_smem_bytes(group, head_dim, p.chunk_max, p.splits)
+}
+
+/// Most dynamic shared memory a block may opt into on Hopper (227 KiB).
+const MAX_BLOCK_SMEM: usize = 227 * 1024;
+
+/// How decode attention runs at contexts of at most `DEC_ONE_BLOCK` keys, where the token's
+/// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShortDecode {
+    /// One graph for every position: the split-K grid, idle splits exiting at once.
+    Off,
+    /// A graph with one block per kv head running `attn_decode`.
+    Grid,
+    /// A graph with one block per kv head running `attn_decode_short` (K/V staged in shared
+    /// memory before the wait for the q|k|v matvec).
+    Staged,
+}
+
+fn short_decode_choice(staged_fits: bool) -> ShortDecode {
+    let want = match std::env::var("CMF_GPU_DEC_SHORT").as_deref() {
+        Ok("off") | Ok("0") => ShortDecode::Off,
+        Ok("grid") => ShortDecode::Grid,
+        _ => ShortDecode::Staged,
+    };
+    if want == ShortDecode::Staged && !staged_fits {
+        ShortDecode::Grid
+    } else {
+        want
+    }
 }
 
 fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
@@ -301,6 +346,13 @@ impl CudaLlm {
         mk.attn_decode
             .allow_smem(smem.max(48 * 1024))
             .map_err(err)?;
+        let short_smem = decode_short_smem_bytes(&p, s.num_heads / s.num_kv_heads, s.head_dim);
+        let short = short_decode_choice(short_smem <= MAX_BLOCK_SMEM);
+        if short == ShortDecode::Staged {
+            mk.attn_decode_short
+                .allow_smem(short_smem.max(48 * 1024))
+                .map_err(err)?;
+        }
         let kv_half = (p.kv_layer_bytes / 2) as usize;
         let mut layers = Vec::with_capacity(s.num_layers);
         for (l, w) in model.layers.iter().enumerate() {
@@ -381,7 +433,9 @@ impl CudaLlm {
             pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk, opts.precise),
             pf_start: 0,
             blas,
-            graph: None,
+            graphs: [None, None],
+            short,
+            enqueue_short: std::cell::Cell::new(false),
             dev_inputs: None,
             pdl: std::env::var("CMF_GPU_PDL")
                 .map(|v| v != "0")
@@ -456,7 +510,7 @@ impl CudaLlm {
     /// Turns programmatic dependent launch on or off (drops the captured graph).
     pub fn set_pdl(&mut self, on: bool) {
         self.pdl = on;
-        self.graph = None;
+        self.graphs = [None, None];
     }
 
     /// Whether the KV cache is f32 (f32/f16 models) rather than f16.
@@ -467,6 +521,11 @@ impl CudaLlm {
     /// Decode attention split count (for reports).
     pub fn attention_splits(&self) -> usize {
         self.splits
+    }
+
+    /// How short contexts run decode attention (for reports).
+    pub fn short_decode(&self) -> ShortDecode {
+        self.short
     }
 }
 

@@ -22,6 +22,12 @@ impl CudaLlm {
     /// the sampler, and a replay of the whole-token graph. Needs a decode step run before.
     pub fn profile_decode(&mut self, iters: usize) -> DResult<Vec<(String, f64)>> {
         let mut out = Vec::new();
+        // The stages as the graph for the device's position runs them.
+        let short = self.short != super::ShortDecode::Off
+            && self
+                .dev_inputs
+                .is_some_and(|(_, p)| p < super::DEC_ONE_BLOCK);
+        self.enqueue_short.set(short);
         for (st, name) in Self::DECODE_STAGES.iter().enumerate() {
             out.push((
                 format!("decode layer: {name}"),
@@ -38,7 +44,8 @@ impl CudaLlm {
         out.push(("decode head: final norm + lm_head matvec".into(), 1e3 * lm));
         let sample = self.time_ms(iters, || self.enqueue_sample(&Sampler::Greedy))?;
         out.push(("decode head: greedy sampler".into(), 1e3 * sample));
-        if let Some((_, g)) = &self.graph {
+        self.enqueue_short.set(false);
+        if let Some((_, g)) = &self.graphs[short as usize] {
             // Each replay advances the device position by one: a few only.
             let n = iters.min(8);
             let t = Timer::new()?;
