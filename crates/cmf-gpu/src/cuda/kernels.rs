@@ -237,8 +237,10 @@ pub struct CommonKernels {
     /// How the matvecs were built and are launched.
     pub mv_config: MatvecConfig,
     /// The matvecs built for small weights ([`MatvecConfig::SMALL`]; None when
-    /// `CMF_GPU_MV_SMALL=0`), used up to [`MatvecConfig::SMALL_BYTES`] of weights a launch.
+    /// `CMF_GPU_MV_SMALL=0`), used up to `mv_small_bytes` of weights a launch.
     pub mv_small: Option<[Func; 5]>,
+    /// [`MatvecConfig::SMALL_BYTES`], or `CMF_GPU_MV_SMALL_MIB` (A/B runs).
+    pub mv_small_bytes: u64,
     pub topk_partial: Func,
     pub topk_final: Func,
     _mods: Vec<Module>,
@@ -353,6 +355,10 @@ impl CommonKernels {
             mv: mvf,
             mv_config,
             mv_small,
+            mv_small_bytes: std::env::var("CMF_GPU_MV_SMALL_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(MatvecConfig::SMALL_BYTES, |m| m << 20),
             topk_partial: mods[1].func("topk_partial")?,
             topk_final: mods[1].func("topk_final")?,
             _mods: mods,

@@ -58,20 +58,21 @@ pub fn smem_bytes(codec: DevCodec, k: usize, nq: usize) -> usize {
     }
 }
 
-/// y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional fused
-/// RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue.
-#[allow(clippy::too_many_arguments)]
-pub fn launch(
-    dev: &Dev,
-    ck: &CommonKernels,
-    segs: &[MvSeg],
-    x: u64,
-    norm: u64,
-    eps: f32,
-    y: u64,
-    mode: MvMode,
-    pdl: bool,
-) -> DResult<()> {
+/// A matvec's packed kernel argument (`struct MvArgs`) and what its launch needs.
+pub struct MvPacked {
+    pub args: Vec<u8>,
+    pub codec: DevCodec,
+    /// Row pairs (or gate/up rows in SwiGLU mode).
+    pub jobs: usize,
+    /// Dynamic shared memory of the prologue.
+    pub smem: usize,
+    /// Weight bytes of all segments.
+    pub weight_bytes: u64,
+}
+
+/// Packs y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional
+/// fused RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue.
+pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -> MvPacked {
     assert!(!segs.is_empty() && segs.len() <= 3);
     let codec = segs[0].w.codec;
     let k = segs[0].w.cols;
@@ -108,18 +109,6 @@ pub fn launch(
     } else {
         1
     };
-    // Small weights take the latency shape (MatvecConfig::SMALL) where it was built.
-    let bytes: u64 = segs.iter().map(|s| s.w.bytes()).sum();
-    let (funcs, config) = match &ck.mv_small {
-        Some(f) if bytes <= MatvecConfig::SMALL_BYTES => (f, MatvecConfig::SMALL),
-        _ => (&ck.mv, ck.mv_config),
-    };
-    // `blocks_per_sm` resident blocks per SM at most; as many rounds of jobs as that takes, and
-    // then as few blocks as give every warp the same number of rounds (no half-empty last
-    // round).
-    let max_blocks = config.blocks_per_sm * dev.sm_count as usize;
-    let rounds = jobs.div_ceil(WARPS * max_blocks).max(1);
-    let blocks = jobs.div_ceil(WARPS * rounds).max(1);
     // SAFETY: MvArgsC is repr(C) plain data mirroring `struct MvArgs` in matvec.cu.
     let bytes = unsafe {
         std::slice::from_raw_parts(
@@ -127,12 +116,46 @@ pub fn launch(
             std::mem::size_of::<MvArgsC>(),
         )
     };
+    MvPacked {
+        args: bytes.to_vec(),
+        codec,
+        jobs,
+        smem: smem_bytes(codec, k, nq),
+        weight_bytes: segs.iter().map(|s| s.w.bytes()).sum(),
+    }
+}
+
+/// y = W·x (see [`pack`]) as one launch.
+#[allow(clippy::too_many_arguments)]
+pub fn launch(
+    dev: &Dev,
+    ck: &CommonKernels,
+    segs: &[MvSeg],
+    x: u64,
+    norm: u64,
+    eps: f32,
+    y: u64,
+    mode: MvMode,
+    pdl: bool,
+) -> DResult<()> {
+    let p = pack(segs, x, norm, eps, y, mode);
+    // Small weights take the latency shape (MatvecConfig::SMALL) where it was built.
+    let (funcs, config) = match &ck.mv_small {
+        Some(f) if p.weight_bytes <= ck.mv_small_bytes => (f, MatvecConfig::SMALL),
+        _ => (&ck.mv, ck.mv_config),
+    };
+    // `blocks_per_sm` resident blocks per SM at most; as many rounds of jobs as that takes, and
+    // then as few blocks as give every warp the same number of rounds (no half-empty last
+    // round).
+    let max_blocks = config.blocks_per_sm * dev.sm_count as usize;
+    let rounds = p.jobs.div_ceil(WARPS * max_blocks).max(1);
+    let blocks = p.jobs.div_ceil(WARPS * rounds).max(1);
     dev.launch_ex(
-        &funcs[codec as usize],
+        &funcs[p.codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
-        smem_bytes(codec, k, nq) as u32,
-        &[Arg::Bytes(bytes.to_vec())],
+        p.smem as u32,
+        &[Arg::Bytes(p.args)],
         pdl,
     )
 }

@@ -148,14 +148,15 @@ __device__ __forceinline__ uint4 kv_chunk(const kv_t* rows, const uint4* staged,
 __device__ __forceinline__ void decode_prologue(const float* qkv, const float* q_norm, const float* k_norm, float eps,
                                                 const float (&cs)[RJ], const float (&sn)[RJ], int R, int pos, int NH,
                                                 int NKV, float scale, bool last, int S_max, kv_t* kc, kv_t* vc,
-                                                float* qs, float* scratch, uint4* ks_stage, uint4* vs_stage, int srow) {
-    const int kvh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+                                                float* qs, float* scratch, uint4* ks_stage, uint4* vs_stage, int srow,
+                                                int kvh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int u = warp; u < GQA + (last ? 2 : 0); u += DEC_WARPS) {
         const int kind = u < GQA ? 0 : u - GQA + 1;  // 0: q head u, 1: k, 2: v
         const float* src = qkv + (size_t)(kind == 0 ? kvh * GQA + u : NH + (kind - 1) * NKV + kvh) * HD;
         float v[RJ];
 #pragma unroll
-        for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? src[lane + 32 * j] : 0.f;
+        for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? ldcg(src + lane + 32 * j) : 0.f;
         if (kind < 2) {
             head_rmsnorm(v, kind == 0 ? q_norm : k_norm, eps, lane);
             head_rope_with(v, scratch + warp * HD, cs, sn, R, lane);
@@ -180,57 +181,87 @@ __device__ __forceinline__ void decode_prologue(const float* qkv, const float* q
 // Dynamic smem: [staged K, staged V: DEC_ONE_BLOCK × HD kv_t each, attn_decode_short only],
 // then floats: qs [GQA][QS_STRIDE], scores [GQA][chunk_max], per-warp outputs
 // [DEC_WARPS][GQA][HD] (also the prologue's RoPE scratch), merge weights [DEC_WARPS][P].
+struct DecodeSmem {
+    uint4* ks;
+    uint4* vs;
+    float* qs;
+    float* sc;
+    float* ow;
+    float* wts;
+};
 template <bool STAGED>
-__device__ __forceinline__ void decode_body(const float* qkv, const float* q_norm, const float* k_norm, float eps,
-                                            const float* inv_freq, int R, float attn_factor, const int* pos_ptr,
-                                            int NH, int NKV, int window, int S_max, float scale, int P,
-                                            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count,
-                                            float* out) {
-    pdl_trigger();
-    // DEC_EARLY_WAIT applies to the split-K kernel; the staged one always copies first.
-    constexpr bool WAIT_FIRST = DEC_EARLY_WAIT && !STAGED;
-    if (WAIT_FIRST) pdl_wait();
-    extern __shared__ __align__(16) float dsm[];
-    uint4* ks = (uint4*)dsm;
-    uint4* vs = ks + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0);
-    float* qs = (float*)(vs + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0));
-    float* sc = qs + GQA * QS_STRIDE;
-    float* ow = sc + GQA * chunk_max;
-    float* wts = ow + DEC_WARPS * GQA * HD;
-    __shared__ float lsh[GQA];  // softmax sums
-    const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int first, S, peff, chunk;
-    decode_split(pos_ptr, window, P, first, S, peff, chunk);
-    if (split >= peff) return;
-    const int c0 = first + split * chunk, c1 = min(S, c0 + chunk), len = c1 - c0;
-    const kv_t* krow0 = kc + ((size_t)kvh * S_max + c0) * HD;
-    const kv_t* vrow0 = vc + ((size_t)kvh * S_max + c0) * HD;
-    if (STAGED && (peff != 1 || len > DEC_ONE_BLOCK)) {
-        // The host launches this kernel only for contexts of at most DEC_ONE_BLOCK keys; make a
-        // violation loud (NaN output) rather than overrun shared memory.
+__device__ __forceinline__ DecodeSmem decode_smem(void* base, int chunk_max) {
+    DecodeSmem m;
+    m.ks = (uint4*)base;
+    m.vs = m.ks + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0);
+    m.qs = (float*)(m.vs + (STAGED ? DEC_ONE_BLOCK * KV_CHUNKS : 0));
+    m.sc = m.qs + GQA * QS_STRIDE;
+    m.ow = m.sc + GQA * chunk_max;
+    m.wts = m.ow + DEC_WARPS * GQA * HD;
+    return m;
+}
+
+// One block's share of decode attention: its kv head and split, the split's keys [c0, c0 + len)
+// of the visible S, and this lane's RoPE factors at position S − 1.
+struct DecodeSlice {
+    int kvh, split, S, peff, c0, len;
+    const kv_t* krow0;
+    const kv_t* vrow0;
+    float cs[RJ], sn[RJ];
+};
+
+// Phase 1, on what earlier graphs wrote only (the position, cache rows before S − 1): the
+// slice, the RoPE factors, and when staged the copies of the slice's K/V rows into shared
+// memory (cp.async, waited for in decode_end). False: an idle split, or (staged) a context
+// longer than the kernel takes, which writes NaN to the kv head's outputs to be loud about it
+// (the host launches the staged kernels for at most DEC_ONE_BLOCK keys only).
+template <bool STAGED>
+__device__ __forceinline__ bool decode_begin(DecodeSlice& d, const DecodeSmem& m, int kvh, int split,
+                                             const int* pos_ptr, int window, int P, int S_max, const kv_t* kc,
+                                             const kv_t* vc, const float* inv_freq, int R, float attn_factor,
+                                             float* out) {
+    int first, chunk;
+    decode_split(pos_ptr, window, P, first, d.S, d.peff, chunk);
+    if (split >= d.peff) return false;
+    d.kvh = kvh;
+    d.split = split;
+    d.c0 = first + split * chunk;
+    d.len = min(d.S, d.c0 + chunk) - d.c0;
+    d.krow0 = kc + ((size_t)kvh * S_max + d.c0) * HD;
+    d.vrow0 = vc + ((size_t)kvh * S_max + d.c0) * HD;
+    if (STAGED && (d.peff != 1 || d.len > DEC_ONE_BLOCK)) {
         for (int i = threadIdx.x; i < GQA * HD; i += DEC_THREADS)
             out[(size_t)kvh * GQA * HD + i] = __int_as_float(0x7fc00000);
-        return;
+        return false;
     }
-    float cs[RJ], sn[RJ];
-    head_rope_factors(cs, sn, S - 1, inv_freq, R, attn_factor, lane);
+    head_rope_factors(d.cs, d.sn, d.S - 1, inv_freq, R, attn_factor, threadIdx.x & 31);
     if (STAGED) {
         // Rows c0 .. S − 2 were written by earlier tokens' graphs; the prologue adds row S − 1.
-        for (int idx = threadIdx.x; idx < (len - 1) * KV_CHUNKS; idx += DEC_THREADS) {
+        for (int idx = threadIdx.x; idx < (d.len - 1) * KV_CHUNKS; idx += DEC_THREADS) {
             const int i = idx / KV_CHUNKS, c = idx % KV_CHUNKS;
-            dec_cp16(ks + stage_pos(i, c), krow0 + (size_t)i * HD + c * KV_VEC);
-            dec_cp16(vs + stage_pos(i, c), vrow0 + (size_t)i * HD + c * KV_VEC);
+            dec_cp16(m.ks + stage_pos(i, c), d.krow0 + (size_t)i * HD + c * KV_VEC);
+            dec_cp16(m.vs + stage_pos(i, c), d.vrow0 + (size_t)i * HD + c * KV_VEC);
         }
     }
-    if (!WAIT_FIRST) {
-        if (!STAGED) {
-            prefetch_l2(krow0, (size_t)len * HD * sizeof(kv_t));
-            prefetch_l2(vrow0, (size_t)len * HD * sizeof(kv_t));
-        }
-        pdl_wait();
-    }
-    decode_prologue(qkv, q_norm, k_norm, eps, cs, sn, R, S - 1, NH, NKV, scale, split == peff - 1, S_max, kc, vc, qs,
-                    ow, STAGED ? ks : nullptr, STAGED ? vs : nullptr, len - 1);
+    return true;
+}
+
+// Phase 2, once the q|k|v values of the new token are in `qkv`: the prologue (q/k norm, RoPE,
+// the new row into the cache), scores, softmax, P·V, and the output (one split) or the
+// partial and, in the last block of the kv head to finish, the merge.
+template <bool STAGED>
+__device__ __forceinline__ void decode_end(const DecodeSlice& d, const DecodeSmem& m, const float* qkv,
+                                           const float* q_norm, const float* k_norm, float eps, int R, int NH,
+                                           int NKV, float scale, int S_max, int P, int chunk_max, kv_t* kc, kv_t* vc,
+                                           float* part, int* count, float* out) {
+    __shared__ float lsh[GQA];  // softmax sums
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kvh = d.kvh, split = d.split, peff = d.peff, len = d.len;
+    const kv_t* krow0 = d.krow0;
+    const kv_t* vrow0 = d.vrow0;
+    float *qs = m.qs, *sc = m.sc, *ow = m.ow;
+    decode_prologue(qkv, q_norm, k_norm, eps, d.cs, d.sn, R, d.S - 1, NH, NKV, scale, split == peff - 1, S_max, kc, vc,
+                    qs, ow, STAGED ? m.ks : nullptr, STAGED ? m.vs : nullptr, len - 1, kvh);
     if (STAGED) dec_cp_wait_all();
     __syncthreads();
 
@@ -250,7 +281,7 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
             for (int cb = 0; cb < CPT; cb += GRP) {
                 uint4 raw[GRP];
 #pragma unroll
-                for (int c = 0; c < GRP; c++) raw[c] = kv_chunk<STAGED>(krow0, ks, i, part_c + cb + c);
+                for (int c = 0; c < GRP; c++) raw[c] = kv_chunk<STAGED>(krow0, m.ks, i, part_c + cb + c);
 #pragma unroll
                 for (int c = 0; c < GRP; c++) {
                     float kf[KV_VEC];
@@ -276,18 +307,18 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
     const size_t stride_h = (size_t)P * (HD + 2);
     float* ob = part + (size_t)kvh * GQA * stride_h + (size_t)split * (HD + 2);
     for (int g = warp; g < GQA; g += DEC_WARPS) {
-        float m = NEG_INF;
-        for (int i = lane; i < len; i += 32) m = fmaxf(m, sc[g * chunk_max + i]);
-        m = warp_max(m);
+        float mx = NEG_INF;
+        for (int i = lane; i < len; i += 32) mx = fmaxf(mx, sc[g * chunk_max + i]);
+        mx = warp_max(mx);
         float l = 0.f;
         for (int i = lane; i < len; i += 32) {
-            float p = expf(sc[g * chunk_max + i] - m);
+            float p = expf(sc[g * chunk_max + i] - mx);
             sc[g * chunk_max + i] = p;
             l += p;
         }
         l = warp_sum(l);
         if (lane == 0) {
-            ob[g * stride_h + HD] = m;
+            ob[g * stride_h + HD] = mx;
             ob[g * stride_h + HD + 1] = l;
             lsh[g] = l;
         }
@@ -309,7 +340,7 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
             const int i = i0 + u * kstep;
 #pragma unroll
             for (int c = 0; c < V_CPL; c++)
-                raw[u][c] = i < len ? kv_chunk<STAGED>(vrow0, vs, i, sl + 32 * c) : make_uint4(0, 0, 0, 0);
+                raw[u][c] = i < len ? kv_chunk<STAGED>(vrow0, m.vs, i, sl + 32 * c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < V_UNROLL; u++) {
@@ -345,14 +376,14 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
                 for (int e = 0; e < KV_VEC; e++) ow[(warp * GQA + g) * HD + (sl + 32 * c) * KV_VEC + e] = o[g][c * KV_VEC + e];
     __syncthreads();
     for (int i = threadIdx.x; i < GQA * HD; i += DEC_THREADS) {
-        const int g = i / HD, d = i % HD;
+        const int g = i / HD, dd = i % HD;
         float r = 0.f;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) r += ow[(w * GQA + g) * HD + d];
+        for (int w = 0; w < DEC_WARPS; w++) r += ow[(w * GQA + g) * HD + dd];
         if (peff == 1)
-            out[(size_t)(kvh * GQA + g) * HD + d] = r / lsh[g];  // one split: already final
+            out[(size_t)(kvh * GQA + g) * HD + dd] = r / lsh[g];  // one split: already final
         else
-            ob[g * stride_h + d] = r;
+            ob[g * stride_h + dd] = r;
     }
     if (peff == 1) return;
 
@@ -365,7 +396,7 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
     if (!is_last) return;
     __threadfence();
     if (threadIdx.x == 0) count[kvh] = 0;
-    float* wt = wts + warp * P;
+    float* wt = m.wts + warp * P;
     for (int g = warp; g < GQA; g += DEC_WARPS) {
         const float* hb = part + (size_t)(kvh * GQA + g) * stride_h;
         float M = NEG_INF;
@@ -398,20 +429,41 @@ __device__ __forceinline__ void decode_body(const float* qkv, const float* q_nor
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-attn_decode(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
-            float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
-            int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
-    decode_body<false>(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, pos_ptr, NH, NKV, window, S_max, scale, P,
-                       chunk_max, kc, vc, part, count, out);
+#define DECODE_ARGS                                                                                                  \
+    const float *qkv, const float *q_norm, const float *k_norm, float eps, const float *inv_freq, int R,              \
+        float attn_factor, const int *pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,            \
+        int chunk_max, kv_t *kc, kv_t *vc, float *part, int *count, float *out
+
+// Split-K decode attention, grid (NKV, P). DEC_EARLY_WAIT: wait for the predecessor first, or
+// after the slice is known (idle splits exit at once) and its K/V rows were asked of L2.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) attn_decode(DECODE_ARGS) {
+    extern __shared__ __align__(16) float dsm[];
+    pdl_trigger();
+    if (DEC_EARLY_WAIT) pdl_wait();
+    const DecodeSmem m = decode_smem<false>(dsm, chunk_max);
+    DecodeSlice d;
+    if (!decode_begin<false>(d, m, blockIdx.x, blockIdx.y, pos_ptr, window, P, S_max, kc, vc, inv_freq, R,
+                             attn_factor, out))
+        return;
+    if (!DEC_EARLY_WAIT) {
+        prefetch_l2(d.krow0, (size_t)d.len * HD * sizeof(kv_t));
+        prefetch_l2(d.vrow0, (size_t)d.len * HD * sizeof(kv_t));
+        pdl_wait();
+    }
+    decode_end<false>(d, m, qkv, q_norm, k_norm, eps, R, NH, NKV, scale, S_max, P, chunk_max, kc, vc, part, count,
+                      out);
 }
 
-// Contexts of at most DEC_ONE_BLOCK keys, grid (NKV, 1): K/V staged in shared memory.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS)
-attn_decode_short(const float* qkv, const float* q_norm, const float* k_norm, float eps, const float* inv_freq, int R,
-                  float attn_factor, const int* pos_ptr, int NH, int NKV, int window, int S_max, float scale, int P,
-                  int chunk_max, kv_t* kc, kv_t* vc, float* part, int* count, float* out) {
-    decode_body<true>(qkv, q_norm, k_norm, eps, inv_freq, R, attn_factor, pos_ptr, NH, NKV, window, S_max, scale, P,
-                      chunk_max, kc, vc, part, count, out);
+// Contexts of at most DEC_ONE_BLOCK keys, grid (NKV, 1): K/V staged in shared memory before the
+// wait for the q|k|v matvec.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) attn_decode_short(DECODE_ARGS) {
+    extern __shared__ __align__(16) float dsm[];
+    pdl_trigger();
+    const DecodeSmem m = decode_smem<true>(dsm, chunk_max);
+    DecodeSlice d;
+    if (!decode_begin<true>(d, m, blockIdx.x, 0, pos_ptr, window, P, S_max, kc, vc, inv_freq, R, attn_factor, out))
+        return;
+    pdl_wait();
+    decode_end<true>(d, m, qkv, q_norm, k_norm, eps, R, NH, NKV, scale, S_max, P, chunk_max, kc, vc, part, count,
+                     out);
 }
-

@@ -116,50 +116,54 @@ impl CudaLlm {
         )
     }
 
+    /// The arguments of the decode-attention kernels (`DECODE_ARGS` in attention_decode.cu)
+    /// for layer `l`.
+    fn decode_attention_args(&self, l: usize) -> Vec<Arg> {
+        let (ws, s) = (&self.ws, &self.spec);
+        let d = self.layer(l);
+        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        vec![
+            Arg::Ptr(ws.qkv.ptr()),
+            Arg::Ptr(opt(&d.q_norm)),
+            Arg::Ptr(opt(&d.k_norm)),
+            Arg::F32(self.eps()),
+            Arg::Ptr(self.inv_freq.ptr()),
+            Arg::I32(s.rope.inv_freq.len() as i32),
+            Arg::F32(s.rope.attention_factor),
+            Arg::Ptr(ws.pos()),
+            Arg::I32(s.num_heads as i32),
+            Arg::I32(s.num_kv_heads as i32),
+            Arg::I32(d.window),
+            Arg::I32(self.opts.max_context as i32),
+            Arg::F32(s.attn_scale),
+            Arg::I32(self.splits as i32),
+            Arg::I32(self.chunk_max as i32),
+            Arg::Ptr(d.k_cache.ptr()),
+            Arg::Ptr(d.v_cache.ptr()),
+            Arg::Ptr(ws.part.ptr()),
+            Arg::Ptr(ws.count.ptr()),
+            Arg::Ptr(ws.attn.ptr()),
+        ]
+    }
+
     /// Decode attention for layer `l` with the q/k norm, RoPE and the KV write of the new
     /// token fused in (attention_decode.cu): reads the q|k|v matvec output, writes `ws.attn`.
     /// In the short-context chain (`enqueue_short`) one block per kv head, staged or not.
     fn attention_decode(&self, l: usize) -> DResult<()> {
-        let (ws, s) = (&self.ws, &self.spec);
-        let d = self.layer(l);
-        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
-        let group = s.num_heads / s.num_kv_heads;
-        let mut smem = super::decode_smem_bytes(group, s.head_dim, self.chunk_max, self.splits);
-        let (func, grid_y) = match (self.enqueue_short.get(), self.short) {
+        let s = &self.spec;
+        let (func, grid_y, smem) = match (self.enqueue_short.get(), self.short) {
             (true, super::ShortDecode::Staged) => {
-                smem += 2 * super::DEC_ONE_BLOCK * s.head_dim * if self.kv_f32 { 4 } else { 2 };
-                (&self.mk.attn_decode_short, 1)
+                (&self.mk.attn_decode_short, 1, self.smem.decode_short)
             }
-            (true, super::ShortDecode::Grid) => (&self.mk.attn_decode, 1),
-            _ => (&self.mk.attn_decode, self.splits as u32),
+            (true, super::ShortDecode::Grid) => (&self.mk.attn_decode, 1, self.smem.decode),
+            _ => (&self.mk.attn_decode, self.splits as u32, self.smem.decode),
         };
         self.go(
             func,
             (s.num_kv_heads as u32, grid_y, 1),
             ((super::DEC_WARPS * 32) as u32, 1, 1),
             smem as u32,
-            &[
-                Arg::Ptr(ws.qkv.ptr()),
-                Arg::Ptr(opt(&d.q_norm)),
-                Arg::Ptr(opt(&d.k_norm)),
-                Arg::F32(self.eps()),
-                Arg::Ptr(self.inv_freq.ptr()),
-                Arg::I32(s.rope.inv_freq.len() as i32),
-                Arg::F32(s.rope.attention_factor),
-                Arg::Ptr(ws.pos()),
-                Arg::I32(s.num_heads as i32),
-                Arg::I32(s.num_kv_heads as i32),
-                Arg::I32(d.window),
-                Arg::I32(self.opts.max_context as i32),
-                Arg::F32(s.attn_scale),
-                Arg::I32(self.splits as i32),
-                Arg::I32(self.chunk_max as i32),
-                Arg::Ptr(d.k_cache.ptr()),
-                Arg::Ptr(d.v_cache.ptr()),
-                Arg::Ptr(ws.part.ptr()),
-                Arg::Ptr(ws.count.ptr()),
-                Arg::Ptr(ws.attn.ptr()),
-            ],
+            &self.decode_attention_args(l),
         )
     }
 

@@ -81,6 +81,7 @@ pub struct CudaLlm {
     /// the position is below `DEC_ONE_BLOCK` (see `ShortDecode`).
     graphs: [Option<(Sampler, Graph)>; 2],
     short: ShortDecode,
+    smem: DecodeSmemBytes,
     /// Whether the decode chain being enqueued is the short-context one (set around capture).
     enqueue_short: std::cell::Cell<bool>,
     /// (token, position) the device-side decode inputs hold now, if known.
@@ -165,7 +166,8 @@ fn decode_short_smem_bytes(p: &Plan, group: usize, head_dim: usize) -> usize {
 const MAX_BLOCK_SMEM: usize = 227 * 1024;
 
 /// How decode attention runs at contexts of at most `DEC_ONE_BLOCK` keys, where the token's
-/// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs).
+/// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs;
+/// the default is `staged` where its shared memory fits, else `grid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShortDecode {
     /// One graph for every position: the split-K grid, idle splits exiting at once.
@@ -188,6 +190,15 @@ fn short_decode_choice(staged_fits: bool) -> ShortDecode {
     } else {
         want
     }
+}
+
+/// Dynamic shared memory of the decode-attention kernels, computed once at load.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DecodeSmemBytes {
+    /// attn_decode
+    pub decode: usize,
+    /// attn_decode_short (with the staged K/V rows)
+    pub decode_short: usize,
 }
 
 fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
@@ -435,6 +446,10 @@ impl CudaLlm {
             blas,
             graphs: [None, None],
             short,
+            smem: DecodeSmemBytes {
+                decode: smem,
+                decode_short: short_smem,
+            },
             enqueue_short: std::cell::Cell::new(false),
             dev_inputs: None,
             pdl: std::env::var("CMF_GPU_PDL")
