@@ -232,13 +232,13 @@ impl Func {
 
 /// Kernels shared by every model.
 pub struct CommonKernels {
-    /// Indexed by `DevCodec as usize`.
-    pub mv: [Func; 5],
+    /// Indexed by [greedy arg-max fused in][`DevCodec as usize`].
+    pub mv: [[Func; 5]; 2],
     /// How the matvecs were built and are launched.
     pub mv_config: MatvecConfig,
     /// The matvecs built for small weights ([`MatvecConfig::SMALL`]; None when
     /// `CMF_GPU_MV_SMALL=0`), used up to `mv_small_bytes` of weights a launch.
-    pub mv_small: Option<[Func; 5]>,
+    pub mv_small: Option<[[Func; 5]; 2]>,
     /// [`MatvecConfig::SMALL_BYTES`], or `CMF_GPU_MV_SMALL_MIB` (A/B runs).
     pub mv_small_bytes: u64,
     pub topk_partial: Func,
@@ -271,7 +271,9 @@ impl MatvecConfig {
     /// jobs of the largest (gate|up, 3072 row pairs) take one round, every first load issued
     /// before the wait for the previous kernel. Same-call A/B on the H200 (whole model in
     /// either shape): Qwen3-0.6B q8 1325 against 1272 tok/s; Qwen3-8B q8 369 against 386 and
-    /// Qwen3-0.6B bf16 1101 against 1147, hence the byte limit.
+    /// Qwen3-0.6B bf16 1101 against 1147, hence the byte limit. Rows of at most two chunks a
+    /// lane (1 KiB: q8 with K = 1024) take it at any size, since the large shape would leave
+    /// half its loads idle: Qwen3-0.6B's q8 lm_head (155 MB) there gave 1470 against 1440 tok/s.
     pub const SMALL: MatvecConfig = MatvecConfig {
         chunks_in_flight: 2,
         min_blocks: 3,
@@ -326,14 +328,18 @@ impl CommonKernels {
             )?),
         };
         let sample = Module::load(dev, "sample", SAMPLE, &[])?;
-        let funcs = |m: &Module| -> DResult<[Func; 5]> {
-            Ok([
-                m.func("mv_q8")?,
-                m.func("mv_q4")?,
-                m.func("mv_bf16")?,
-                m.func("mv_f16")?,
-                m.func("mv_f32")?,
-            ])
+        // [plain, greedy arg-max fused in][codec]
+        let funcs = |m: &Module| -> DResult<[[Func; 5]; 2]> {
+            let set = |suffix: &str| -> DResult<[Func; 5]> {
+                Ok([
+                    m.func(&format!("mv_q8{suffix}"))?,
+                    m.func(&format!("mv_q4{suffix}"))?,
+                    m.func(&format!("mv_bf16{suffix}"))?,
+                    m.func(&format!("mv_f16{suffix}"))?,
+                    m.func(&format!("mv_f32{suffix}"))?,
+                ])
+            };
+            Ok([set("")?, set("_greedy")?])
         };
         let mvf = funcs(&mv)?;
         let mv_small = small.as_ref().map(funcs).transpose()?;
@@ -345,7 +351,11 @@ impl CommonKernels {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .unwrap_or(48 * 1024) as usize;
-        for f in mvf.iter().chain(mv_small.iter().flatten()) {
+        for f in std::iter::once(&mvf)
+            .chain(mv_small.iter())
+            .flatten()
+            .flatten()
+        {
             // The opt-in limit covers static + dynamic shared memory.
             f.allow_smem(max_smem.saturating_sub(f.static_smem()))?;
         }

@@ -46,6 +46,7 @@ struct MvArgsC {
     y: u64,
     mode: i32,
     jobs: i32,
+    greedy: u64,
 }
 
 const WARPS: usize = 8;
@@ -68,11 +69,30 @@ pub struct MvPacked {
     pub smem: usize,
     /// Weight bytes of all segments.
     pub weight_bytes: u64,
+    /// Bytes of one row of the main plane.
+    pub row_bytes: usize,
+    /// The greedy block pointer (0: none).
+    pub greedy: u64,
 }
 
 /// Packs y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional
 /// fused RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue.
 pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -> MvPacked {
+    pack_greedy(segs, x, norm, eps, y, mode, 0)
+}
+
+/// [`pack`] with greedy sampling fused in (`greedy`: the decode workspace's i32 [8] token /
+/// position / key block, see `greedy_finish` in matvec.cu; 0: none). Store mode only.
+pub fn pack_greedy(
+    segs: &[MvSeg],
+    x: u64,
+    norm: u64,
+    eps: f32,
+    y: u64,
+    mode: MvMode,
+    greedy: u64,
+) -> MvPacked {
+    assert!(greedy == 0 || mode == MvMode::Store);
     assert!(!segs.is_empty() && segs.len() <= 3);
     let codec = segs[0].w.codec;
     let k = segs[0].w.cols;
@@ -85,6 +105,7 @@ pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -
         eps,
         y,
         mode: mode as i32,
+        greedy,
         ..Default::default()
     };
     let mut row0 = 0;
@@ -122,6 +143,8 @@ pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -
         jobs,
         smem: smem_bytes(codec, k, nq),
         weight_bytes: segs.iter().map(|s| s.w.bytes()).sum(),
+        row_bytes: segs[0].w.main.len() / segs[0].w.rows.max(1),
+        greedy,
     }
 }
 
@@ -138,10 +161,16 @@ pub fn launch(
     mode: MvMode,
     pdl: bool,
 ) -> DResult<()> {
-    let p = pack(segs, x, norm, eps, y, mode);
-    // Small weights take the latency shape (MatvecConfig::SMALL) where it was built.
+    launch_packed(dev, ck, pack(segs, x, norm, eps, y, mode), pdl)
+}
+
+/// One launch of a packed matvec.
+pub fn launch_packed(dev: &Dev, ck: &CommonKernels, p: MvPacked, pdl: bool) -> DResult<()> {
+    // The latency shape (MatvecConfig::SMALL), where it was built, for small weights and for
+    // rows its chunks in flight cover whole (the large shape would leave half its loads idle).
+    let whole_rows = p.row_bytes <= 512 * MatvecConfig::SMALL.chunks_in_flight;
     let (funcs, config) = match &ck.mv_small {
-        Some(f) if p.weight_bytes <= ck.mv_small_bytes => (f, MatvecConfig::SMALL),
+        Some(f) if p.weight_bytes <= ck.mv_small_bytes || whole_rows => (f, MatvecConfig::SMALL),
         _ => (&ck.mv, ck.mv_config),
     };
     // `blocks_per_sm` resident blocks per SM at most; as many rounds of jobs as that takes, and
@@ -151,7 +180,7 @@ pub fn launch(
     let rounds = p.jobs.div_ceil(WARPS * max_blocks).max(1);
     let blocks = p.jobs.div_ceil(WARPS * rounds).max(1);
     dev.launch_ex(
-        &funcs[p.codec as usize],
+        &funcs[(p.greedy != 0) as usize][p.codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
         p.smem as u32,
@@ -165,9 +194,10 @@ mod tests {
     #[test]
     fn args_layout_matches_the_kernel() {
         // struct MvArgs in matvec.cu: 3 × 40-byte Seg, two ints, two pointers, float (+pad),
-        // pointer, two ints.
+        // pointer, two ints, pointer.
         assert_eq!(std::mem::size_of::<super::SegC>(), 40);
-        assert_eq!(std::mem::size_of::<super::MvArgsC>(), 168);
+        assert_eq!(std::mem::size_of::<super::MvArgsC>(), 176);
+        assert_eq!(std::mem::offset_of!(super::MvArgsC, greedy), 168);
         assert_eq!(std::mem::offset_of!(super::MvArgsC, x), 128);
         assert_eq!(std::mem::offset_of!(super::MvArgsC, y), 152);
     }

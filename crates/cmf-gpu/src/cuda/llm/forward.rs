@@ -248,20 +248,21 @@ impl CudaLlm {
         (0..Self::DECODE_STAGES.len()).try_for_each(|st| self.decode_stage(l, st))
     }
 
-    pub(super) fn enqueue_head_decode(&self, x: u64, out: u64) -> DResult<()> {
+    /// Final norm + lm_head into `out`; with `greedy` the arg-max is taken in the same kernel
+    /// (matvec.cu `greedy_finish`: the token and position are written as the sampler would).
+    pub(super) fn enqueue_head_decode(&self, x: u64, out: u64, greedy: bool) -> DResult<()> {
         let head = self.head_weight().expect("head resident");
         let norm = self.final_norm.as_ref().expect("head resident").ptr();
-        matvec::launch(
-            &self.dev,
-            &self.ck,
+        let p = matvec::pack_greedy(
             &[MvSeg { w: head, bias: 0 }],
             x,
             norm,
             self.eps(),
             out,
             MvMode::Store,
-            self.pdl,
-        )
+            if greedy { self.ws.io.ptr() } else { 0 },
+        );
+        matvec::launch_packed(&self.dev, &self.ck, p, self.pdl)
     }
 
     pub(super) fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
@@ -313,7 +314,13 @@ impl CudaLlm {
         for l in 0..self.layers.len() {
             self.enqueue_layer_decode(l)?;
         }
-        self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
+        // Greedy: the arg-max rides in the lm_head kernel (no sampler launches;
+        // CMF_GPU_FUSED_GREEDY=0 keeps the sampler kernels, for A/B runs).
+        let greedy = *sampler == Sampler::Greedy && self.fused_greedy;
+        self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), greedy)?;
+        if greedy {
+            return Ok(());
+        }
         self.enqueue_sample(sampler)
     }
 
@@ -723,7 +730,7 @@ impl CudaLlm {
                 Logits::None => {}
                 Logits::Last if ci + 1 == n_chunks => {
                     let last = pf.h.ptr() + 4 * ((t - 1) * self.spec.hidden) as u64;
-                    self.enqueue_head_decode(last, pf.logits_last.ptr())?;
+                    self.enqueue_head_decode(last, pf.logits_last.ptr(), false)?;
                     self.dev.download_f32(&mut out, pf.logits_last.ptr())?;
                 }
                 Logits::Last => {}
@@ -791,7 +798,7 @@ impl CudaLlm {
         for i in 0..t {
             self.dev
                 .upload_f32(self.ws.h.ptr(), &x[i * h..(i + 1) * h])?;
-            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), false)?;
             self.dev
                 .download_f32(&mut out[i * v..(i + 1) * v], self.ws.logits.ptr())?;
         }

@@ -88,6 +88,9 @@ pub struct CudaLlm {
     dev_inputs: Option<(u32, usize)>,
     /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
     pdl: bool,
+    /// Greedy decode takes its arg-max inside the lm_head matvec (`CMF_GPU_FUSED_GREEDY=0`:
+    /// the two sampler kernels instead).
+    fused_greedy: bool,
     attn: AttnKernel,
 }
 
@@ -455,6 +458,7 @@ impl CudaLlm {
             pdl: std::env::var("CMF_GPU_PDL")
                 .map(|v| v != "0")
                 .unwrap_or(true),
+            fused_greedy: std::env::var("CMF_GPU_FUSED_GREEDY").as_deref() != Ok("0"),
             attn: AttnKernel::Fa2,
         }
         .with_attention(match std::env::var("CMF_GPU_ATTN").as_deref() {

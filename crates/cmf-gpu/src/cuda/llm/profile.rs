@@ -39,11 +39,21 @@ impl CudaLlm {
         })?;
         out.push(("decode layer: all stages back to back".into(), 1e3 * all));
         let lm = self.time_ms(iters, || {
-            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), false)
         })?;
         out.push(("decode head: final norm + lm_head matvec".into(), 1e3 * lm));
+        let lm_greedy = self.time_ms(iters, || {
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), true)
+        })?;
+        out.push((
+            "decode head: the same with the greedy arg-max fused in".into(),
+            1e3 * lm_greedy,
+        ));
         let sample = self.time_ms(iters, || self.enqueue_sample(&Sampler::Greedy))?;
-        out.push(("decode head: greedy sampler".into(), 1e3 * sample));
+        out.push((
+            "decode head: greedy sampler kernels (top-k path)".into(),
+            1e3 * sample,
+        ));
         self.enqueue_short.set(false);
         if let Some((_, g)) = &self.graphs[short as usize] {
             // Each replay advances the device position by one: a few only.
