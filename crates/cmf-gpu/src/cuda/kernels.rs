@@ -232,13 +232,13 @@ impl Func {
 
 /// Kernels shared by every model.
 pub struct CommonKernels {
-    /// Indexed by [greedy arg-max fused in][`DevCodec as usize`].
-    pub mv: [[Func; 5]; 2],
+    /// Indexed by `DevCodec as usize`.
+    pub mv: [Func; 5],
     /// How the matvecs were built and are launched.
     pub mv_config: MatvecConfig,
     /// The matvecs built for small weights ([`MatvecConfig::SMALL`]; None when
     /// `CMF_GPU_MV_SMALL=0`), used up to `mv_small_bytes` of weights a launch.
-    pub mv_small: Option<[[Func; 5]; 2]>,
+    pub mv_small: Option<[Func; 5]>,
     /// [`MatvecConfig::SMALL_BYTES`], or `CMF_GPU_MV_SMALL_MIB` (A/B runs).
     pub mv_small_bytes: u64,
     pub topk_partial: Func,
@@ -328,18 +328,14 @@ impl CommonKernels {
             )?),
         };
         let sample = Module::load(dev, "sample", SAMPLE, &[])?;
-        // [plain, greedy arg-max fused in][codec]
-        let funcs = |m: &Module| -> DResult<[[Func; 5]; 2]> {
-            let set = |suffix: &str| -> DResult<[Func; 5]> {
-                Ok([
-                    m.func(&format!("mv_q8{suffix}"))?,
-                    m.func(&format!("mv_q4{suffix}"))?,
-                    m.func(&format!("mv_bf16{suffix}"))?,
-                    m.func(&format!("mv_f16{suffix}"))?,
-                    m.func(&format!("mv_f32{suffix}"))?,
-                ])
-            };
-            Ok([set("")?, set("_greedy")?])
+        let funcs = |m: &Module| -> DResult<[Func; 5]> {
+            Ok([
+                m.func("mv_q8")?,
+                m.func("mv_q4")?,
+                m.func("mv_bf16")?,
+                m.func("mv_f16")?,
+                m.func("mv_f32")?,
+            ])
         };
         let mvf = funcs(&mv)?;
         let mv_small = small.as_ref().map(funcs).transpose()?;
@@ -351,11 +347,7 @@ impl CommonKernels {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .unwrap_or(48 * 1024) as usize;
-        for f in std::iter::once(&mvf)
-            .chain(mv_small.iter())
-            .flatten()
-            .flatten()
-        {
+        for f in mvf.iter().chain(mv_small.iter().flatten()) {
             // The opt-in limit covers static + dynamic shared memory.
             f.allow_smem(max_smem.saturating_sub(f.static_smem()))?;
         }

@@ -46,7 +46,6 @@ struct MvArgsC {
     y: u64,
     mode: i32,
     jobs: i32,
-    greedy: u64,
 }
 
 const WARPS: usize = 8;
@@ -71,28 +70,11 @@ pub struct MvPacked {
     pub weight_bytes: u64,
     /// Bytes of one row of the main plane.
     pub row_bytes: usize,
-    /// The greedy block pointer (0: none).
-    pub greedy: u64,
 }
 
 /// Packs y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional
 /// fused RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue.
 pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -> MvPacked {
-    pack_greedy(segs, x, norm, eps, y, mode, 0)
-}
-
-/// [`pack`] with greedy sampling fused in (`greedy`: the decode workspace's i32 [8] token /
-/// position / key block, see `greedy_finish` in matvec.cu; 0: none). Store mode only.
-pub fn pack_greedy(
-    segs: &[MvSeg],
-    x: u64,
-    norm: u64,
-    eps: f32,
-    y: u64,
-    mode: MvMode,
-    greedy: u64,
-) -> MvPacked {
-    assert!(greedy == 0 || mode == MvMode::Store);
     assert!(!segs.is_empty() && segs.len() <= 3);
     let codec = segs[0].w.codec;
     let k = segs[0].w.cols;
@@ -105,7 +87,6 @@ pub fn pack_greedy(
         eps,
         y,
         mode: mode as i32,
-        greedy,
         ..Default::default()
     };
     let mut row0 = 0;
@@ -144,7 +125,6 @@ pub fn pack_greedy(
         smem: smem_bytes(codec, k, nq),
         weight_bytes: segs.iter().map(|s| s.w.bytes()).sum(),
         row_bytes: segs[0].w.main.len() / segs[0].w.rows.max(1),
-        greedy,
     }
 }
 
@@ -161,11 +141,7 @@ pub fn launch(
     mode: MvMode,
     pdl: bool,
 ) -> DResult<()> {
-    launch_packed(dev, ck, pack(segs, x, norm, eps, y, mode), pdl)
-}
-
-/// One launch of a packed matvec.
-pub fn launch_packed(dev: &Dev, ck: &CommonKernels, p: MvPacked, pdl: bool) -> DResult<()> {
+    let p = pack(segs, x, norm, eps, y, mode);
     // The latency shape (MatvecConfig::SMALL), where it was built, for small weights and for
     // rows its chunks in flight cover whole (the large shape would leave half its loads idle).
     let whole_rows = p.row_bytes <= 512 * MatvecConfig::SMALL.chunks_in_flight;
@@ -180,7 +156,7 @@ pub fn launch_packed(dev: &Dev, ck: &CommonKernels, p: MvPacked, pdl: bool) -> D
     let rounds = p.jobs.div_ceil(WARPS * max_blocks).max(1);
     let blocks = p.jobs.div_ceil(WARPS * rounds).max(1);
     dev.launch_ex(
-        &funcs[(p.greedy != 0) as usize][p.codec as usize],
+        &funcs[p.codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
         p.smem as u32,
@@ -194,10 +170,9 @@ mod tests {
     #[test]
     fn args_layout_matches_the_kernel() {
         // struct MvArgs in matvec.cu: 3 × 40-byte Seg, two ints, two pointers, float (+pad),
-        // pointer, two ints, pointer.
+        // pointer, two ints.
         assert_eq!(std::mem::size_of::<super::SegC>(), 40);
-        assert_eq!(std::mem::size_of::<super::MvArgsC>(), 176);
-        assert_eq!(std::mem::offset_of!(super::MvArgsC, greedy), 168);
+        assert_eq!(std::mem::size_of::<super::MvArgsC>(), 168);
         assert_eq!(std::mem::offset_of!(super::MvArgsC, x), 128);
         assert_eq!(std::mem::offset_of!(super::MvArgsC, y), 152);
     }

@@ -46,7 +46,6 @@ struct MvArgs {
     float* y;
     int mode;           // 0: y = Wx (+bias); 1: y += Wx (+bias); 2: y = silu(W0 x)·(W1 x)
     int jobs;
-    int* greedy;        // mode 0 only, or null: greedy sampling fused in (greedy_finish)
 };
 
 template <int CODEC> struct Traits;
@@ -262,52 +261,7 @@ __device__ __forceinline__ void load_batch(const Job& j, int c0, int K, uint4 (&
         }
 }
 
-// Greedy sampling fused into the lm_head matvec (mode 0 with a.greedy set), so a greedy decode
-// step runs no sampler kernels: each block reduces its rows' arg-max (ties to the lower index,
-// as torch.argmax and sample.cu; NaN never wins) into one 64-bit atomicMax of (order-preserving
-// value bits, ~index); the last block to finish takes the winner, writes it where the next
-// step's embedding reads it and advances the position (as topk_final does), and resets the key
-// and the count for the next launch.
-// g: i32 [8] of the decode workspace: token, position, sampled token, spare, u64 key, finished
-// blocks, spare.
-__device__ __forceinline__ bool mv_better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
-__device__ __forceinline__ void greedy_finish(int* g, float v, int i) {
-    __shared__ unsigned long long best[MV_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, v, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, i, o);
-        if (mv_better(ov, oi, v, i)) { v = ov; i = oi; }
-    }
-    if (lane == 0) {
-        u32 b = __float_as_uint(v);
-        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-        best[warp] = i == 0x7fffffff ? 0ull : ((unsigned long long)b << 32) | (0xffffffffu - (u32)i);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long k = 0;
-#pragma unroll
-        for (int w = 0; w < MV_WARPS; w++) k = max(k, best[w]);
-        unsigned long long* key = (unsigned long long*)(g + 4);
-        if (k) atomicMax(key, k);
-        __threadfence();
-        if (atomicAdd(g + 6, 1) == (int)gridDim.x - 1) {
-            __threadfence();
-            const unsigned long long w = atomicExch(key, 0ull);
-            const int tok = w ? (int)(0xffffffffu - (u32)(w & 0xffffffffu)) : 0;
-            g[0] = tok;
-            g[2] = tok;
-            g[1] = g[1] + 1;
-            g[6] = 0;
-        }
-    }
-}
-
-// GREEDY: the arg-max of greedy_finish is taken (a separate instantiation, so the registers it
-// holds across the job loop cost the other matvecs nothing).
-template <int CODEC, bool GREEDY>
+template <int CODEC>
 __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     extern __shared__ __align__(16) char smem[];
     pdl_trigger();
@@ -331,8 +285,6 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
     pdl_wait();
     prologue<CODEC>(a, smem, nq);
     const float* xf = (const float*)smem;
-    float best_v = NEG_INF;  // greedy: this lane's best row so far (lanes 0 and 1)
-    int best_i = 0x7fffffff;
 
     while (job < a.jobs) {
         // Lanes 0 and 1 own the job's two output rows (selects, not indexing: a run-time
@@ -387,26 +339,14 @@ __device__ __forceinline__ void matvec_body(const MvArgs& a) {
         } else if (lane < 2 && my_ok) {
             float val = lane == 0 ? v[0] : v[1];
             a.y[my_out] = a.mode == 1 ? old + val : val;
-            if (GREEDY && val == val && mv_better(val, my_out, best_v, best_i)) {
-                best_v = val;
-                best_i = my_out;
-            }
         }
         job = next;
         cur = nxt;
     }
-    if (GREEDY) greedy_finish(a.greedy, best_v, best_i);
 }
 
-#define MV_ENTRY(name, codec, greedy) \
-    extern "C" __global__ void __launch_bounds__(256, MV_MINB) name(const MvArgs a) { matvec_body<codec, greedy>(a); }
-MV_ENTRY(mv_q8, CODEC_Q8, false)
-MV_ENTRY(mv_q4, CODEC_Q4, false)
-MV_ENTRY(mv_bf16, CODEC_BF16, false)
-MV_ENTRY(mv_f16, CODEC_F16, false)
-MV_ENTRY(mv_f32, CODEC_F32, false)
-MV_ENTRY(mv_q8_greedy, CODEC_Q8, true)
-MV_ENTRY(mv_q4_greedy, CODEC_Q4, true)
-MV_ENTRY(mv_bf16_greedy, CODEC_BF16, true)
-MV_ENTRY(mv_f16_greedy, CODEC_F16, true)
-MV_ENTRY(mv_f32_greedy, CODEC_F32, true)
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_q8(const MvArgs a) { matvec_body<CODEC_Q8>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_q4(const MvArgs a) { matvec_body<CODEC_Q4>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_bf16(const MvArgs a) { matvec_body<CODEC_BF16>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_f16(const MvArgs a) { matvec_body<CODEC_F16>(a); }
+extern "C" __global__ void __launch_bounds__(256, MV_MINB) mv_f32(const MvArgs a) { matvec_body<CODEC_F32>(a); }

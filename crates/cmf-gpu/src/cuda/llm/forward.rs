@@ -248,21 +248,20 @@ impl CudaLlm {
         (0..Self::DECODE_STAGES.len()).try_for_each(|st| self.decode_stage(l, st))
     }
 
-    /// Final norm + lm_head into `out`; with `greedy` the arg-max is taken in the same kernel
-    /// (matvec.cu `greedy_finish`: the token and position are written as the sampler would).
-    pub(super) fn enqueue_head_decode(&self, x: u64, out: u64, greedy: bool) -> DResult<()> {
+    pub(super) fn enqueue_head_decode(&self, x: u64, out: u64) -> DResult<()> {
         let head = self.head_weight().expect("head resident");
         let norm = self.final_norm.as_ref().expect("head resident").ptr();
-        let p = matvec::pack_greedy(
+        matvec::launch(
+            &self.dev,
+            &self.ck,
             &[MvSeg { w: head, bias: 0 }],
             x,
             norm,
             self.eps(),
             out,
             MvMode::Store,
-            if greedy { self.ws.io.ptr() } else { 0 },
-        );
-        matvec::launch_packed(&self.dev, &self.ck, p, self.pdl)
+            self.pdl,
+        )
     }
 
     pub(super) fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
@@ -314,18 +313,12 @@ impl CudaLlm {
         for l in 0..self.layers.len() {
             self.enqueue_layer_decode(l)?;
         }
-        // Greedy: the arg-max rides in the lm_head kernel (no sampler launches;
-        // CMF_GPU_FUSED_GREEDY=0 keeps the sampler kernels, for A/B runs).
-        let greedy = *sampler == Sampler::Greedy && self.fused_greedy;
-        self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), greedy)?;
-        if greedy {
-            return Ok(());
-        }
+        self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
         self.enqueue_sample(sampler)
     }
 
     /// Captures the whole-token graph; `short`: the chain for contexts of at most
-    /// `DEC_ONE_BLOCK` keys (one decode-attention block per kv head).
+    /// `one_block` keys (one decode-attention block per kv head).
     fn capture(&self, sampler: &Sampler, short: bool) -> DResult<Graph> {
         self.enqueue_short.set(short);
         let stream = &self.dev.stream;
@@ -355,10 +348,10 @@ impl CudaLlm {
         sampler: &Sampler,
         want_logits: bool,
     ) -> DResult<(u32, Vec<f32>)> {
-        // Positions below DEC_ONE_BLOCK see at most that many keys in every layer. Both graphs
+        // Positions below one_block see at most that many keys in every layer. Both graphs
         // are captured together, so crossing the switch mid-generation costs no capture.
         let split_mode = self.short != super::ShortDecode::Off;
-        let short = split_mode && pos < super::DEC_ONE_BLOCK;
+        let short = split_mode && pos < self.one_block;
         for slot in [false, true] {
             if slot && !split_mode {
                 continue;
@@ -730,7 +723,7 @@ impl CudaLlm {
                 Logits::None => {}
                 Logits::Last if ci + 1 == n_chunks => {
                     let last = pf.h.ptr() + 4 * ((t - 1) * self.spec.hidden) as u64;
-                    self.enqueue_head_decode(last, pf.logits_last.ptr(), false)?;
+                    self.enqueue_head_decode(last, pf.logits_last.ptr())?;
                     self.dev.download_f32(&mut out, pf.logits_last.ptr())?;
                 }
                 Logits::Last => {}
@@ -798,7 +791,7 @@ impl CudaLlm {
         for i in 0..t {
             self.dev
                 .upload_f32(self.ws.h.ptr(), &x[i * h..(i + 1) * h])?;
-            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), false)?;
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())?;
             self.dev
                 .download_f32(&mut out[i * v..(i + 1) * v], self.ws.logits.ptr())?;
         }

@@ -78,9 +78,11 @@ pub struct CudaLlm {
     pf_start: usize,
     blas: Option<Blas>,
     /// Captured whole-token graphs: [split-K attention, short contexts]. Index 1 is used while
-    /// the position is below `DEC_ONE_BLOCK` (see `ShortDecode`).
+    /// the position is below `one_block` (see `ShortDecode`).
     graphs: [Option<(Sampler, Graph)>; 2],
     short: ShortDecode,
+    /// Visible keys up to which one decode-attention block serves a kv head.
+    one_block: usize,
     smem: DecodeSmemBytes,
     /// Whether the decode chain being enqueued is the short-context one (set around capture).
     enqueue_short: std::cell::Cell<bool>,
@@ -88,9 +90,6 @@ pub struct CudaLlm {
     dev_inputs: Option<(u32, usize)>,
     /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
     pdl: bool,
-    /// Greedy decode takes its arg-max inside the lm_head matvec (`CMF_GPU_FUSED_GREEDY=0`:
-    /// the two sampler kernels instead).
-    fused_greedy: bool,
     attn: AttnKernel,
 }
 
@@ -107,6 +106,8 @@ pub enum AttnKernel {
 
 /// Per-model facts the footprint and the load share.
 struct Plan {
+    /// `dec_one_block()`
+    one_block: usize,
     kv_f32: bool,
     kv_layer_bytes: u64,
     splits: usize,
@@ -137,8 +138,16 @@ fn decode_early_wait(layer_bytes: u64) -> bool {
     }
 }
 
-/// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`).
-pub(super) const DEC_ONE_BLOCK: usize = 256;
+/// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`), and
+/// the short-context graph (K/V staged in shared memory: 384 keys of f16 at head dim 128 are
+/// 192 KiB). `CMF_GPU_DEC_ONE_BLOCK` overrides it (A/B runs).
+fn dec_one_block() -> usize {
+    std::env::var("CMF_GPU_DEC_ONE_BLOCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| (16..=4096).contains(&n))
+        .unwrap_or(384)
+}
 
 /// Warps per decode-attention block (`DEC_WARPS` in attention_decode.cu).
 pub(super) const DEC_WARPS: usize = 8;
@@ -157,18 +166,17 @@ pub(super) fn decode_smem_bytes(
         + DEC_WARPS * splits)
 }
 
-/// Dynamic shared memory of `attn_decode_short`: the staged K and V rows (`DEC_ONE_BLOCK` keys
+/// Dynamic shared memory of `attn_decode_short`: the staged K and V rows (`one_block` keys
 /// each), then `attn_decode`'s layout.
 fn decode_short_smem_bytes(p: &Plan, group: usize, head_dim: usize) -> usize {
     let kv_elem = if p.kv_f32 { 4 } else { 2 };
-    2 * DEC_ONE_BLOCK * head_dim * kv_elem
-        + decode_smem_bytes(group, head_dim, p.chunk_max, p.splits)
+    2 * p.one_block * head_dim * kv_elem + decode_smem_bytes(group, head_dim, p.chunk_max, p.splits)
 }
 
 /// Most dynamic shared memory a block may opt into on Hopper (227 KiB).
 const MAX_BLOCK_SMEM: usize = 227 * 1024;
 
-/// How decode attention runs at contexts of at most `DEC_ONE_BLOCK` keys, where the token's
+/// How decode attention runs at contexts of at most `one_block` keys, where the token's
 /// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs;
 /// the default is `staged` where its shared memory fits, else `grid`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,7 +280,8 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
         .div_ceil(s.num_kv_heads)
         .clamp(1, 128);
     // A split holds at most this many keys at the fewest (one block, or the smallest split).
-    let floor = dec_min_chunk().max(DEC_ONE_BLOCK);
+    let one_block = dec_one_block();
+    let floor = dec_min_chunk().max(one_block);
     let chunk = |p: usize| opts.max_context.div_ceil(p).max(floor);
     while decode_smem_bytes(group, s.head_dim, chunk(splits), splits) > 96 * 1024
         && chunk(splits) > floor
@@ -280,6 +289,7 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
         splits *= 2;
     }
     Ok(Plan {
+        one_block,
         kv_f32,
         kv_layer_bytes,
         splits,
@@ -346,7 +356,7 @@ impl CudaLlm {
             p.kv_f32,
             DecodeAttnConfig {
                 min_chunk: dec_min_chunk(),
-                one_block: DEC_ONE_BLOCK,
+                one_block: p.one_block,
                 early_wait: decode_early_wait(model.layers.first().map_or(0, layer_weight_bytes)),
             },
         )
@@ -449,6 +459,7 @@ impl CudaLlm {
             blas,
             graphs: [None, None],
             short,
+            one_block: p.one_block,
             smem: DecodeSmemBytes {
                 decode: smem,
                 decode_short: short_smem,
@@ -458,7 +469,6 @@ impl CudaLlm {
             pdl: std::env::var("CMF_GPU_PDL")
                 .map(|v| v != "0")
                 .unwrap_or(true),
-            fused_greedy: std::env::var("CMF_GPU_FUSED_GREEDY").as_deref() != Ok("0"),
             attn: AttnKernel::Fa2,
         }
         .with_attention(match std::env::var("CMF_GPU_ATTN").as_deref() {

@@ -24,9 +24,7 @@ impl CudaLlm {
         let mut out = Vec::new();
         // The stages as the graph for the device's position runs them.
         let short = self.short != super::ShortDecode::Off
-            && self
-                .dev_inputs
-                .is_some_and(|(_, p)| p < super::DEC_ONE_BLOCK);
+            && self.dev_inputs.is_some_and(|(_, p)| p < self.one_block);
         self.enqueue_short.set(short);
         for (st, name) in Self::DECODE_STAGES.iter().enumerate() {
             out.push((
@@ -39,21 +37,11 @@ impl CudaLlm {
         })?;
         out.push(("decode layer: all stages back to back".into(), 1e3 * all));
         let lm = self.time_ms(iters, || {
-            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), false)
+            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr())
         })?;
         out.push(("decode head: final norm + lm_head matvec".into(), 1e3 * lm));
-        let lm_greedy = self.time_ms(iters, || {
-            self.enqueue_head_decode(self.ws.h.ptr(), self.ws.logits.ptr(), true)
-        })?;
-        out.push((
-            "decode head: the same with the greedy arg-max fused in".into(),
-            1e3 * lm_greedy,
-        ));
         let sample = self.time_ms(iters, || self.enqueue_sample(&Sampler::Greedy))?;
-        out.push((
-            "decode head: greedy sampler kernels (top-k path)".into(),
-            1e3 * sample,
-        ));
+        out.push(("decode head: greedy sampler".into(), 1e3 * sample));
         self.enqueue_short.set(false);
         if let Some((_, g)) = &self.graphs[short as usize] {
             // Each replay advances the device position by one: a few only.

@@ -26,9 +26,7 @@ pub struct DecodeWs {
     /// Sampler candidates: [SAMPLE_BLOCKS·TOPK_MAX] values and ids.
     pub cand_v: DBuf,
     pub cand_i: DBuf,
-    /// i32 [8]: token (the embedding's input), position, sampled token, spare, then the fused
-    /// greedy arg-max's u64 key and finished-block count (matvec.cu `greedy_finish`; zero
-    /// between launches), spare.
+    /// i32 [4]: token (the embedding's input), position, sampled token, spare.
     pub io: DBuf,
     /// i32 [NKV]: finished split blocks per kv head (decode attention's merge; self-resetting).
     pub count: DBuf,
@@ -45,7 +43,7 @@ impl DecodeWs {
             4 * s.vocab,
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             4 * SAMPLE_BLOCKS * TOPK_MAX,
-            32,
+            16,
             4 * s.num_kv_heads,
         ]
     }
