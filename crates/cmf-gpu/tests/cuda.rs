@@ -424,11 +424,11 @@ fn chunked_prefill_and_split_attention_at_long_context() {
 #[test]
 fn short_context_decode_graphs_match_reference_across_the_switch() {
     let Some(b) = backend() else { return };
-    // Below DEC_ONE_BLOCK (384) keys decode runs a second graph with one attention block per kv
-    // head (K/V staged in shared memory by default); from position 384 on, the split-K graph.
-    // Decode from 378 crosses the switch; every mode, with a sliding-window layer, q8 and bf16
+    // Below DEC_ONE_BLOCK (256) keys decode runs a second graph with one attention block per kv
+    // head (K/V staged in shared memory by default); from position 256 on, the split-K graph.
+    // Decode from 250 crosses the switch; every mode, with a sliding-window layer, q8 and bf16
     // weights (f16 KV) and f16 weights (f32 KV: too large to stage at head_dim 128, so `grid`).
-    let prompt: Vec<u32> = (0..378).map(|i| (i * 17 + 2) % 300).collect();
+    let prompt: Vec<u32> = (0..250).map(|i| (i * 17 + 2) % 300).collect();
     let opts = LlmOptions {
         max_context: 512,
         prefill_chunk: 128,

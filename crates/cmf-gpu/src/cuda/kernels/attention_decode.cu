@@ -41,7 +41,7 @@
 // the fastest at short contexts); beyond, splits of at least DEC_MIN_CHUNK keys (more blocks
 // in flight against more merging).
 #ifndef DEC_ONE_BLOCK
-#define DEC_ONE_BLOCK 384
+#define DEC_ONE_BLOCK 256
 #endif
 #ifndef DEC_MIN_CHUNK
 #define DEC_MIN_CHUNK 128

@@ -139,14 +139,16 @@ fn decode_early_wait(layer_bytes: u64) -> bool {
 }
 
 /// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`), and
-/// the short-context graph (K/V staged in shared memory: 384 keys of f16 at head dim 128 are
-/// 192 KiB). `CMF_GPU_DEC_ONE_BLOCK` overrides it (A/B runs).
+/// the short-context graph (K/V staged in shared memory: 256 keys of f16 at head dim 128 are
+/// 128 KiB). `CMF_GPU_DEC_ONE_BLOCK` overrides it (A/B runs). 384 measured slower on the H200
+/// (Qwen3-8B bf16 189 against 230 tok/s from context 128, q8 354 against 389): 192 KiB of
+/// staging leaves no room for the matvec blocks that should share the SM with it.
 fn dec_one_block() -> usize {
     std::env::var("CMF_GPU_DEC_ONE_BLOCK")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| (16..=4096).contains(&n))
-        .unwrap_or(384)
+        .unwrap_or(256)
 }
 
 /// Warps per decode-attention block (`DEC_WARPS` in attention_decode.cu).
