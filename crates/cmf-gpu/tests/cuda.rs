@@ -642,6 +642,93 @@ fn top_k_sampling_draws_from_the_top_k() {
     );
 }
 
+/// Greedy decode with a caller that sometimes does not feed the sampled token back (`forced`:
+/// step → token) or wants logits (`logits_at`); returns the fed tokens and the logits asked for.
+fn decode_run(
+    dev: &mut cmf_gpu::cuda::llm::CudaLlm,
+    v: usize,
+    prompt: &[u32],
+    last: usize,
+    forced: &[(usize, u32)],
+    logits_at: &[usize],
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut l = vec![0f32; v];
+    dev.prefill(prompt, 0, Logits::Last, &mut l).unwrap();
+    let mut fed = prompt.to_vec();
+    let mut next = reference::argmax(&l);
+    let mut got_logits = Vec::new();
+    for pos in prompt.len()..=last {
+        if let Some(&(_, t)) = forced.iter().find(|(p, _)| *p == pos) {
+            next = t;
+        }
+        fed.push(next);
+        let want = logits_at.contains(&pos);
+        let mut out = DecodeOutput::default();
+        dev.decode(next, pos, &Sampler::Greedy, want, &mut out)
+            .unwrap();
+        if want {
+            got_logits.push(out.logits);
+        }
+        next = out.token;
+    }
+    fed.push(next);
+    (fed, got_logits)
+}
+
+#[test]
+fn decode_ahead_matches_step_by_step_and_the_reference() {
+    let Some(b) = backend() else { return };
+    // The graph for position p + 1 is launched before the token of p is read; a caller that
+    // feeds another token, asks for logits, or stops at the context's end must see exactly what
+    // step-by-step decoding gives. f32 weights: greedy tokens equal the CPU reference's.
+    let m = SynthModel::new(tiny_spec(64, None), Dtype::F32, SynthOptions::QWEN3, 31);
+    let model = m.model();
+    let opts = LlmOptions {
+        max_context: 48,
+        ..Default::default()
+    };
+    let prompt = [3u32, 141, 59, 26, 5];
+    let forced = [(17, 7u32), (18, 7), (30, 299)];
+    let logits_at = [12, 31, 47];
+    let mut runs = Vec::new();
+    for ahead in [true, false] {
+        let mut dev = load(&b, &model, &opts);
+        dev.set_decode_ahead(ahead);
+        runs.push(decode_run(
+            &mut dev,
+            model.spec.vocab,
+            &prompt,
+            47,
+            &forced,
+            &logits_at,
+        ));
+    }
+    assert_eq!(runs[0].0, runs[1].0, "tokens differ with decode-ahead on");
+    assert_eq!(runs[0].1, runs[1].1, "logits differ with decode-ahead on");
+    // The CPU reference fed the same tokens.
+    let mut cache = RefCache::new(model.spec.num_layers);
+    let fed = &runs[0].0;
+    let mut want_logits = Vec::new();
+    for pos in 0..fed.len() - 1 {
+        let l = reference::forward_token(&model, fed[pos], pos, &mut cache);
+        let forced_next = forced.iter().any(|(p, _)| *p == pos + 1);
+        if pos >= prompt.len() - 1 && !forced_next {
+            assert_eq!(
+                fed[pos + 1],
+                reference::argmax(&l),
+                "greedy token at {}",
+                pos + 1
+            );
+        }
+        if logits_at.contains(&pos) {
+            want_logits.push(l);
+        }
+    }
+    for (g, w) in runs[0].1.iter().zip(&want_logits) {
+        assert!(rel_err(g, w) < 1e-4, "logits rel err {:.2e}", rel_err(g, w));
+    }
+}
+
 #[test]
 fn hybrid_layers_match_reference() {
     let Some(b) = backend() else { return };

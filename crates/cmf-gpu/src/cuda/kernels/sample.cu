@@ -85,11 +85,12 @@ __device__ __forceinline__ float rng_uniform(u64 seed, u64 pos) {
 }
 
 // One block of 1024 threads. Merges SAMPLE_BLOCKS·k candidates; k = 1 → arg-max; else softmax
-// of the k best / temperature, cut at top_p, draw. Writes the token to tok[0] and out_tok[0],
-// and advances pos[0] by one (the next step's position).
+// of the k best / temperature, cut at top_p, draw. Writes the token to tok[0] (the next step's
+// input), the pair (position, token) to slot position & ring_mask of `ring` (pinned host memory
+// the host reads after the graph: llm/ahead.rs), and advances pos[0] by one.
 extern "C" __global__ void __launch_bounds__(1024)
 topk_final(const float* cv, const int* ci, int k, float temperature, float top_p, u64 seed, int* tok, int* pos,
-           int* out_tok) {
+           int* ring, int ring_mask) {
     pdl_trigger();
     pdl_wait();
     __shared__ float best_v[TOPK_MAX];
@@ -140,8 +141,10 @@ topk_final(const float* cv, const int* ci, int k, float temperature, float top_p
                 if (u < c) { chosen = best_i[r]; break; }
             }
         }
+        const int p = pos[0];
         tok[0] = chosen;
-        out_tok[0] = chosen;
-        pos[0] = pos[0] + 1;
+        pos[0] = p + 1;
+        ring[2 * (p & ring_mask)] = p;
+        ring[2 * (p & ring_mask) + 1] = chosen;
     }
 }

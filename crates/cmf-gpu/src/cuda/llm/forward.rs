@@ -302,7 +302,8 @@ impl CudaLlm {
                 Arg::U64(seed),
                 Arg::Ptr(ws.tok()),
                 Arg::Ptr(ws.pos()),
-                Arg::Ptr(ws.sampled()),
+                Arg::Ptr(self.ahead.ring.dev_ptr()),
+                Arg::I32(super::ahead::RING_SLOTS as i32 - 1),
             ],
         )
     }
@@ -340,7 +341,9 @@ impl CudaLlm {
         }
     }
 
-    /// Runs one decode step; returns (sampled token, logits if asked).
+    /// Runs one decode step; returns (sampled token, logits if asked). Unless logits are
+    /// wanted, the next step's graph is launched before this one's token is read (ahead.rs):
+    /// the next call finds it running when it asks for that step.
     pub(super) fn decode_step(
         &mut self,
         token: u32,
@@ -351,7 +354,6 @@ impl CudaLlm {
         // Positions below one_block see at most that many keys in every layer. Both graphs
         // are captured together, so crossing the switch mid-generation costs no capture.
         let split_mode = self.short != super::ShortDecode::Off;
-        let short = split_mode && pos < self.one_block;
         for slot in [false, true] {
             if slot && !split_mode {
                 continue;
@@ -361,25 +363,43 @@ impl CudaLlm {
                 .map(|(s, _)| s != sampler)
                 .unwrap_or(true);
             if stale {
+                self.settle()?;
                 self.graphs[slot as usize] = None;
                 let g = self.capture(sampler, slot)?;
                 self.graphs[slot as usize] = Some((*sampler, g));
             }
         }
-        if self.dev_inputs != Some((token, pos)) {
-            self.dev
-                .upload(self.ws.io.ptr(), bytes_of(&[token as i32, pos as i32]))?;
+        if !self.ahead.take_matching(pos, token, sampler) {
+            // Nothing running, or a graph launched ahead for another step: wait for it (its
+            // writes are rewritten by this step) and start this one.
+            self.settle()?;
+            if self.dev_inputs != Some((token, pos)) {
+                self.dev
+                    .upload(self.ws.io.ptr(), bytes_of(&[token as i32, pos as i32]))?;
+            }
+            self.launch_decode_graph(pos)?;
         }
         // From here the device inputs are unknown until the step completes.
         self.dev_inputs = None;
-        let (_, g) = self.graphs[short as usize]
-            .as_ref()
-            .expect("captured above");
-        g.0.launch()
-            .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
-        let mut tok = [0u8; 4];
-        self.dev.download(&mut tok, self.ws.sampled())?;
-        let tok = i32::from_le_bytes(tok) as u32;
+        let ahead = self.ahead.enabled && !want_logits && pos + 1 < self.opts.max_context;
+        if ahead {
+            self.launch_decode_graph(pos + 1)?;
+        }
+        let tok = match self.ahead.wait_token(pos) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.dev.sync();
+                return Err(e);
+            }
+        };
+        if ahead {
+            self.ahead.in_flight = Some(super::ahead::InFlight {
+                pos: pos + 1,
+                fed: tok,
+                sampler: *sampler,
+            });
+            return Ok((tok, Vec::new()));
+        }
         let logits = if want_logits {
             let mut v = vec![0f32; self.spec.vocab];
             self.dev.download_f32(&mut v, self.ws.logits.ptr())?;
@@ -389,6 +409,28 @@ impl CudaLlm {
         };
         self.dev_inputs = Some((tok, pos + 1));
         Ok((tok, logits))
+    }
+
+    /// Launches the captured graph for `pos` (the device inputs must hold it) and records its
+    /// completion event.
+    fn launch_decode_graph(&self, pos: usize) -> DResult<()> {
+        let short = self.short != super::ShortDecode::Off && pos < self.one_block;
+        let (_, g) = self.graphs[short as usize]
+            .as_ref()
+            .expect("captured before launching");
+        g.0.launch()
+            .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
+        self.ahead.record(pos, self.dev.stream.cu_stream())
+    }
+
+    /// Waits for a decode graph launched ahead, if any; called before any other use of the
+    /// decode state (another step, prefill, capture, profiling, drop).
+    pub(super) fn settle(&mut self) -> DResult<()> {
+        if self.ahead.in_flight.take().is_some() {
+            self.dev_inputs = None;
+            self.dev.sync()?;
+        }
+        Ok(())
     }
 
     // ---- prefill ------------------------------------------------------------------------
@@ -699,6 +741,7 @@ impl CudaLlm {
         start: usize,
         logits: Logits,
     ) -> DResult<Vec<f32>> {
+        self.settle()?;
         self.ensure_prefill_ws()?;
         self.dev_inputs = None;
         let (v, cap) = (self.spec.vocab, self.opts.prefill_chunk);
@@ -760,6 +803,7 @@ impl CudaLlm {
         t: usize,
         start: usize,
     ) -> DResult<Vec<f32>> {
+        self.settle()?;
         self.dev_inputs = None;
         let mut y = vec![0f32; x.len()];
         if t == 1 {
@@ -786,6 +830,7 @@ impl CudaLlm {
 
     /// Final norm + lm_head of x[t, H]; returns logits [t, V].
     pub(super) fn run_head(&mut self, x: &[f32], t: usize) -> DResult<Vec<f32>> {
+        self.settle()?;
         let (h, v) = (self.spec.hidden, self.spec.vocab);
         let mut out = vec![0f32; t * v];
         for i in 0..t {

@@ -11,6 +11,7 @@
 //!   chunked by `prefill_chunk`, writing the KV cache in place.
 //! - `forward_layers` / `head`: hybrid placement, the caller runs the other layers on the CPU.
 
+mod ahead;
 mod forward;
 mod profile;
 mod workspace;
@@ -23,6 +24,7 @@ use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
 use crate::llm::{
     DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
+use ahead::DecodeAhead;
 use std::ops::Range;
 use std::sync::Arc;
 use workspace::{DecodeWs, PrefillWs};
@@ -88,6 +90,8 @@ pub struct CudaLlm {
     enqueue_short: std::cell::Cell<bool>,
     /// (token, position) the device-side decode inputs hold now, if known.
     dev_inputs: Option<(u32, usize)>,
+    /// The token ring and the graph launched ahead (ahead.rs).
+    ahead: DecodeAhead,
     /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
     pdl: bool,
     attn: AttnKernel,
@@ -468,6 +472,7 @@ impl CudaLlm {
             },
             enqueue_short: std::cell::Cell::new(false),
             dev_inputs: None,
+            ahead: DecodeAhead::new().map_err(err)?,
             pdl: std::env::var("CMF_GPU_PDL")
                 .map(|v| v != "0")
                 .unwrap_or(true),
@@ -540,8 +545,16 @@ impl CudaLlm {
 
     /// Turns programmatic dependent launch on or off (drops the captured graph).
     pub fn set_pdl(&mut self, on: bool) {
+        let _ = self.settle();
         self.pdl = on;
         self.graphs = [None, None];
+    }
+
+    /// Turns launching the next decode graph ahead on or off (`CMF_GPU_DEC_AHEAD=0` at load:
+    /// off).
+    pub fn set_decode_ahead(&mut self, on: bool) {
+        let _ = self.settle();
+        self.ahead.enabled = on;
     }
 
     /// Whether the KV cache is f32 (f32/f16 models) rather than f16.
@@ -557,6 +570,13 @@ impl CudaLlm {
     /// How short contexts run decode attention (for reports).
     pub fn short_decode(&self) -> ShortDecode {
         self.short
+    }
+}
+
+impl Drop for CudaLlm {
+    fn drop(&mut self) {
+        // A graph launched ahead must finish before its graph and token ring are freed.
+        let _ = self.settle();
     }
 }
 

@@ -23,8 +23,12 @@ impl CudaLlm {
     pub fn profile_decode(&mut self, iters: usize) -> DResult<Vec<(String, f64)>> {
         let mut out = Vec::new();
         // The stages as the graph for the device's position runs them.
+        let next = self.ahead.in_flight.map(|f| f.pos + 1);
+        self.settle()?;
         let short = self.short != super::ShortDecode::Off
-            && self.dev_inputs.is_some_and(|(_, p)| p < self.one_block);
+            && next
+                .or(self.dev_inputs.map(|(_, p)| p))
+                .is_some_and(|p| p < self.one_block);
         self.enqueue_short.set(short);
         for (st, name) in Self::DECODE_STAGES.iter().enumerate() {
             out.push((

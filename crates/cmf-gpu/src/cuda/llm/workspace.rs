@@ -26,7 +26,8 @@ pub struct DecodeWs {
     /// Sampler candidates: [SAMPLE_BLOCKS·TOPK_MAX] values and ids.
     pub cand_v: DBuf,
     pub cand_i: DBuf,
-    /// i32 [4]: token (the embedding's input), position, sampled token, spare.
+    /// i32 [4]: token (the embedding's input), position, two spare (the sampled token goes to
+    /// the token ring: ahead.rs).
     pub io: DBuf,
     /// i32 [NKV]: finished split blocks per kv head (decode attention's merge; self-resetting).
     pub count: DBuf,
@@ -73,9 +74,6 @@ impl DecodeWs {
     }
     pub fn pos(&self) -> u64 {
         self.io.at(4)
-    }
-    pub fn sampled(&self) -> u64 {
-        self.io.at(8)
     }
 }
 
