@@ -243,6 +243,9 @@ pub struct CommonKernels {
     pub mv_small_bytes: u64,
     pub topk_partial: Func,
     pub topk_final: Func,
+    /// Most shared memory (static + dynamic) a block may opt into on this device
+    /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 227 KiB on Hopper; 48 KiB if the query fails).
+    pub max_block_smem: usize,
     _mods: Vec<Module>,
 }
 
@@ -341,7 +344,7 @@ impl CommonKernels {
         let mv_small = small.as_ref().map(funcs).transpose()?;
         // Matvec prologues keep x (f32 for float codecs) in shared memory: allow what the
         // device offers (227 KiB on Hopper).
-        let max_smem = dev
+        let max_block_smem = dev
             .ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -349,8 +352,10 @@ impl CommonKernels {
             .unwrap_or(48 * 1024) as usize;
         for f in mvf.iter().chain(mv_small.iter().flatten()) {
             // The opt-in limit covers static + dynamic shared memory.
-            f.allow_smem(max_smem.saturating_sub(f.static_smem()))?;
+            f.allow_smem(max_block_smem.saturating_sub(f.static_smem()))?;
         }
+        let topk_partial = sample.func("topk_partial")?;
+        let topk_final = sample.func("topk_final")?;
         let mut mods = vec![mv, sample];
         mods.extend(small);
         Ok(CommonKernels {
@@ -361,8 +366,9 @@ impl CommonKernels {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(MatvecConfig::SMALL_BYTES, |m| m << 20),
-            topk_partial: mods[1].func("topk_partial")?,
-            topk_final: mods[1].func("topk_final")?,
+            topk_partial,
+            topk_final,
+            max_block_smem,
             _mods: mods,
         })
     }

@@ -58,23 +58,20 @@ pub fn smem_bytes(codec: DevCodec, k: usize, nq: usize) -> usize {
     }
 }
 
-/// A matvec's packed kernel argument (`struct MvArgs`) and what its launch needs.
-pub struct MvPacked {
-    pub args: Vec<u8>,
-    pub codec: DevCodec,
-    /// Row pairs (or gate/up rows in SwiGLU mode).
-    pub jobs: usize,
-    /// Dynamic shared memory of the prologue.
-    pub smem: usize,
-    /// Weight bytes of all segments.
-    pub weight_bytes: u64,
-    /// Bytes of one row of the main plane.
-    pub row_bytes: usize,
-}
-
-/// Packs y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional
-/// fused RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue.
-pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -> MvPacked {
+/// y = W·x for up to three weights sharing `x[K]` (same codec and K), with an optional fused
+/// RMSNorm of x (`norm` = weight pointer, or 0) and the `mode` epilogue, as one launch.
+#[allow(clippy::too_many_arguments)]
+pub fn launch(
+    dev: &Dev,
+    ck: &CommonKernels,
+    segs: &[MvSeg],
+    x: u64,
+    norm: u64,
+    eps: f32,
+    y: u64,
+    mode: MvMode,
+    pdl: bool,
+) -> DResult<()> {
     assert!(!segs.is_empty() && segs.len() <= 3);
     let codec = segs[0].w.codec;
     let k = segs[0].w.cols;
@@ -101,6 +98,7 @@ pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -
         };
         row0 += s.w.rows as i32;
     }
+    // Row pairs (or gate/up rows in SwiGLU mode).
     let jobs = match mode {
         MvMode::SwiGlu => segs[0].w.rows,
         _ => (row0 as usize).div_ceil(2),
@@ -111,56 +109,34 @@ pub fn pack(segs: &[MvSeg], x: u64, norm: u64, eps: f32, y: u64, mode: MvMode) -
     } else {
         1
     };
-    // SAFETY: MvArgsC is repr(C) plain data mirroring `struct MvArgs` in matvec.cu.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(
-            &a as *const MvArgsC as *const u8,
-            std::mem::size_of::<MvArgsC>(),
-        )
-    };
-    MvPacked {
-        args: bytes.to_vec(),
-        codec,
-        jobs,
-        smem: smem_bytes(codec, k, nq),
-        weight_bytes: segs.iter().map(|s| s.w.bytes()).sum(),
-        row_bytes: segs[0].w.main.len() / segs[0].w.rows.max(1),
-    }
-}
-
-/// y = W·x (see [`pack`]) as one launch.
-#[allow(clippy::too_many_arguments)]
-pub fn launch(
-    dev: &Dev,
-    ck: &CommonKernels,
-    segs: &[MvSeg],
-    x: u64,
-    norm: u64,
-    eps: f32,
-    y: u64,
-    mode: MvMode,
-    pdl: bool,
-) -> DResult<()> {
-    let p = pack(segs, x, norm, eps, y, mode);
     // The latency shape (MatvecConfig::SMALL), where it was built, for small weights and for
     // rows its chunks in flight cover whole (the large shape would leave half its loads idle).
-    let whole_rows = p.row_bytes <= 512 * MatvecConfig::SMALL.chunks_in_flight;
+    let weight_bytes: u64 = segs.iter().map(|s| s.w.bytes()).sum();
+    let row_bytes = segs[0].w.main.len() / segs[0].w.rows.max(1);
+    let whole_rows = row_bytes <= 512 * MatvecConfig::SMALL.chunks_in_flight;
     let (funcs, config) = match &ck.mv_small {
-        Some(f) if p.weight_bytes <= ck.mv_small_bytes || whole_rows => (f, MatvecConfig::SMALL),
+        Some(f) if weight_bytes <= ck.mv_small_bytes || whole_rows => (f, MatvecConfig::SMALL),
         _ => (&ck.mv, ck.mv_config),
     };
     // `blocks_per_sm` resident blocks per SM at most; as many rounds of jobs as that takes, and
     // then as few blocks as give every warp the same number of rounds (no half-empty last
     // round).
     let max_blocks = config.blocks_per_sm * dev.sm_count as usize;
-    let rounds = p.jobs.div_ceil(WARPS * max_blocks).max(1);
-    let blocks = p.jobs.div_ceil(WARPS * rounds).max(1);
+    let rounds = jobs.div_ceil(WARPS * max_blocks).max(1);
+    let blocks = jobs.div_ceil(WARPS * rounds).max(1);
+    // SAFETY: MvArgsC is repr(C) plain data mirroring `struct MvArgs` in matvec.cu.
+    let args = unsafe {
+        std::slice::from_raw_parts(
+            &a as *const MvArgsC as *const u8,
+            std::mem::size_of::<MvArgsC>(),
+        )
+    };
     dev.launch_ex(
-        &funcs[p.codec as usize],
+        &funcs[codec as usize],
         (blocks as u32, 1, 1),
         ((WARPS * 32) as u32, 1, 1),
-        p.smem as u32,
-        &[Arg::Bytes(p.args)],
+        smem_bytes(codec, k, nq) as u32,
+        &[Arg::Bytes(args.to_vec())],
         pdl,
     )
 }

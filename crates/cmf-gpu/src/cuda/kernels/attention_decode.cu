@@ -154,9 +154,11 @@ __device__ __forceinline__ void decode_prologue(const float* qkv, const float* q
     for (int u = warp; u < GQA + (last ? 2 : 0); u += DEC_WARPS) {
         const int kind = u < GQA ? 0 : u - GQA + 1;  // 0: q head u, 1: k, 2: v
         const float* src = qkv + (size_t)(kind == 0 ? kvh * GQA + u : NH + (kind - 1) * NKV + kvh) * HD;
+        // Plain loads: q|k|v was written by the previous kernel (the matvec), visible after the
+        // pdl_wait that precedes decode_end; nothing writes it during this kernel.
         float v[RJ];
 #pragma unroll
-        for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? ldcg(src + lane + 32 * j) : 0.f;
+        for (int j = 0; j < RJ; j++) v[j] = lane + 32 * j < HD ? src[lane + 32 * j] : 0.f;
         if (kind < 2) {
             head_rmsnorm(v, kind == 0 ? q_norm : k_norm, eps, lane);
             head_rope_with(v, scratch + warp * HD, cs, sn, R, lane);

@@ -88,32 +88,46 @@ impl CudaLlm {
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
         let heads = s.num_heads + 2 * s.num_kv_heads;
+        let mut args = vec![
+            Arg::Ptr(qkv),
+            Arg::I32((s.q_dim() + 2 * s.kv_dim()) as i32),
+            Arg::Ptr(if with_bias { opt(&d.q_bias) } else { 0 }),
+            Arg::Ptr(if with_bias { opt(&d.k_bias) } else { 0 }),
+            Arg::Ptr(if with_bias { opt(&d.v_bias) } else { 0 }),
+        ];
+        args.extend(self.norm_rope_args(d, pos_ptr));
+        args.extend([
+            Arg::Ptr(q_out),
+            Arg::Ptr(d.k_cache.ptr()),
+            Arg::Ptr(d.v_cache.ptr()),
+            Arg::I32(self.opts.max_context as i32),
+        ]);
         self.go(
             &self.mk.rope_qk_kv,
             (heads.div_ceil(4) as u32, t as u32, 1),
             (128, 1, 1),
             0,
-            &[
-                Arg::Ptr(qkv),
-                Arg::I32((s.q_dim() + 2 * s.kv_dim()) as i32),
-                Arg::Ptr(if with_bias { opt(&d.q_bias) } else { 0 }),
-                Arg::Ptr(if with_bias { opt(&d.k_bias) } else { 0 }),
-                Arg::Ptr(if with_bias { opt(&d.v_bias) } else { 0 }),
-                Arg::Ptr(opt(&d.q_norm)),
-                Arg::Ptr(opt(&d.k_norm)),
-                Arg::F32(self.eps()),
-                Arg::Ptr(self.inv_freq.ptr()),
-                Arg::I32(s.rope.inv_freq.len() as i32),
-                Arg::F32(s.rope.attention_factor),
-                Arg::Ptr(pos_ptr),
-                Arg::I32(s.num_heads as i32),
-                Arg::I32(s.num_kv_heads as i32),
-                Arg::Ptr(q_out),
-                Arg::Ptr(d.k_cache.ptr()),
-                Arg::Ptr(d.v_cache.ptr()),
-                Arg::I32(self.opts.max_context as i32),
-            ],
+            &args,
         )
+    }
+
+    /// The q/k norm and RoPE arguments that `rope_qk_kv` (rowops.cu) and the decode-attention
+    /// kernels (`DECODE_ARGS`) share, in their order: q_norm, k_norm, eps, inv_freq, R,
+    /// attn_factor, pos_ptr, NH, NKV.
+    fn norm_rope_args(&self, d: &DevLayer, pos_ptr: u64) -> [Arg; 9] {
+        let s = &self.spec;
+        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        [
+            Arg::Ptr(opt(&d.q_norm)),
+            Arg::Ptr(opt(&d.k_norm)),
+            Arg::F32(self.eps()),
+            Arg::Ptr(self.inv_freq.ptr()),
+            Arg::I32(s.rope.inv_freq.len() as i32),
+            Arg::F32(s.rope.attention_factor),
+            Arg::Ptr(pos_ptr),
+            Arg::I32(s.num_heads as i32),
+            Arg::I32(s.num_kv_heads as i32),
+        ]
     }
 
     /// The arguments of the decode-attention kernels (`DECODE_ARGS` in attention_decode.cu)
@@ -121,18 +135,9 @@ impl CudaLlm {
     fn decode_attention_args(&self, l: usize) -> Vec<Arg> {
         let (ws, s) = (&self.ws, &self.spec);
         let d = self.layer(l);
-        let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
-        vec![
-            Arg::Ptr(ws.qkv.ptr()),
-            Arg::Ptr(opt(&d.q_norm)),
-            Arg::Ptr(opt(&d.k_norm)),
-            Arg::F32(self.eps()),
-            Arg::Ptr(self.inv_freq.ptr()),
-            Arg::I32(s.rope.inv_freq.len() as i32),
-            Arg::F32(s.rope.attention_factor),
-            Arg::Ptr(ws.pos()),
-            Arg::I32(s.num_heads as i32),
-            Arg::I32(s.num_kv_heads as i32),
+        let mut args = vec![Arg::Ptr(ws.qkv.ptr())];
+        args.extend(self.norm_rope_args(d, ws.pos()));
+        args.extend([
             Arg::I32(d.window),
             Arg::I32(self.opts.max_context as i32),
             Arg::F32(s.attn_scale),
@@ -143,7 +148,8 @@ impl CudaLlm {
             Arg::Ptr(ws.part.ptr()),
             Arg::Ptr(ws.count.ptr()),
             Arg::Ptr(ws.attn.ptr()),
-        ]
+        ]);
+        args
     }
 
     /// Decode attention for layer `l` with the q/k norm, RoPE and the KV write of the new

@@ -179,9 +179,6 @@ fn decode_short_smem_bytes(p: &Plan, group: usize, head_dim: usize) -> usize {
     2 * p.one_block * head_dim * kv_elem + decode_smem_bytes(group, head_dim, p.chunk_max, p.splits)
 }
 
-/// Most dynamic shared memory a block may opt into on Hopper (227 KiB).
-const MAX_BLOCK_SMEM: usize = 227 * 1024;
-
 /// How decode attention runs at contexts of at most `one_block` keys, where the token's
 /// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs;
 /// the default is `staged` where its shared memory fits, else `grid`).
@@ -377,7 +374,7 @@ impl CudaLlm {
             .allow_smem(smem.max(48 * 1024))
             .map_err(err)?;
         let short_smem = decode_short_smem_bytes(&p, s.num_heads / s.num_kv_heads, s.head_dim);
-        let short = short_decode_choice(short_smem <= MAX_BLOCK_SMEM);
+        let short = short_decode_choice(short_smem <= ck.max_block_smem);
         if short == ShortDecode::Staged {
             mk.attn_decode_short
                 .allow_smem(short_smem.max(48 * 1024))
