@@ -862,6 +862,79 @@ fn dit_attention_variants_match_reference() {
     }
 }
 
+/// e4m3 rounding as the device's `cvt.rn.satfinite.e4m3x2.f32` does it: 3 mantissa bits,
+/// nearest-even, subnormal steps of 2⁻⁹ below 2⁻⁶, saturating at ±448.
+fn e4m3(x: f32) -> f32 {
+    let a = x.abs();
+    let e = if a < 2f32.powi(-6) {
+        -6
+    } else {
+        a.log2().floor() as i32
+    };
+    let step = 2f32.powi(e - 3);
+    ((a / step).round_ties_even() * step).min(448.0).copysign(x)
+}
+
+/// `x` (chunks of `n` values share a scale: their amax / 448) quantised to e4m3 and back.
+fn e4m3_scaled(x: &[f32], n: usize) -> Vec<f32> {
+    x.chunks(n)
+        .flat_map(|c| {
+            let amax = c.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+            let inv = 1.0 / s;
+            c.iter()
+                .map(move |&v| e4m3(v * inv) * s)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The FP8 DiT attention (`ws8`, attn_full_ws8) against the f64 reference on the values it
+/// quantised: Q per row and head, K and V per head (of their f16 values), all rounded to e4m3
+/// here as the device rounds them. What is left is the probabilities' own e4m3 rounding (3
+/// mantissa bits, ~2.5 % RMS per probability, averaged by the sum over keys) and the bf16
+/// output: bound 3e-2. A layout mistake (the Vᵀ key order, a scale) gives errors of order 1.
+/// Against the unquantised inputs the error is printed, not bounded (it grows with how peaked
+/// the scores are; the image criterion of the FP8 path is PSNR against bf16, gpu_dit.rs).
+#[test]
+fn dit_fp8_attention_matches_reference_on_its_quantised_inputs() {
+    let Some(b) = backend() else { return };
+    if b.device().arch_specific().is_none() {
+        eprintln!("skipped: attn_full_ws8 needs sm_90a");
+        return;
+    }
+    let (nh, hd) = (3usize, 128usize);
+    for (t, spread) in [
+        (77usize, 1.0f32),
+        (128, 2.0),
+        (300, 1.0),
+        (1100, 1.0),
+        (1100, 3.0),
+    ] {
+        let mut rng = Rng::new(t as u64 * 37 + spread as u64);
+        let q = rng.vec(t * nh * hd, spread * 1.7);
+        let k = rng.vec(t * nh * hd, 1.7);
+        let v = rng.vec(t * nh * hd, 1.0);
+        let got = cmf_gpu::cuda::dit::attention_for_test(b.device(), "ws8", &q, &k, &v, t, nh)
+            .unwrap_or_else(|e| panic!("ws8: {e:?}"));
+        let r16 = |x: &[f32]| -> Vec<f32> {
+            x.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect()
+        };
+        let (qq, kq, vq) = (
+            e4m3_scaled(&q, hd),
+            e4m3_scaled(&r16(&k), t * hd),
+            e4m3_scaled(&r16(&v), t * hd),
+        );
+        let want_q = full_attention_reference(&qq, &kq, &vq, t, nh, hd);
+        let want = full_attention_reference(&q, &k, &v, t, nh, hd);
+        let (eq, e) = (rel_err(&got, &want_q), rel_err(&got, &want));
+        eprintln!(
+            "dit attention ws8 t {t:>4} spread {spread}: rel err {eq:.2e} (quantised inputs), {e:.2e} (exact inputs)"
+        );
+        assert!(eq < 3e-2, "ws8 t {t} spread {spread}: rel err {eq}");
+    }
+}
+
 /// FP8 groundwork (cuda/fp8.rs): e4m3 row quantisation, and the cuBLASLt FP8 GEMM with per-row
 /// scales on both operands against an f64 product of the very bytes and scales the device made.
 /// Tolerances: the quantised rows are within e4m3's rounding of the input (3 mantissa bits:

@@ -27,8 +27,10 @@ pub const ATTENTION: &str = concat!(
 );
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
 pub const ATTENTION_WG: &str = concat!(
+    include_str!("kernels/e4m3.cuh"),
     include_str!("kernels/attention_frag.cuh"),
-    include_str!("kernels/attention_wg.cu")
+    include_str!("kernels/attention_wg.cu"),
+    include_str!("kernels/attention_ws8.cu")
 );
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 /// The DiT's row kernels (with the e4m3 encoder: some write FP8 GEMM inputs).
@@ -127,6 +129,17 @@ pub const fn ws_smem(keys: usize) -> usize {
     1024 + 128 * 128 * 2 + ws_slots(keys) * 2 * keys * 128 * 2 + 4 * 8 * ws_slots(keys)
 }
 const _: () = assert!(ws_smem(WS_KEYS) <= 227 * 1024 && ws_smem(128) <= 227 * 1024);
+
+/// K/V slots of attn_full_ws8 (its `W8_SLOTS` default).
+pub const WS8_SLOTS: usize = 4;
+
+/// Dynamic shared memory of attn_full_ws8 (attention_ws8.cu, `W8_SMEM_BYTES`) with `slots`
+/// slots: 1 KiB to align the swizzle atoms, Q (128 rows × 128 dims, e4m3), the slots × (K + Vᵀ)
+/// × 128 keys × 128 dims, e4m3, 4 mbarriers a slot, 128 f32 Q row scales.
+pub const fn ws8_smem(slots: usize) -> usize {
+    1024 + 128 * 128 + slots * 2 * 128 * 128 + 4 * 8 * slots + 128 * 4
+}
+const _: () = assert!(ws8_smem(6) <= 227 * 1024);
 
 /// The source NVRTC sees: the common helpers, then the op family.
 pub fn full_source(src: &str) -> String {

@@ -7,20 +7,54 @@ use cudarc::driver::sys;
 /// The 128 bytes of a `CUtensorMap`, ready to pass as a kernel argument.
 pub type TensorMap = [u8; 128];
 
-/// A 3-D f16 tensor `[d2][d1][d0]` at device address `base` (`d0` contiguous; `strides` are the
-/// byte strides of d1 and d2), copied in boxes of `boxes` elements with the 128-byte swizzle
-/// (the layout wgmma reads at full rate; `boxes[0]` f16 must span 128 bytes). Elements past a
-/// dimension read as zeros.
+/// Element types the maps here describe.
+#[derive(Clone, Copy, Debug)]
+pub enum TmaElem {
+    F16,
+    /// Raw bytes (e4m3).
+    U8,
+}
+
+impl TmaElem {
+    fn bytes(self) -> u32 {
+        match self {
+            TmaElem::F16 => 2,
+            TmaElem::U8 => 1,
+        }
+    }
+    fn data_type(self) -> sys::CUtensorMapDataType {
+        match self {
+            TmaElem::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            TmaElem::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        }
+    }
+}
+
+/// A 3-D f16 tensor (see [`swizzled_3d`]).
 pub fn f16_3d_swizzled(
     base: u64,
     dims: [u64; 3],
     strides: [u64; 2],
     boxes: [u32; 3],
 ) -> DResult<TensorMap> {
-    if base % 16 != 0 || strides.iter().any(|s| s % 16 != 0) || boxes[0] * 2 != 128 {
+    swizzled_3d(TmaElem::F16, base, dims, strides, boxes)
+}
+
+/// A 3-D tensor `[d2][d1][d0]` of `elem` at device address `base` (`d0` contiguous; `strides`
+/// are the byte strides of d1 and d2), copied in boxes of `boxes` elements with the 128-byte
+/// swizzle (the layout wgmma reads at full rate; `boxes[0]` elements must span 128 bytes).
+/// Elements past a dimension read as zeros.
+pub fn swizzled_3d(
+    elem: TmaElem,
+    base: u64,
+    dims: [u64; 3],
+    strides: [u64; 2],
+    boxes: [u32; 3],
+) -> DResult<TensorMap> {
+    if base % 16 != 0 || strides.iter().any(|s| s % 16 != 0) || boxes[0] * elem.bytes() != 128 {
         return Err(DevError(format!(
             "tensor map: base {base:#x}, strides {strides:?} must be 16-byte aligned and the inner box 128 bytes ({} given)",
-            boxes[0] * 2
+            boxes[0] * elem.bytes()
         )));
     }
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
@@ -30,7 +64,7 @@ pub fn f16_3d_swizzled(
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            elem.data_type(),
             3,
             base as *mut std::ffi::c_void,
             dims.as_ptr(),

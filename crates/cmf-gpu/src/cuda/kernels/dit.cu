@@ -16,7 +16,8 @@
 // outputs: the kernels apply 1 + scale and tanh(gate), as diffusers does). mod = 0: unmodulated
 // (the context refiner).
 // Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
-// pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`).
+// pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`,
+// which also folds each head's K and V amax into kv_amax when the FP8 attention runs).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
 // FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
@@ -180,15 +181,16 @@ extern "C" __global__ void residual_norm(float* x, const u16* o, const float* w,
 // RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, [*, NH,
 // HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
 // Grid (ceil(3·NH / 4), R), 128 threads: one warp per (row, q|k|v head).
-extern "C" __global__ void __launch_bounds__(128)
-qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
-             const float* sinb, const int* map, int NH, float* q_out, u16* kc, u16* vc) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int u = blockIdx.x * 4 + warp;
-    if (u >= 3 * NH) return;
-    const long long r = blockIdx.y;
-    const int kind = u / NH, h = u - kind * NH;
-    const int* m = map + r * MAPW;
+// Rows per qk_norm_rope block (each warp loops over them): the FP8 attention's maxima then take
+// one atomic per warp and QKR_ROWS rows, not one per row (one per row cost 3 ms per 1024² step in
+// contention on the 2·NH addresses).
+#define QKR_ROWS 16
+
+// One warp's (kind, head) of one row; returns the row's |value| max (K and V; 0 for Q).
+__device__ __forceinline__ float qk_norm_rope_row(const u16* qkv, const float* norm_q, const float* norm_k, float eps,
+                                                  const float* cosb, const float* sinb, const int* m, long long r,
+                                                  int NH, int kind, int h, int lane, float* q_out, u16* kc, u16* vc,
+                                                  u8* q8, float* q8_scale) {
     const long long J = m[1], L = m[2], p = m[3], rr = m[4];
     const int D = NH * HD;
     const u16* src = qkv + r * 3 * D + kind * D + h * HD;
@@ -218,6 +220,12 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
             v[k] = make_float2(a * cs - b * sn, a * sn + b * cs);
         }
     }
+    if (kind == 0 && q8) {
+        // The FP8 attention's Q: e4m3 with a scale per row and head (full rows: HD = 128 there).
+        if constexpr (HD == 64 * PL) warp_e4m3_row<PL>(v, lane, q8 + ((J + p) * NH + h) * HD, q8_scale + (J + p) * NH + h);
+        return 0.f;
+    }
+    float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < PL; k++) {
         int j = lane + 32 * k;
@@ -227,8 +235,47 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
         } else {
             u16* dst = (kind == 1 ? kc : vc) + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j;
             *(u32*)dst = (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
+            amax = fmaxf(amax, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
         }
     }
+    return amax;
+}
+
+// Folds a warp's |value| max of item `item` into the item's [2, NH] maxima (u32 bits:
+// non-negative floats order as their bits do).
+__device__ __forceinline__ void fold_amax(unsigned* kv_amax, int item, int kind, int NH, int h, float amax, int lane) {
+    amax = warp_max(fminf(amax, F16_MAX));
+    if (lane == 0) atomicMax(kv_amax + (item * 2 + kind - 1) * NH + h, __float_as_uint(amax));
+}
+
+// q/k RMSNorm + RoPE, f16 K/V. Grid ((3·NH + 3) / 4, R / QKR_ROWS rounded up), 4 warps: warp u of
+// the grid's x takes kind u / NH (q, k, v) and head u % NH for QKR_ROWS rows. For the FP8
+// attention (attention_ws8.cu; else null): kv_amax, the per-item, per-head K and V maxima; q8 and
+// q8_scale, Q as e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out.
+extern "C" __global__ void __launch_bounds__(128)
+qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
+             const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* kv_amax,
+             u8* q8, float* q8_scale) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int u = blockIdx.x * 4 + warp;
+    if (u >= 3 * NH) return;
+    const int kind = u / NH, h = u - kind * NH;
+    const bool fold = kv_amax && kind > 0;
+    const long long r0 = (long long)blockIdx.y * QKR_ROWS, r1 = min((long long)R, r0 + QKR_ROWS);
+    int item = -1;
+    float amax = 0.f;
+    for (long long r = r0; r < r1; r++) {
+        const int* m = map + r * MAPW;
+        if (fold && m[0] != item) {
+            if (item >= 0) fold_amax(kv_amax, item, kind, NH, h, amax, lane);
+            item = m[0];
+            amax = 0.f;
+        }
+        const float a =
+            qk_norm_rope_row(qkv, norm_q, norm_k, eps, cosb, sinb, m, r, NH, kind, h, lane, q_out, kc, vc, q8, q8_scale);
+        amax = fmaxf(amax, a);
+    }
+    if (fold && item >= 0) fold_amax(kv_amax, item, kind, NH, h, amax, lane);
 }
 
 // One row of swiglu: gr the row of gu, outputs at the row.

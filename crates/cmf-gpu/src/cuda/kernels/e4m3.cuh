@@ -55,3 +55,18 @@ __device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float a
     if (threadIdx.x == 0) *scale = s;
     for (int g = threadIdx.x; g < n / V; g += blockDim.x) st_e4m3<V>(q + V * g, ld_f32<V>(stash + V * g), inv);
 }
+
+// A row of 64·NP values held by one warp as pairs v[k] = values 2(lane + 32k), +1: its e4m3
+// bytes at q and its scale at *scale (the row encoding above). The FP8 attention's Q rows
+// (qk_norm_rope writes them, attention_ws8.cu's test hook too).
+template <int NP>
+__device__ __forceinline__ void warp_e4m3_row(const float2* v, int lane, u8* q, float* scale) {
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < NP; k++) amax = fmaxf(amax, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
+    amax = warp_max(amax);
+    const float s = e4m3_scale(amax), inv = 1.f / s;
+    if (lane == 0) *scale = s;
+#pragma unroll
+    for (int k = 0; k < NP; k++) *(unsigned short*)(q + 2 * (lane + 32 * k)) = pack_e4m3x2(v[k].x * inv, v[k].y * inv);
+}
