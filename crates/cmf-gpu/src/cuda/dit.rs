@@ -66,7 +66,7 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn load(dev: &Dev, hd: usize, attn8: bool) -> DResult<Kernels> {
+    fn load(dev: &Dev, hd: usize, attn8: Option<usize>) -> DResult<Kernels> {
         let defs = vec![
             ("HD", hd.to_string()),
             ("GQA", "1".to_string()),
@@ -77,8 +77,8 @@ impl Kernels {
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
         let attn = load_attention(dev, hd, attention_variant(dev, hd, &choice), &defs)?;
         let attn8 = match attn8 {
-            true => Attn8::load(dev, hd, &defs)?,
-            false => None,
+            Some(min_keys) => Attn8::load(dev, hd, &defs, min_keys)?,
+            None => None,
         };
         Ok(Kernels {
             rms_mod: dit.func("rms_mod")?,
@@ -188,6 +188,8 @@ struct Attn8 {
     prep: Func,
     attn: Func,
     smem: usize,
+    /// A pass runs it only when every item has at least this many keys ([`attn8_request`]).
+    min_keys: usize,
     /// Q rows to e4m3 as qk_norm_rope writes them (the test hook's).
     quant_q: Func,
     _m: Module,
@@ -217,7 +219,12 @@ struct Attn8Call {
 
 impl Attn8 {
     /// None where the kernel cannot run (not Hopper, head dim ≠ 128): the bf16 attention stays.
-    fn load(dev: &Dev, hd: usize, defs: &[(&str, String)]) -> DResult<Option<Attn8>> {
+    fn load(
+        dev: &Dev,
+        hd: usize,
+        defs: &[(&str, String)],
+        min_keys: usize,
+    ) -> DResult<Option<Attn8>> {
         let Some(arch) = dev.arch_specific().filter(|_| hd == 128) else {
             return Ok(None);
         };
@@ -243,6 +250,7 @@ impl Attn8 {
             prep: m.func("attn8_prep")?,
             attn,
             smem,
+            min_keys,
             quant_q: m.func("q_rows_e4m3")?,
             _m: m,
         }))
@@ -305,15 +313,21 @@ impl Attn8 {
     }
 }
 
-/// Whether the DiT attention runs in FP8 (attn_full_ws8): `CMF_DIT_ATTN8=1|0` decides, else
-/// the FP8 precisions do. Read when the model loads.
-fn attn8_request(precision: DitPrecision) -> bool {
+/// Whether the DiT attention may run in FP8 (attn_full_ws8), and from how many keys per item
+/// on: `CMF_DIT_ATTN8=1` always, `0` never; else with the FP8 path ([`fp8_request`]: the model's
+/// precision or `CMF_DIT_FP8`) from [`ATTN8_MIN_KEYS`]. Read when the model loads.
+fn attn8_request(precision: DitPrecision) -> Option<usize> {
     match std::env::var("CMF_DIT_ATTN8").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => ATTN8_WITH_FP8 && precision != DitPrecision::Bf16,
+        Ok("1") => Some(0),
+        Ok("0") => None,
+        _ => (ATTN8_WITH_FP8 && fp8_request(precision).is_some()).then_some(ATTN8_MIN_KEYS),
     }
 }
+
+/// Shorter sequences keep the bf16 attention by default: at 512² (1056 keys, 9 query blocks a
+/// head: 270 blocks for 132 SMs) the FP8 one measured slower (fp8-fast step 16.1 → 16.7 ms), at
+/// 1024² (4128 keys) faster (62.2 → 59.7 ms). Lengths between were not measured.
+const ATTN8_MIN_KEYS: usize = 2048;
 
 /// Whether `--dit-precision fp8` / `fp8-fast` include the FP8 attention by default. Measured on
 /// the H200 (session 7, one call): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
@@ -469,7 +483,7 @@ pub fn attention_for_test(
         out: out.ptr(),
     };
     if variant == "ws8" {
-        let a8 = Attn8::load(dev, HD, &defs)?
+        let a8 = Attn8::load(dev, HD, &defs, 0)?
             .ok_or_else(|| DevError("ws8: needs sm_90a and head dim 128".into()))?;
         // The per-head maxima qk_norm_rope would fold in, of the f16 values.
         let amax: Vec<u32> = [k, v]
@@ -1041,6 +1055,11 @@ impl CudaDit {
             mod_stride,
             map: p.map,
         };
+        // The FP8 attention, where loaded and every item is long enough for it.
+        let attn8 = match (&self.k.attn8, &w.attn8) {
+            (Some(k8), Some(b)) if p.segs.iter().all(|sg| sg.l >= k8.min_keys) => Some((k8, b)),
+            _ => None,
+        };
         let first = &blocks[0];
         let t = self.prof_start()?;
         let out = w.gemm_input(&first.qkv);
@@ -1066,8 +1085,8 @@ impl CudaDit {
             self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            let (amax, q8, qsc) = match &w.attn8 {
-                Some(a8) => {
+            let (amax, q8, qsc) = match attn8 {
+                Some((_, a8)) => {
                     if p.segs.len() > Attn8Bufs::SEGS {
                         return Err(DevError(format!(
                             "FP8 attention: {} items in one pass, at most {}",
@@ -1119,8 +1138,8 @@ impl CudaDit {
                     cap_row0: sg.cap_row0,
                     out: w.hb.ptr(),
                 };
-                match (&self.k.attn8, &w.attn8) {
-                    (Some(k8), Some(a8)) => {
+                match attn8 {
+                    Some((k8, a8)) => {
                         let lp = sg.l.next_multiple_of(W8_KEYS);
                         let e = Attn8Call {
                             q8: a8.q8.at(sg.j * d),
@@ -1138,7 +1157,7 @@ impl CudaDit {
                         }
                         k8.launch(&self.dev, &call, &e)?;
                     }
-                    _ => self.k.attn.launch(&self.dev, &call)?,
+                    None => self.k.attn.launch(&self.dev, &call)?,
                 }
             }
             self.prof_stop(t, ATTN)?;
