@@ -435,6 +435,35 @@ __device__ __forceinline__ void ws_pack_p(const float* s, u32 (*pa)[4]) {
     }
 }
 
+// The four mbarriers of each of `slots` K/V slots (K full, V full, K empty, V empty; each kind
+// `slots` · 8 bytes on from the one before, starting at full_k): a full one completes on the
+// producer's arrival plus the TMA bytes, an empty one on the 256 consumer threads'. Thread 0.
+__device__ __forceinline__ void ws_init_barriers(u32 full_k, int slots) {
+    for (int s = 0; s < slots; s++) {
+        mbar_init(full_k + 8 * s, 1);
+        mbar_init(full_k + 8 * (slots + s), 1);
+        mbar_init(full_k + 8 * (2 * slots + s), 256);
+        mbar_init(full_k + 8 * (3 * slots + s), 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// O's accumulator rows times the softmax corrections (row g: corr0, row g + 8: corr1).
+__device__ __forceinline__ void ws_rescale(float* o, float corr0, float corr1) {
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
+        o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
+    }
+}
+// The end of a consumer: the row sums over the quad, O · scale / l as bf16 at the item's X rows.
+__device__ __forceinline__ void ws_store(const float* o, float l0, float l1, float scale, int r0, int r1, int T,
+                                         int np, int img_row0, int cap_row0, int NH, int h, int tg, u16* out_b) {
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    store_o_xrows<HD>((const float(*)[4])o, scale / l0, scale / l1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg,
+                      out_b);
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const float* q, int T,
              float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b) {
@@ -450,15 +479,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     const u32 full_k = kv_sm + WS_SLOTS * 2 * WS_TILE, full_v = full_k + 8 * WS_SLOTS;
     const u32 empty_k = full_v + 8 * WS_SLOTS, empty_v = empty_k + 8 * WS_SLOTS;
     const int ntiles = (T + WS_KEYS - 1) / WS_KEYS;
-    if (tid == 0) {
-        for (int s = 0; s < WS_SLOTS; s++) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty_k + 8 * s, 256);
-            mbar_init(empty_v + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) ws_init_barriers(full_k, WS_SLOTS);
     __syncthreads();
 
     if (warp >= 8) {
@@ -528,13 +549,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 #pragma unroll
         for (int e = 0; e < 4; e++) p[c][e] = 0u;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
-    auto rescale_o = [&]() {
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
-            o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
-        }
-    };
+    auto rescale_o = [&]() { ws_rescale(o, corr0, corr1); };
     const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
     // V as an MN-major B operand: 8-key groups 1024 B apart, dims 64–127 one half (WS_KEYS·128 B) on.
     const u64 v_desc0 = wg_desc(kv_sm + WS_TILE, WS_KEYS * 128, 1024);
@@ -605,10 +620,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
         pin();
     }
     if (WS_PINGPONG && wgi == 0) named_sync(1, 256);  // takes warpgroup 1's last token
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
-    store_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
+    ws_store(o, l0, l1, 1.f, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
 }
 
 #endif

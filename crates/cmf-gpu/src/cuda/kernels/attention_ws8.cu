@@ -193,15 +193,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
     const u32 empty_k = full_v + 8 * W8_SLOTS, empty_v = empty_k + 8 * W8_SLOTS;
     float* qscale = (float*)(wsm + (sbase - wg_smem_u32(wsm)) + W8_Q_BYTES + W8_SLOTS * 2 * W8_TILE + 32 * W8_SLOTS);
     const int ntiles = (T + W8_KEYS - 1) / W8_KEYS;
-    if (tid == 0) {
-        for (int s = 0; s < W8_SLOTS; s++) {
-            mbar_init(full_k + 8 * s, 1);
-            mbar_init(full_v + 8 * s, 1);
-            mbar_init(empty_k + 8 * s, 256);
-            mbar_init(empty_v + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid == 0) ws_init_barriers(full_k, W8_SLOTS);
     __syncthreads();
 
     if (warp >= 8) {
@@ -264,13 +256,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 #pragma unroll
         for (int e = 0; e < 4; e++) p[c][e] = 0u;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
-    auto rescale_o = [&]() {
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
-            o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
-        }
-    };
+    auto rescale_o = [&]() { ws_rescale(o, corr0, corr1); };
     // Every operand: rows of 128 bytes, 8-row groups 1024 B apart; a k32 step is + 32 B.
     const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
     const u64 v_desc0 = wg_desc(kv_sm + W8_TILE, 16, 1024);
@@ -333,10 +319,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
         pin();
     }
     if (W8_PINGPONG && wgi == 0) named_sync(1, 256);
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    const float i0 = sv / l0, i1 = sv / l1;
-    store_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
+    ws_store(o, l0, l1, sv, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
 }
 
 #endif
