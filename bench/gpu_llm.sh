@@ -5,9 +5,10 @@
 #
 # Per model it prints: prefill tok/s and TFLOP/s at 512 and 4096 tokens (median of 3 after a
 # warm-up; against the ~790 TFLOP/s bf16 ceiling), and decode tok/s at batch 1 from contexts
-# 128 and 4096 (128 greedy steps after 4 warm-up steps, each step one graph replay and one
-# 4-byte readback; against the floor weight_bytes_per_token / 4.3 TB/s), with the bytes
-# uploaded during the timed decode window (must be 0).
+# 128 and 4096 (128 greedy steps after 4 warm-up steps, each step one graph replay, launched
+# one token ahead, and one token read from a pinned ring (CMF_GPU_DEC_AHEAD=0: step by step);
+# against the floor weight_bytes_per_token / 4.3 TB/s), with the bytes uploaded during the
+# timed decode window (must be 0).
 #
 # usage, on the GPU machine from the repository root, with the binaries staged in .dev/:
 #   bench/gpu_llm.sh [--profile]         # --profile adds per-stage device times of one layer
