@@ -420,13 +420,18 @@ impl CudaLlm {
     /// Launches the captured graph for `pos` (the device inputs must hold it) and records its
     /// completion event.
     fn launch_decode_graph(&self, pos: usize) -> DResult<()> {
-        let short = self.short != super::ShortDecode::Off && pos < self.one_block;
-        let (_, g) = self.graphs[short as usize]
+        let (_, g) = self.graphs[self.short_graph_at(pos) as usize]
             .as_ref()
             .expect("captured before launching");
         g.0.launch()
             .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
         self.ahead.record(pos, self.dev.stream.cu_stream())
+    }
+
+    /// Whether the decode step at `pos` runs the short-context graph (`ShortDecode`): below
+    /// `one_block` keys, where that graph exists.
+    pub(super) fn short_graph_at(&self, pos: usize) -> bool {
+        self.short != super::ShortDecode::Off && pos < self.one_block
     }
 
     /// Waits for a decode graph launched ahead, if any; called before any other use of the

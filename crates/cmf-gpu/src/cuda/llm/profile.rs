@@ -25,10 +25,9 @@ impl CudaLlm {
         // The stages as the graph for the device's position runs them.
         let next = self.ahead.in_flight.map(|f| f.pos + 1);
         self.settle()?;
-        let short = self.short != super::ShortDecode::Off
-            && next
-                .or(self.dev_inputs.map(|(_, p)| p))
-                .is_some_and(|p| p < self.one_block);
+        let short = next
+            .or(self.dev_inputs.map(|(_, p)| p))
+            .is_some_and(|p| self.short_graph_at(p));
         self.enqueue_short.set(short);
         for (st, name) in Self::DECODE_STAGES.iter().enumerate() {
             out.push((
