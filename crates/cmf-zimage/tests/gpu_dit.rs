@@ -291,19 +291,26 @@ fn head_dim_128_batch_of_two_matches_cpu() {
     }
 }
 
-/// The FP8 attention alone (`CMF_DIT_ATTN8=1`, bf16 GEMMs): a step of the random head-dim-128
-/// DiT, batch of two (per-item K/V scales) and one, against the CPU within 4e-2 (measured on the
+/// The FP8 attention (`CMF_DIT_ATTN8=1`). With bf16 GEMMs: a step of the random head-dim-128
+/// DiT, batch of two (per-item V scales) and one, against the CPU within 4e-2 (measured on the
 /// H200: 1.3–1.9e-2, bf16 attention 0.5e-2): Q, K, V and the probabilities in e4m3 (3 mantissa
-/// bits, ~2.5 % RMS each) in every block's attention, chained through 4 blocks. A sanity bound;
-/// the quality criterion is the image PSNR of the FP8 path.
+/// bits, ~2.5 % RMS each) in every block's attention, chained through 4 blocks. With FP8 GEMMs
+/// (`CMF_DIT_FP8=1`), where the attention writes the O projection's e4m3 input itself: within
+/// the FP8 path's 1.5e-1 (see `fp8_path_stays_close_to_bf16`). Sanity bounds; the quality
+/// criterion is the image PSNR of the FP8 path.
 #[test]
 fn fp8_attention_step_stays_close_to_cpu() {
     let _env = serial();
-    let _fp8 = EnvVar::set("CMF_DIT_FP8", "0");
     let _attn8 = EnvVar::set("CMF_DIT_ATTN8", "1");
     let (src, cfg) = random_dit_hd128();
-    compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 4e-2);
-    compare_within(&src, &cfg, &[33], 20, 28, 5, 4e-2);
+    {
+        let _fp8 = EnvVar::set("CMF_DIT_FP8", "0");
+        compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 4e-2);
+        compare_within(&src, &cfg, &[33], 20, 28, 5, 4e-2);
+    }
+    let _fp8 = EnvVar::set("CMF_DIT_FP8", "1");
+    let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
+    assert_eq!(planes, 4 * 4, "FP8 planes of the random DiT");
 }
 
 /// A refusal after the first device step: that step's output buffer is untouched, the CPU

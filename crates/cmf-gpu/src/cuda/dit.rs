@@ -16,9 +16,10 @@
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
 //! FP8 (`DitModel::precision`, or `CMF_DIT_FP8`: see `fp8_request`): block GEMMs whose plane
-//! has an e4m3 copy run in FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the fused residual, SwiGLU:
-//! cuda/dit_rows.rs) then write e4m3 rows and row scales instead of bf16, and only the
-//! attention output is quantised by a pass of its own before the O GEMM.
+//! has an e4m3 copy run in FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the
+//! fused residual, SwiGLU: cuda/dit_rows.rs) then write e4m3 rows and row scales instead of
+//! bf16, and so does the FP8 attention (`attn_full_ws8`, where it runs: see `attn8_request`)
+//! for the O GEMM; behind the bf16 attention the output is quantised by a pass of its own.
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
@@ -123,7 +124,24 @@ struct AttnKernel {
     _m: Module,
 }
 
-/// One item's attention: q `[l, NH, HD]` f32 and k, v `[NH, l, HD]` f16 at these addresses,
+impl AttnKernel {
+    /// Whether the kernel reads Q as f16 (attn_full_ws) rather than f32.
+    fn q_f16(&self) -> bool {
+        self.tma_keys.is_some()
+    }
+
+    /// Bytes of one Q value as the kernel reads it.
+    fn q_bytes(&self) -> usize {
+        if self.q_f16() {
+            2
+        } else {
+            4
+        }
+    }
+}
+
+/// One item's attention: q `[l, NH, HD]` f32 (f16 where [`AttnKernel::q_f16`]) and k, v
+/// `[NH, l, HD]` f16 at these addresses,
 /// the output as bf16 rows of `out` (`[*, NH · HD]`): row r < np → img_row0 + r, else
 /// cap_row0 + r − np.
 struct AttnCall {
@@ -182,8 +200,9 @@ impl AttnKernel {
     }
 }
 
-/// attn_full_ws8 and its K/V preparation (kernels/attention_ws8.cu): both attention GEMMs in
-/// FP8, K and V scaled per head from the maxima qk_norm_rope folds into `Attn8Bufs::amax`.
+/// attn_full_ws8 and its V preparation (kernels/attention_ws8.cu): both attention GEMMs in FP8,
+/// K scaled per layer (qk_norm_rope writes it, [`Block::k8_scale`]), V per head from the maxima
+/// qk_norm_rope folds into `Attn8Bufs::amax`.
 struct Attn8 {
     prep: Func,
     attn: Func,
@@ -201,20 +220,25 @@ const QKR_ROWS: usize = 16;
 /// Keys per attn_full_ws8 tile (`W8_KEYS`): Vᵀ rows are padded to a multiple of it.
 const W8_KEYS: usize = 128;
 
-/// Where one item's FP8 attention operands live.
+/// Where one item's FP8 attention operands live (f16 V, and the test hook's f16 K: the
+/// [`AttnCall`]'s `v` and `k`).
 struct Attn8Call {
     /// `[l, NH, 128]` e4m3 Q and `[l, NH]` f32 scales (qk_norm_rope writes them).
     q8: u64,
     qsc: u64,
-    /// `[NH, l, 128]` f16 K and V (what qk_norm_rope wrote).
-    kc: u64,
-    vc: u64,
-    /// `[NH, l, 128]` e4m3 K and `[NH, 128, lp]` e4m3 Vᵀ (attn8_prep writes them).
+    /// `[NH, l, 128]` e4m3 K (qk_norm_rope writes it; attn8_prep from the f16 K when
+    /// `k_from_f16`) and its scale.
     k8: u64,
+    k_scale: f32,
+    k_from_f16: bool,
+    /// `[NH, 128, lp]` e4m3 Vᵀ (attn8_prep writes it).
     vt8: u64,
     lp: usize,
-    /// The item's `[2, NH]` K and V maxima (u32 bits).
+    /// The item's `[NH]` V maxima (u32 bits).
     amax: u64,
+    /// Where the output goes as e4m3 rows and per-row scales (the O GEMM's FP8 input), or
+    /// `None`: bf16 rows at the [`AttnCall`]'s `out`.
+    out_e4m3: Option<(u64, u64)>,
 }
 
 impl Attn8 {
@@ -228,7 +252,9 @@ impl Attn8 {
         let Some(arch) = dev.arch_specific().filter(|_| hd == 128) else {
             return Ok(None);
         };
-        // Experiment switches (A/B runs): CMF_DIT_WS8_SLOTS=2..6, CMF_DIT_WS8_PINGPONG=1.
+        // Experiment switches (A/B runs): CMF_DIT_WS8_SLOTS=2..6, CMF_DIT_WS8_PINGPONG=1,
+        // CMF_DIT_WS8_TAU=0..8 (lazy rescaling's threshold; 0: eager), CMF_DIT_WS8_ONES=0 (row
+        // sums on the FP32 pipe instead of a ones column of P·V).
         let slots = std::env::var("CMF_DIT_WS8_SLOTS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -242,6 +268,8 @@ impl Attn8 {
         if std::env::var("CMF_DIT_WS8_PINGPONG").as_deref() == Ok("1") {
             defs.push(("W8_PINGPONG", "1".to_string()));
         }
+        env_define(&mut defs, "CMF_DIT_WS8_TAU", "W8_TAU", 0..=8);
+        env_define(&mut defs, "CMF_DIT_WS8_ONES", "W8_ONES", 0..=1);
         let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, &defs, &arch)?;
         let attn = m.func("attn_full_ws8")?;
         let smem = ws8_smem(slots);
@@ -265,12 +293,12 @@ impl Attn8 {
             (256, 1, 1),
             0,
             &[
-                Arg::Ptr(e.kc),
-                Arg::Ptr(e.vc),
+                Arg::Ptr(if e.k_from_f16 { c.k } else { 0 }),
+                Arg::Ptr(c.v),
                 Arg::I32(c.len as i32),
                 Arg::I32(e.lp as i32),
                 Arg::Ptr(e.amax),
-                Arg::I32(c.n_heads as i32),
+                Arg::F32(1.0 / e.k_scale),
                 Arg::Ptr(e.k8),
                 Arg::Ptr(e.vt8),
             ],
@@ -308,8 +336,24 @@ impl Attn8 {
                 Arg::I32(c.cap_row0 as i32),
                 Arg::Ptr(c.out),
                 Arg::Ptr(e.amax),
+                Arg::F32(e.k_scale),
+                Arg::Ptr(e.out_e4m3.map_or(0, |(q, _)| q)),
+                Arg::Ptr(e.out_e4m3.map_or(0, |(_, s)| s)),
             ],
         )
+    }
+}
+
+/// The static e4m3 scale of a layer's K for the FP8 attention: RMSNorm makes a head's
+/// Σ (k/w)² = HD (less with eps), so |k| ≤ √HD · max |norm_k| (RoPE rotates pairs and keeps the
+/// bound); that bound maps to 448. Typical |k| sit a factor ~√HD lower, still e4m3 normals.
+fn k8_scale(norm_k: &[f32], hd: usize) -> f32 {
+    let wmax = norm_k.iter().fold(0f32, |m, w| m.max(w.abs()));
+    let bound = (hd as f32).sqrt() * wmax;
+    if bound > 0.0 && bound.is_finite() {
+        bound / 448.0
+    } else {
+        1.0
     }
 }
 
@@ -374,6 +418,23 @@ fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
     }
 }
 
+/// Adds `name` = the value of environment variable `var` to `defs` when it is an integer in
+/// `range` (experiment switches of the attention kernels; anything else is ignored).
+fn env_define(
+    defs: &mut Vec<(&str, String)>,
+    var: &str,
+    name: &'static str,
+    range: std::ops::RangeInclusive<u32>,
+) {
+    if let Some(v) = std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|v| range.contains(v))
+    {
+        defs.push((name, v.to_string()));
+    }
+}
+
 /// Compiles (or takes from the cache) one attention variant and allows its shared memory.
 fn load_attention(
     dev: &Dev,
@@ -397,12 +458,14 @@ fn load_attention(
             (m, f, shape)
         }
         AttnVariant::WarpSpecialized(arch, keys) => {
-            // Experiment switch: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will.
+            // Experiment switches: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will;
+            // CMF_DIT_WS_TAU=0..8 sets the lazy rescaling's threshold (0: eager).
             let mut defs = defs.to_vec();
             defs.push(("WS_KEYS", keys.to_string()));
             if std::env::var("CMF_DIT_WS_PINGPONG").as_deref() == Ok("0") {
                 defs.push(("WS_PINGPONG", "0".to_string()));
             }
+            env_define(&mut defs, "CMF_DIT_WS_TAU", "WS_TAU", 0..=8);
             let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, &defs, &arch)?;
             let f = m.func("attn_full_ws")?;
             let shape = AttnShape {
@@ -433,7 +496,8 @@ fn load_attention(
 }
 
 /// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
-/// [`attention_variant`], or `ws8`: attn_full_ws8 with K and V scaled by their per-head maxima)
+/// [`attention_variant`], or `ws8`: attn_full_ws8 with K scaled by its maximum over all heads and
+/// V by its per-head maxima; `ws8q`: the same writing e4m3 rows, read back with their scales)
 /// on one item of
 /// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
 /// here, as the DiT stores them). Returns the output `[t, nh · 128]`, read back from bf16.
@@ -482,21 +546,17 @@ pub fn attention_for_test(
         cap_row0: 0,
         out: out.ptr(),
     };
-    if variant == "ws8" {
+    if variant == "ws8" || variant == "ws8q" {
         let a8 = Attn8::load(dev, HD, &defs, 0)?
             .ok_or_else(|| DevError("ws8: needs sm_90a and head dim 128".into()))?;
-        // The per-head maxima qk_norm_rope would fold in, of the f16 values.
-        let amax: Vec<u32> = [k, v]
-            .iter()
-            .flat_map(|x| {
-                x.chunks(t * HD).map(|head| {
-                    head.iter()
-                        .map(|&a| half::f16::from_f32(a).to_f32().abs())
-                        .fold(0f32, f32::max)
-                        .to_bits()
-                })
-            })
-            .collect();
+        let abs_max = |x: &[f32]| {
+            x.iter()
+                .map(|&a| half::f16::from_f32(a).to_f32().abs())
+                .fold(0f32, f32::max)
+        };
+        // The per-head V maxima qk_norm_rope would fold in, of the f16 values.
+        let amax: Vec<u32> = v.chunks(t * HD).map(|h| abs_max(h).to_bits()).collect();
+        let k_max = abs_max(k);
         let lp = t.next_multiple_of(W8_KEYS);
         let amax_d = dev.upload_new(bytes_of(&amax))?;
         let (q8, qsc) = (dev.alloc(n)?, dev.alloc(t * nh * 4)?);
@@ -514,20 +574,40 @@ pub fn attention_for_test(
         )?;
         let k8 = dev.alloc(n)?;
         let vt8 = dev.alloc(nh * HD * lp)?;
+        let (oq, os) = (dev.alloc(n)?, dev.alloc(t * 4)?);
         let e = Attn8Call {
             q8: q8.ptr(),
             qsc: qsc.ptr(),
-            kc: dk.ptr(),
-            vc: dv.ptr(),
             k8: k8.ptr(),
+            k_scale: if k_max > 0.0 { k_max / 448.0 } else { 1.0 },
+            k_from_f16: true,
             vt8: vt8.ptr(),
             lp,
             amax: amax_d.ptr(),
+            out_e4m3: (variant == "ws8q").then(|| (oq.ptr(), os.ptr())),
         };
         a8.launch(dev, &call, &e)?;
+        if e.out_e4m3.is_some() {
+            let (mut bytes, mut scales) = (vec![0u8; n], vec![0f32; t]);
+            dev.download(&mut bytes, oq.ptr())?;
+            dev.download_f32(&mut scales, os.ptr())?;
+            let row = nh * HD;
+            return Ok(bytes
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| super::fp8::e4m3_to_f32(b) * scales[i / row])
+                .collect());
+        }
     } else {
         let kernel = load_attention(dev, HD, attention_variant(dev, HD, variant), &defs)?;
-        kernel.launch(dev, &call)?;
+        // Q as the kernel reads it: f16 for attn_full_ws (qk_norm_rope writes it so), else f32.
+        let q16 = if kernel.q_f16() {
+            Some(dev.upload_new(bytes_of(&f16s(q)))?)
+        } else {
+            None
+        };
+        let q = q16.as_ref().map_or(call.q, |b| b.ptr());
+        kernel.launch(dev, &AttnCall { q, ..call })?;
     }
     let mut raw = vec![0u8; n * 2];
     dev.download(&mut raw, out.ptr())?;
@@ -545,6 +625,8 @@ struct Block {
     w2: Plane,
     norm_q: DBuf,
     norm_k: DBuf,
+    /// The e4m3 scale of K in the FP8 attention ([`k8_scale`]).
+    k8_scale: f32,
     n1: DBuf,
     n2: DBuf,
     f1: DBuf,
@@ -622,7 +704,7 @@ struct Attn8Bufs {
     k8: DBuf,
     /// e4m3 Vᵀ, item after item, each `[NH, 128, lp]` (lp: its length rounded up to 128).
     vt8: DBuf,
-    /// u32 `[SEGS, 2, NH]`: per item the K and V maxima of each head.
+    /// u32 `[SEGS, NH]`: per item the V maxima of each head.
     amax: DBuf,
 }
 
@@ -739,8 +821,9 @@ fn refuse(op: &'static str, why: impl Into<String>) -> Refusal {
     Refusal::new(op, RefusalReason::UnsupportedShape(why.into()))
 }
 
-fn grid_stride(n: usize) -> (u32, u32, u32) {
-    (n.div_ceil(256).clamp(1, 65535) as u32, 1, 1)
+/// The grid of bias_pad_rows: a block per row, grid-stride past 65535 rows.
+fn row_grid(rows: usize) -> (u32, u32, u32) {
+    (rows.clamp(1, 65535) as u32, 1, 1)
 }
 
 /// Checks the geometry and every weight before anything is uploaded.
@@ -968,7 +1051,11 @@ impl CudaDit {
     fn add_bias(&self, y: u64, n: usize, rows: usize, bias: &DBuf) -> DResult<()> {
         self.launch(
             &self.k.add_bias,
-            grid_stride(n * rows),
+            (
+                n.div_ceil(256).clamp(1, 65535) as u32,
+                rows.clamp(1, 65535) as u32,
+                1,
+            ),
             256,
             0,
             &[
@@ -1003,7 +1090,7 @@ impl CudaDit {
                     qsc: self.dev.alloc(rows * g.n_heads * 4)?,
                     k8: self.dev.alloc(rows * d)?,
                     vt8: self.dev.alloc((rows + Attn8Bufs::SEGS * W8_KEYS) * d)?,
-                    amax: self.dev.alloc_zeroed(Attn8Bufs::SEGS * 2 * g.n_heads * 4)?,
+                    amax: self.dev.alloc_zeroed(Attn8Bufs::SEGS * g.n_heads * 4)?,
                 }),
                 None => None,
             },
@@ -1085,7 +1172,7 @@ impl CudaDit {
             self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            let (amax, q8, qsc) = match attn8 {
+            let (amax, q8, qsc, k8) = match attn8 {
                 Some((_, a8)) => {
                     if p.segs.len() > Attn8Bufs::SEGS {
                         return Err(DevError(format!(
@@ -1094,10 +1181,10 @@ impl CudaDit {
                             Attn8Bufs::SEGS
                         )));
                     }
-                    self.dev.memset0(a8.amax.ptr(), p.segs.len() * 2 * nh * 4)?;
-                    (a8.amax.ptr(), a8.q8.ptr(), a8.qsc.ptr())
+                    self.dev.memset0(a8.amax.ptr(), p.segs.len() * nh * 4)?;
+                    (a8.amax.ptr(), a8.q8.ptr(), a8.qsc.ptr(), a8.k8.ptr())
                 }
-                None => (0, 0, 0),
+                None => (0, 0, 0, 0),
             };
             self.launch(
                 &self.k.qk_norm_rope,
@@ -1120,14 +1207,29 @@ impl CudaDit {
                     Arg::Ptr(amax),
                     Arg::Ptr(q8),
                     Arg::Ptr(qsc),
+                    Arg::Ptr(k8),
+                    Arg::F32(1.0 / b.k8_scale),
+                    Arg::I32(self.k.attn.q_f16() as i32),
                 ],
             )?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
+            // The FP8 attention writes the O GEMM's e4m3 input itself when that GEMM runs in FP8.
+            let o_e4m3 = attn8.and(w.fp8_input(&b.out));
+            if let Some((_, a8)) = attn8 {
+                let vt: usize = p
+                    .segs
+                    .iter()
+                    .map(|sg| sg.l.next_multiple_of(W8_KEYS) * d)
+                    .sum();
+                if vt > a8.vt8.len() {
+                    return Err(DevError("FP8 attention: Vᵀ buffer too small".into()));
+                }
+            }
             let mut vt_off = 0;
             for (si, sg) in p.segs.iter().enumerate() {
                 let call = AttnCall {
-                    q: w.q.at(sg.j * d * 4),
+                    q: w.q.at(sg.j * d * self.k.attn.q_bytes()),
                     k: w.kc.at(sg.j * d * 2),
                     v: w.vc.at(sg.j * d * 2),
                     len: sg.l,
@@ -1144,17 +1246,15 @@ impl CudaDit {
                         let e = Attn8Call {
                             q8: a8.q8.at(sg.j * d),
                             qsc: a8.qsc.at(sg.j * nh * 4),
-                            kc: call.k,
-                            vc: call.v,
                             k8: a8.k8.at(sg.j * d),
+                            k_scale: b.k8_scale,
+                            k_from_f16: false,
                             vt8: a8.vt8.at(vt_off),
                             lp,
-                            amax: a8.amax.at(si * 2 * nh * 4),
+                            amax: a8.amax.at(si * nh * 4),
+                            out_e4m3: o_e4m3,
                         };
                         vt_off += lp * d;
-                        if vt_off > a8.vt8.len() {
-                            return Err(DevError("FP8 attention: Vᵀ buffer too small".into()));
-                        }
                         k8.launch(&self.dev, &call, &e)?;
                     }
                     None => self.k.attn.launch(&self.dev, &call)?,
@@ -1162,7 +1262,9 @@ impl CudaDit {
             }
             self.prof_stop(t, ATTN)?;
             let t = self.prof_start()?;
-            self.quantize_attention(w, &b.out, d, r)?;
+            if o_e4m3.is_none() {
+                self.quantize_attention(w, &b.out, d, r)?;
+            }
             self.block_gemm(w, &b.out, (d, d), r, w.o.ptr())?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
@@ -1198,9 +1300,10 @@ impl CudaDit {
         Ok(())
     }
 
-    /// Before the O GEMM: the attention kernel wrote its output as bf16 rows in `hb`; when the
-    /// GEMM on `w` runs in FP8 they are quantised here (the one GEMM input not written as e4m3
-    /// by its producer: attention writes per head, a row's amax spans all heads).
+    /// Before the O GEMM, where the bf16 attention ran: it wrote its output as bf16 rows in
+    /// `hb`; when the GEMM on `w` runs in FP8 they are quantised here (the bf16 kernels write per
+    /// head and a row's amax spans all heads; the FP8 attention writes e4m3 itself, with a scale
+    /// its V maxima bound).
     fn quantize_attention(&self, work: &Work, w: &Plane, k: usize, r: usize) -> DResult<()> {
         match (work.fp8_input(w), &self.fp8) {
             (Some((q, s)), Some((g, _))) => g.quantize(work.hb.ptr(), r, k, k, q, s),
@@ -1232,7 +1335,7 @@ impl CudaDit {
         self.gemm(&self.cap_embed.0, d, cf, work.hb.ptr(), rows.ptr(), len)?;
         self.launch(
             &self.k.bias_pad,
-            grid_stride(lp * d),
+            row_grid(lp),
             256,
             0,
             &[
@@ -1377,7 +1480,7 @@ impl CudaDit {
         }
         self.launch(
             &self.k.bias_pad,
-            grid_stride(nb * np * d),
+            row_grid(nb * np),
             256,
             0,
             &[
@@ -1642,6 +1745,7 @@ impl Uploader<'_> {
             w2: self.gemm_plane(&[&b.w2], w2)?,
             norm_q: self.vec(b.norm_q)?,
             norm_k: self.vec(b.norm_k)?,
+            k8_scale: k8_scale(b.norm_k, b.norm_k.len()),
             n1: self.vec(b.attention_norm1)?,
             n2: self.vec(b.attention_norm2)?,
             f1: self.vec(b.ffn_norm1)?,

@@ -10,8 +10,32 @@ use super::device::{bytes_of, Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, DIT};
 use half::bf16;
 
-/// Threads of the per-row kernels.
+/// Threads of the per-row kernels (at least: see [`row_threads`]).
 pub const ROW_THREADS: u32 = 256;
+
+/// Threads per row block for a row kernel with `smem` bytes of dynamic shared memory: enough
+/// that the blocks the SM's 227 KiB hold fill its 2048 threads, from [`ROW_THREADS`] up to 1024.
+/// The FP8 path's swiglu stashes 40 KiB rows: 5 blocks of 256 threads (62 % of the SM's
+/// threads), or 4 of 512 (all). `CMF_DIT_ROW_THREADS` (a power of two, 128..=1024) overrides it
+/// for A/B runs.
+pub fn row_threads(smem: usize) -> u32 {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        std::env::var("CMF_DIT_ROW_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|t| t.is_power_of_two() && (128..=1024).contains(t))
+    });
+    if let Some(t) = *forced {
+        return t;
+    }
+    let blocks = (227 * 1024 / smem.max(1)).max(1) as u32;
+    let mut t = ROW_THREADS;
+    while t < 1024 && blocks * t < 2048 {
+        t *= 2;
+    }
+    t
+}
 
 /// Ints per row in a row map (`MAPW` in dit.cu): item, J, L, p, rope_row.
 pub const MAPW: usize = 5;
@@ -83,7 +107,7 @@ pub fn rms_mod(dev: &Dev, f: &Func, n: &NormRows, w: u64, slot: i32, out: RowOut
     dev.launch(
         f,
         (n.rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
+        (row_threads(out.stash_bytes(n.d)), 1, 1),
         out.stash_bytes(n.d) as u32,
         &[
             Arg::Ptr(n.x),
@@ -119,7 +143,7 @@ pub fn residual_norm(
     dev.launch(
         f,
         (n.rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
+        (row_threads(n.d * 4), 1, 1),
         // The updated row; the e4m3 stash takes its place.
         (n.d * 4) as u32,
         &[
@@ -148,7 +172,7 @@ pub fn swiglu(dev: &Dev, f: &Func, gu: u64, rows: usize, ffn: usize, out: RowOut
     dev.launch(
         f,
         (rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
+        (row_threads(out.stash_bytes(ffn)), 1, 1),
         out.stash_bytes(ffn) as u32,
         &[Arg::Ptr(gu), Arg::I32(ffn as i32), ob, oq, os],
     )
@@ -326,4 +350,23 @@ pub fn swiglu_for_test(dev: &Dev, gu: &[u16], ffn: usize, e4m3: bool) -> DResult
     allow_row_smem(&f, out.stash_bytes(ffn))?;
     swiglu(dev, &f, g, rows, ffn, out)?;
     h.back(out, rows, ffn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_blocks_fill_the_sm_threads() {
+        if std::env::var_os("CMF_DIT_ROW_THREADS").is_some() {
+            return; // an A/B override is in force
+        }
+        // bf16 rows (no stash) and D = 3840 f32 rows (15 blocks fit): the default.
+        assert_eq!(row_threads(0), ROW_THREADS);
+        assert_eq!(row_threads(3840 * 4), ROW_THREADS);
+        // The FP8 swiglu's 40 KiB stash: 5 blocks fit, 512 threads fill 2048.
+        assert_eq!(row_threads(10240 * 4), 512);
+        // A stash only one block fits: as many threads as a block takes.
+        assert_eq!(row_threads(200 * 1024), 1024);
+    }
 }

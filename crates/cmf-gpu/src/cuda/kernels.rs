@@ -134,10 +134,11 @@ const _: () = assert!(ws_smem(WS_KEYS) <= 227 * 1024 && ws_smem(128) <= 227 * 10
 pub const WS8_SLOTS: usize = 4;
 
 /// Dynamic shared memory of attn_full_ws8 (attention_ws8.cu, `W8_SMEM_BYTES`) with `slots`
-/// slots: 1 KiB to align the swizzle atoms, Q (128 rows × 128 dims, e4m3), the slots × (K + Vᵀ)
-/// × 128 keys × 128 dims, e4m3, 4 mbarriers a slot, 128 f32 Q row scales.
+/// slots: 1 KiB to align the swizzle atoms, Q (128 rows × 128 dims, e4m3), the slots × (K + Vᵀ
+/// tiles of 128 keys × 128 dims, e4m3, and 1 KiB of ones rows), 4 mbarriers a slot, 128 f32 Q
+/// row scales.
 pub const fn ws8_smem(slots: usize) -> usize {
-    1024 + 128 * 128 + slots * 2 * 128 * 128 + 4 * 8 * slots + 128 * 4
+    1024 + 128 * 128 + slots * (2 * 128 * 128 + 1024) + 4 * 8 * slots + 128 * 4
 }
 const _: () = assert!(ws8_smem(6) <= 227 * 1024);
 

@@ -247,7 +247,8 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// attn_full_ws: the same contract, warp-specialised and ping-ponged (FlashAttention-3's plan,
+// attn_full_ws: the same contract except for Q, read as f16 (qk_norm_rope writes it so: half the
+// bytes of f32), warp-specialised and ping-ponged (FlashAttention-3's plan,
 // written for this layout). Block: 2 consumer warpgroups (64 query rows each) and 1 producer
 // warpgroup (384 threads; setmaxnreg moves registers from the producer to the consumers: 9
 // warps would leave one SM sub-partition 3 warps of at most 168 registers).
@@ -292,6 +293,12 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 #define WS_THREADS 384
 #ifndef WS_PINGPONG
 #define WS_PINGPONG 1
+#endif
+// Lazy rescaling: a row's running maximum moves only when a tile's maximum exceeds it by more
+// than WS_TAU (log2 units), so P ≤ 2^WS_TAU (f16 holds it) and O skips its rescale in every
+// warp whose rows all kept theirs. 0: the maximum moves with every increase (eager).
+#ifndef WS_TAU
+#define WS_TAU 8
 #endif
 #define WS_Q_BYTES (WG_ROWS * HD * 2)
 // 1 KiB to align the swizzle atoms, Q, the slots, 4 mbarriers a slot (kernels.rs: WS_SMEM).
@@ -387,10 +394,11 @@ __device__ __forceinline__ void ws_qk(float* s, u64 adesc, u64 bdesc, int scale_
 // place: s (rows g and g + 8, this thread's WS_KEYS / 4 columns) becomes the probabilities in
 // f32, packed into P by ws_pack_p once the previous P·V is done. The running maxima stay in raw
 // score units and the scale folds into the exponent's FFMA; keys at or past T are masked only
-// in the tile that has them (TAIL).
+// in the tile that has them (TAIL). A maximum moves by more than WS_TAU only (corr 1 otherwise);
+// moved: whether either row's did.
 template <bool TAIL>
 __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
-                                           float& l0, float& l1, float& corr0, float& corr1) {
+                                           float& l0, float& l1, float& corr0, float& corr1, bool& moved) {
     if (TAIL) {
 #pragma unroll
         for (int nt = 0; nt < WS_KEYS / 8; nt++)
@@ -406,12 +414,15 @@ __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, floa
     }
     mx0 = quad_max(mx0);
     mx1 = quad_max(mx1);
-    // Every tile holds at least one key < T, so the new maxima are finite.
-    const float ms0 = mx0 * sl2, ms1 = mx1 * sl2;
-    corr0 = fast_exp2(fmaf(m0, sl2, -ms0));
-    corr1 = fast_exp2(fmaf(m1, sl2, -ms1));
-    m0 = mx0;
-    m1 = mx1;
+    // Every tile holds at least one key < T, so the new maxima are finite; a first tile moves
+    // from −inf (corr 0: O and l are still zero).
+    const bool u0 = (mx0 - m0) * sl2 > (float)WS_TAU, u1 = (mx1 - m1) * sl2 > (float)WS_TAU;
+    corr0 = u0 ? fast_exp2((m0 - mx0) * sl2) : 1.f;
+    corr1 = u1 ? fast_exp2((m1 - mx1) * sl2) : 1.f;
+    if (u0) m0 = mx0;
+    if (u1) m1 = mx1;
+    moved = u0 || u1;
+    const float ms0 = m0 * sl2, ms1 = m1 * sl2;
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
     for (int c = 0; c < WS_KEYS / 16; c++) {
@@ -447,10 +458,13 @@ __device__ __forceinline__ void ws_init_barriers(u32 full_k, int slots) {
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// O's accumulator rows times the softmax corrections (row g: corr0, row g + 8: corr1).
-__device__ __forceinline__ void ws_rescale(float* o, float corr0, float corr1) {
+// O's N accumulators (4 per 8 columns) times the softmax corrections (row g: corr0, row g + 8:
+// corr1), unless no row of the warp moved its maximum (lazy rescaling, WS_TAU / W8_TAU).
+template <int N>
+__device__ __forceinline__ void ws_rescale(float* o, float corr0, float corr1, bool moved) {
+    if (!__any_sync(FULL_MASK, moved)) return;  // warp-uniform; no wgmma under it
 #pragma unroll
-    for (int dn = 0; dn < HD / 8; dn++) {
+    for (int dn = 0; dn < N / 4; dn++) {
         o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
         o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
     }
@@ -465,7 +479,7 @@ __device__ __forceinline__ void ws_store(const float* o, float l0, float l1, flo
 }
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
-attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const float* q, int T,
+attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u16* q, int T,
              float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b) {
     extern __shared__ __align__(128) u8 wsm[];
     // The warp index through a shuffle: ptxas then knows the role branches below are uniform per
@@ -520,11 +534,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
         const int row = i >> 4, c8 = i & 15;
         const int r = blockIdx.x * WG_ROWS + wgi * 64 + row;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < T) {
-            const float* src = q + ((size_t)r * NH + h) * HD + c8 * 8;
-            const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
-            v = make_uint4(pack_f16x2(a.x, a.y), pack_f16x2(a.z, a.w), pack_f16x2(b.x, b.y), pack_f16x2(b.z, b.w));
-        }
+        if (r < T) v = *(const uint4*)(q + ((size_t)r * NH + h) * HD + c8 * 8);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + sw_chunk(row, c8, 64)), "r"(v.x),
                      "r"(v.y), "r"(v.z), "r"(v.w)
                      : "memory");
@@ -549,7 +559,8 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 #pragma unroll
         for (int e = 0; e < 4; e++) p[c][e] = 0u;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
-    auto rescale_o = [&]() { ws_rescale(o, corr0, corr1); };
+    bool moved = true;
+    auto rescale_o = [&]() { ws_rescale<64>(o, corr0, corr1, moved); };
     const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
     // V as an MN-major B operand: 8-key groups 1024 B apart, dims 64–127 one half (WS_KEYS·128 B) on.
     const u64 v_desc0 = wg_desc(kv_sm + WS_TILE, WS_KEYS * 128, 1024);
@@ -597,8 +608,8 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 #pragma unroll
         for (int i = 0; i < WS_KEYS / 2; i++) wg_keep(s[i]);
         mbar_arrive(empty_k + 8 * sj);  // K_j is read
-        if (j * WS_KEYS + WS_KEYS > T) ws_softmax<true>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1);
-        else ws_softmax<false>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1);
+        if (j * WS_KEYS + WS_KEYS > T) ws_softmax<true>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
+        else ws_softmax<false>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
         if (!FIRST) {
             wg_wait0();
             pin();

@@ -5,10 +5,15 @@
 // Plan: attn_full_ws's (producer warpgroup streaming K/V tiles with TMA into mbarrier-guarded
 // slots, two ping-ponged consumer warpgroups of 64 query rows, FlashAttention-3's order with P in
 // registers), with these differences:
-// - Scales. Q rows get one scale per row and head, K and V one per head: qk_norm_rope (dit.cu)
-//   writes Q as e4m3 rows with their scales and folds the K/V maxima in with atomics. A score is
-//   then raw · sq(row) · sk(head): per-row constants, folded into the exponent's multiplier, so the
-//   softmax costs what it did. O is raw · sv(head) / l at the end.
+// - Scales. Q rows get one scale per row and head, K one per layer, V one per head: qk_norm_rope
+//   (dit.cu) writes Q as e4m3 rows with their scales and K as e4m3 with the layer's static scale
+//   (RMSNorm bounds |k|), and folds the V maxima in with atomics. A score is then
+//   raw · sq(row) · sk: per-row constants, folded into the exponent's multiplier, so the softmax
+//   costs what it did. O is raw · sv(head) / l at the end.
+// - Output. bf16 rows, or (out_q set: the O projection runs in FP8) e4m3 rows with one scale per
+//   item, so = max over heads of V's maximum / 448: a row of O is a convex combination of V rows,
+//   so |O| ≤ that maximum, and e4m3 keeps 3 significant bits down to 2⁻⁶ · 448 below it — no
+//   pass over the rows for their maxima.
 // - No ping-pong by default (W8_PINGPONG): the warpgroups issue their GEMMs at will.
 // - Tiles of 128 keys. FP8 wgmma reads both operands K-major only, so V comes transposed: Vᵀ
 //   [NH, HD, Lp] e4m3, made with K's e4m3 copy by attn8_prep below. A Vᵀ row is 128 keys = 128
@@ -19,8 +24,17 @@
 //   registers hold them: within each 32 keys, byte position p holds key
 //     σ(p) = 16·(p / 16) + 8·((p % 4) / 2) + 2·((p % 16) / 4) + p % 2,
 //   and the sum over keys does not care about their order.
-// - P is exp2(...) · 2^8 (the boost added to the exponent, free): probabilities down to 2^-17
-//   stay e4m3 normals instead of flushing at 2^-9; l takes the same factor, which cancels.
+// - P is exp2(...) · 2^B (the boost B = 8 − W8_TAU added to the exponent, free): probabilities
+//   down to 2^-(9+B) stay representable instead of flushing at 2^-9; l takes the same factor,
+//   which cancels.
+// - Lazy rescaling (W8_TAU): a row's running maximum moves only when a tile's maximum exceeds it
+//   by more than W8_TAU (log2 units); otherwise the exponents use the stale one, so P ≤ 2^(B+τ)
+//   = 2^8 < 448 still, and O and l skip their rescale when no row of the warp moved (most tiles
+//   once the maxima settle).
+// - l from the tensor cores (W8_ONES): each slot holds 8 rows of e4m3 ones after its Vᵀ tile, and
+//   P·V runs as m64n136 — columns 128..135 of the accumulator are the row sums of exactly the P
+//   bytes that went into O, with no adds on the FP32 pipe (the softmax's other limit, with the
+//   exponentials, at 128 keys a tile).
 #if defined(HD) && HD == 128
 
 #define W8_KEYS 128
@@ -33,11 +47,21 @@
 #ifndef W8_PINGPONG
 #define W8_PINGPONG 0
 #endif
+#ifndef W8_TAU
+#define W8_TAU 2
+#endif
+#ifndef W8_ONES
+#define W8_ONES 1
+#endif
 #define W8_Q_BYTES (WG_ROWS * HD)
-#define W8_BOOST 8.f
+#define W8_BOOST (8.f - (float)W8_TAU)
+// A slot: K tile, Vᵀ tile, then 1 KiB: the 8 rows of ones P·V's n136 reads after Vᵀ.
+#define W8_SLOT (2 * W8_TILE + 1024)
+// O accumulators a thread: 64, and the ones columns' 4 with W8_ONES.
+#define W8_NO (W8_ONES ? 68 : 64)
 // 1 KiB to align the swizzle atoms, Q, the slots, 4 mbarriers a slot, the Q row scales
 // (kernels.rs: ws8_smem).
-#define W8_SMEM_BYTES (1024 + W8_Q_BYTES + W8_SLOTS * 2 * W8_TILE + 32 * W8_SLOTS + WG_ROWS * 4)
+#define W8_SMEM_BYTES (1024 + W8_Q_BYTES + W8_SLOTS * W8_SLOT + 32 * W8_SLOTS + WG_ROWS * 4)
 static_assert(W8_SMEM_BYTES <= 227 * 1024, "attn_full_ws8: shared memory over 227 KiB");
 
 // d[64] (+)= A (m64k32 e4m3 at adesc, K-major) · B (k32n128 e4m3 at bdesc, K-major).
@@ -61,6 +85,16 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float* d, const u32* a, u64 bdesc)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1));
 }
 
+// d[68] += a (m64k32 e4m3, registers) · B (k32n136 e4m3 at bdesc, K-major): P·V with the ones rows.
+__device__ __forceinline__ void wgmma_e4m3_rs_n136(float* d, const u32* a, u64 bdesc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}, "
+        "{%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(1));
+}
 // Four floats → four e4m3 bytes (a in the low byte).
 __device__ __forceinline__ u32 pack_e4m3x4(float a, float b, float c, float d) {
     return (u32)pack_e4m3x2(a, b) | ((u32)pack_e4m3x2(c, d) << 16);
@@ -68,9 +102,12 @@ __device__ __forceinline__ u32 pack_e4m3x4(float a, float b, float c, float d) {
 
 // The online softmax of one 128-key tile, in place (ws_softmax's, with a multiplier per row:
 // k0, k1 = scale · log2 e · sq(row) · sk; maxima in raw units, which a per-row constant allows).
+// A row's maximum moves only by more than W8_TAU (corr 1 otherwise); moved: whether either did.
+// Without W8_ONES the row sums l0, l1 (this thread's columns) accumulate here.
 template <bool TAIL>
 __device__ __forceinline__ void ws8_softmax(float* s, int kt, int T, int tg, float k0, float k1, float& m0,
-                                            float& m1, float& l0, float& l1, float& corr0, float& corr1) {
+                                            float& m1, float& l0, float& l1, float& corr0, float& corr1,
+                                            bool& moved) {
     if (TAIL) {
 #pragma unroll
         for (int nt = 0; nt < W8_KEYS / 8; nt++)
@@ -86,23 +123,29 @@ __device__ __forceinline__ void ws8_softmax(float* s, int kt, int T, int tg, flo
     }
     mx0 = quad_max(mx0);
     mx1 = quad_max(mx1);
-    const float ms0 = mx0 * k0, ms1 = mx1 * k1;
-    corr0 = fast_exp2(fmaf(m0, k0, -ms0));
-    corr1 = fast_exp2(fmaf(m1, k1, -ms1));
-    m0 = mx0;
-    m1 = mx1;
-    const float b0 = W8_BOOST - ms0, b1 = W8_BOOST - ms1;
+    // A first tile moves from −inf (corr 0: O and l are still zero).
+    const bool u0 = (mx0 - m0) * k0 > (float)W8_TAU, u1 = (mx1 - m1) * k1 > (float)W8_TAU;
+    corr0 = u0 ? fast_exp2((m0 - mx0) * k0) : 1.f;
+    corr1 = u1 ? fast_exp2((m1 - mx1) * k1) : 1.f;
+    if (u0) m0 = mx0;
+    if (u1) m1 = mx1;
+    moved = u0 || u1;
+    const float b0 = W8_BOOST - m0 * k0, b1 = W8_BOOST - m1 * k1;
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
     for (int c = 0; c < W8_KEYS / 16; c++) {
 #pragma unroll
         for (int e = 0; e < 8; e++)
             s[8 * c + e] = fast_exp2((e & 2) ? fmaf(s[8 * c + e], k1, b1) : fmaf(s[8 * c + e], k0, b0));
-        a0 += (s[8 * c + 0] + s[8 * c + 1]) + (s[8 * c + 4] + s[8 * c + 5]);
-        a1 += (s[8 * c + 2] + s[8 * c + 3]) + (s[8 * c + 6] + s[8 * c + 7]);
+        if (!W8_ONES) {
+            a0 += (s[8 * c + 0] + s[8 * c + 1]) + (s[8 * c + 4] + s[8 * c + 5]);
+            a1 += (s[8 * c + 2] + s[8 * c + 3]) + (s[8 * c + 6] + s[8 * c + 7]);
+        }
     }
-    l0 = l0 * corr0 + a0;
-    l1 = l1 * corr1 + a1;
+    if (!W8_ONES) {
+        l0 = l0 * corr0 + a0;
+        l1 = l1 * corr1 + a1;
+    }
 }
 
 // The probabilities as e4m3 A fragments of P·V: k32 step c holds accumulator blocks 4c .. 4c + 3
@@ -122,45 +165,59 @@ __device__ __forceinline__ void ws8_pack_p(const float* s, u32 (*pa)[4]) {
 // order as their bits do).
 __device__ __forceinline__ float amax_scale(const unsigned* amax, int i) { return e4m3_scale(__uint_as_float(amax[i])); }
 
-// K and V of one item for attn_full_ws8. kc, vc [NH, L, HD] f16 → k8 [NH, L, HD] = e4m3(k / sk_h)
-// and vt8 [NH, HD, Lp] = e4m3(v / sv_h), keys permuted by σ within each 32 and zero from L to Lp.
-// amax: [2, NH] (K, then V) bits. Grid (Lp / 128, NH), 256 threads.
+// V (and, with kc set, K) of one item for attn_full_ws8. vc [NH, L, HD] f16 → vt8 [NH, HD, Lp] =
+// e4m3(v / sv_h), keys permuted by σ within each 32 and zero from L to Lp; v_amax: [NH] bits.
+// kc (the test hook's; the DiT's qk_norm_rope writes k8 itself): [NH, L, HD] f16 → k8 = e4m3(k ·
+// k_inv). Grid (Lp / 128, NH), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
-attn8_prep(const u16* kc, const u16* vc, int L, int Lp, const unsigned* amax, int NH, u8* k8, u8* vt8) {
+attn8_prep(const u16* kc, const u16* vc, int L, int Lp, const unsigned* v_amax, float k_inv, u8* k8, u8* vt8) {
     __shared__ u16 vs[W8_KEYS][HD + 8];  // + 8: rows 272 B apart, reads of one dim spread over banks
     const int h = blockIdx.y, t0 = blockIdx.x * W8_KEYS, tid = threadIdx.x;
-    const float ik = 1.f / amax_scale(amax, h), iv = 1.f / amax_scale(amax, NH + h);
+    const float iv = 1.f / amax_scale(v_amax, h);
     const size_t head = (size_t)h * L * HD;
+#pragma unroll
     for (int i = tid; i < W8_KEYS * HD / 8; i += 256) {
         const int kr = i / (HD / 8), c = i % (HD / 8), key = t0 + kr;
-        uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+        uint4 vv = make_uint4(0u, 0u, 0u, 0u);
         if (key < L) {
-            kv = *(const uint4*)(kc + head + (size_t)key * HD + c * 8);
             vv = *(const uint4*)(vc + head + (size_t)key * HD + c * 8);
-            const u32 w[4] = {kv.x, kv.y, kv.z, kv.w};
-            float f[8];
+            if (kc) {
+                const uint4 kv = *(const uint4*)(kc + head + (size_t)key * HD + c * 8);
+                const u32 w[4] = {kv.x, kv.y, kv.z, kv.w};
+                float f[8];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                f[2 * j] = f16_to_f32((u16)(w[j] & 0xffff)) * ik;
-                f[2 * j + 1] = f16_to_f32((u16)(w[j] >> 16)) * ik;
+                for (int j = 0; j < 4; j++) {
+                    f[2 * j] = f16_to_f32((u16)(w[j] & 0xffff)) * k_inv;
+                    f[2 * j + 1] = f16_to_f32((u16)(w[j] >> 16)) * k_inv;
+                }
+                *(uint2*)(k8 + head + (size_t)key * HD + c * 8) =
+                    make_uint2(pack_e4m3x4(f[0], f[1], f[2], f[3]), pack_e4m3x4(f[4], f[5], f[6], f[7]));
             }
-            *(uint2*)(k8 + head + (size_t)key * HD + c * 8) =
-                make_uint2(pack_e4m3x4(f[0], f[1], f[2], f[3]), pack_e4m3x4(f[4], f[5], f[6], f[7]));
         }
         *(uint4*)&vs[kr][c * 8] = vv;
     }
     __syncthreads();
-    // Vᵀ: a thread writes 4 consecutive byte positions p of one dim's row.
-    for (int i = tid; i < HD * (W8_KEYS / 4); i += 256) {
-        const int d = i / (W8_KEYS / 4), p0 = 4 * (i % (W8_KEYS / 4));
-        float f[4];
+    // Vᵀ: a thread writes the 32 byte positions p of one 32-key group of one dim's row (one
+    // 32-byte sector); a warp's lanes take consecutive dims, so each read of a key's row is
+    // conflict-free (two lanes a bank word).
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int p = p0 + j, q = p & 31;
-            const int key = (p & ~31) + 16 * (q >> 4) + 8 * ((q & 3) >> 1) + 2 * ((q & 15) >> 2) + (q & 1);
-            f[j] = f16_to_f32(vs[key][d]) * iv;
+    for (int it = 0; it < HD * (W8_KEYS / 32) / 256; it++) {
+        const int i = tid + 256 * it, d = i % HD, p0 = 32 * (i / HD);
+        u32 w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int q = 4 * j + e;  // σ within the group (the header's key order)
+                const int key = p0 + 16 * (q >> 4) + 8 * ((q & 3) >> 1) + 2 * ((q & 15) >> 2) + (q & 1);
+                f[e] = f16_to_f32(vs[key][d]) * iv;
+            }
+            w[j] = pack_e4m3x4(f[0], f[1], f[2], f[3]);
         }
-        *(u32*)(vt8 + ((size_t)h * HD + d) * Lp + t0 + p0) = pack_e4m3x4(f[0], f[1], f[2], f[3]);
+        uint4* dst = (uint4*)(vt8 + ((size_t)h * HD + d) * Lp + t0 + p0);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
     }
 }
 
@@ -175,25 +232,53 @@ extern "C" __global__ void __launch_bounds__(128) q_rows_e4m3(const float* q, in
     warp_e4m3_row<2>(v, lane, q8 + (size_t)r * HD, qsc + r);
 }
 
+// The end of a consumer with e4m3 output: O rows r0, r1 times i0, i1 as e4m3 bytes into out_q
+// [*, NH · HD] at the item's X rows (store_o_xrows's mapping), and, from head 0, the item's scale
+// so at out_s of those rows.
+__device__ __forceinline__ void ws8_store_e4m3(const float* o, float i0, float i1, float so, int r0, int r1, int T,
+                                               int np, int img_row0, int cap_row0, int NH, int h, int tg, u8* out_q,
+                                               float* out_s) {
+    const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
+    const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        const int d = dn * 8 + tg * 2;
+        if (r0 < T) *(unsigned short*)(out_q + ((size_t)x0 * NH + h) * HD + d) = pack_e4m3x2(o[4 * dn] * i0, o[4 * dn + 1] * i0);
+        if (r1 < T)
+            *(unsigned short*)(out_q + ((size_t)x1 * NH + h) * HD + d) = pack_e4m3x2(o[4 * dn + 2] * i1, o[4 * dn + 3] * i1);
+    }
+    if (h == 0 && tg == 0) {
+        if (r0 < T) out_s[x0] = so;
+        if (r1 < T) out_s[x1] = so;
+    }
+}
+
 // Same contract as attn_full_ws (output bf16 at the item's X rows), with Q as e4m3 rows q8
-// [T, NH, HD] and their scales qsc [T, NH] (qk_norm_rope), and K and V as attn8_prep wrote them:
-// tk a map of k8 (boxes of 128 dims × 128 keys), tv of vt8 (128 keys × 128 dims); amax the item's
-// [2, NH] scale bits.
+// [T, NH, HD] and their scales qsc [T, NH] (qk_norm_rope), and K and V as e4m3 (qk_norm_rope,
+// attn8_prep): tk a map of k8 (boxes of 128 dims × 128 keys) with the scale k_scale, tv of vt8
+// (128 keys × 128 dims) with the item's [NH] V maxima v_amax. out_q set: the output as e4m3 rows
+// (with out_s, see ws8_store_e4m3) instead of bf16 out_b.
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u8* q8,
               const float* qsc, int T, float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b,
-              const unsigned* amax) {
+              const unsigned* v_amax, float k_scale, u8* out_q, float* out_s) {
     extern __shared__ __align__(128) u8 wsm[];
     const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(FULL_MASK, tid >> 5, 0);
     const int h = blockIdx.y;
     const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;
     const u32 q_sm = sbase;               // 2 warpgroups × 64 rows × 128 B
-    const u32 kv_sm = sbase + W8_Q_BYTES;  // slot s: K at + 2s·TILE, Vᵀ one TILE on
-    const u32 full_k = kv_sm + W8_SLOTS * 2 * W8_TILE, full_v = full_k + 8 * W8_SLOTS;
+    const u32 kv_sm = sbase + W8_Q_BYTES;  // slot s at + s·W8_SLOT: K, Vᵀ one TILE on, ones one more
+    const u32 full_k = kv_sm + W8_SLOTS * W8_SLOT, full_v = full_k + 8 * W8_SLOTS;
     const u32 empty_k = full_v + 8 * W8_SLOTS, empty_v = empty_k + 8 * W8_SLOTS;
-    float* qscale = (float*)(wsm + (sbase - wg_smem_u32(wsm)) + W8_Q_BYTES + W8_SLOTS * 2 * W8_TILE + 32 * W8_SLOTS);
+    float* qscale = (float*)(wsm + (sbase - wg_smem_u32(wsm)) + W8_Q_BYTES + W8_SLOTS * W8_SLOT + 32 * W8_SLOTS);
     const int ntiles = (T + W8_KEYS - 1) / W8_KEYS;
     if (tid == 0) ws_init_barriers(full_k, W8_SLOTS);
+    // The ones rows (e4m3 1.0 = 0x38), written once; TMA never touches them.
+    for (int i = tid; i < W8_SLOTS * 256; i += WS_THREADS)
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(kv_sm + (i >> 8) * W8_SLOT + 2 * W8_TILE + (i & 255) * 4),
+                     "r"(0x38383838u)
+                     : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
 
     if (warp >= 8) {
@@ -207,13 +292,13 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
                     const int s = t % W8_SLOTS;
                     if (t >= W8_SLOTS) mbar_wait(empty_k + 8 * s, (t / W8_SLOTS - 1) & 1);
                     mbar_expect_tx(full_k + 8 * s, W8_TILE);
-                    tma_load_3d(kv_sm + s * 2 * W8_TILE, &tk, 0, t * W8_KEYS, h, full_k + 8 * s);
+                    tma_load_3d(kv_sm + s * W8_SLOT, &tk, 0, t * W8_KEYS, h, full_k + 8 * s);
                 }
                 if (t > 0) {
                     const int u = t - 1, s = u % W8_SLOTS;
                     if (u >= W8_SLOTS) mbar_wait(empty_v + 8 * s, (u / W8_SLOTS - 1) & 1);
                     mbar_expect_tx(full_v + 8 * s, W8_TILE);
-                    tma_load_3d(kv_sm + s * 2 * W8_TILE + W8_TILE, &tv, u * W8_KEYS, 0, h, full_v + 8 * s);
+                    tma_load_3d(kv_sm + s * W8_SLOT + W8_TILE, &tv, u * W8_KEYS, 0, h, full_v + 8 * s);
                 }
             }
         }
@@ -238,17 +323,17 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     named_sync(3 + wgi, 128);
-    const float sk = amax_scale(amax, h), sv = amax_scale(amax, NH + h);
-    const float base = scale * 1.4426950408889634f * sk;
+    const float sv = amax_scale(v_amax, h);
+    const float base = scale * 1.4426950408889634f * k_scale;
     const float k0 = base * qscale[warp * 16 + g], k1 = base * qscale[warp * 16 + g + 8];
 
     const u32 my_tok = 1 + wgi, other_tok = 2 - wgi;
     if (W8_PINGPONG && wgi == 1) named_arrive(1, 256);
 
-    float o[64], s[W8_KEYS / 2];
+    float o[W8_NO], s[W8_KEYS / 2];
     u32 p[W8_KEYS / 32][4];
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    for (int i = 0; i < W8_NO; i++) o[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < W8_KEYS / 2; i++) s[i] = 0.f;
 #pragma unroll
@@ -256,19 +341,24 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 #pragma unroll
         for (int e = 0; e < 4; e++) p[c][e] = 0u;
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f, corr0 = 1.f, corr1 = 1.f;
-    auto rescale_o = [&]() { ws_rescale(o, corr0, corr1); };
+    bool moved = true;
+    // O (and the ones columns' l) take the last softmax's corrections where a row moved.
+    auto rescale_o = [&]() { ws_rescale<W8_NO>(o, corr0, corr1, moved); };
     // Every operand: rows of 128 bytes, 8-row groups 1024 B apart; a k32 step is + 32 B.
     const u64 q_desc0 = wg_desc(qs, 16, 1024), k_desc0 = wg_desc(kv_sm, 16, 1024);
     const u64 v_desc0 = wg_desc(kv_sm + W8_TILE, 16, 1024);
     auto issue_pv = [&](int tile) {
-        const u64 vd = v_desc0 + (u64)((tile % W8_SLOTS) * 2 * W8_TILE >> 4);
+        const u64 vd = v_desc0 + (u64)((tile % W8_SLOTS) * W8_SLOT >> 4);
 #pragma unroll
-        for (int c = 0; c < W8_KEYS / 32; c++) wgmma_e4m3_rs(o, p[c], vd + (u64)(c * 32 >> 4));
+        for (int c = 0; c < W8_KEYS / 32; c++) {
+            if (W8_ONES) wgmma_e4m3_rs_n136(o, p[c], vd + (u64)(c * 32 >> 4));
+            else wgmma_e4m3_rs(o, p[c], vd + (u64)(c * 32 >> 4));
+        }
         wg_commit();
     };
     auto pin = [&]() {
 #pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(o[i]);
+        for (int i = 0; i < W8_NO; i++) wg_keep(o[i]);
 #pragma unroll
         for (int c = 0; c < W8_KEYS / 32; c++)
 #pragma unroll
@@ -285,7 +375,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 #pragma unroll
         for (int i = 0; i < W8_KEYS / 2; i++) wg_keep(s[i]);
         wg_fence();
-        const u64 kd = k_desc0 + (u64)(sj * 2 * W8_TILE >> 4);
+        const u64 kd = k_desc0 + (u64)(sj * W8_SLOT >> 4);
 #pragma unroll
         for (int kk = 0; kk < HD / 32; kk++)
             wgmma_e4m3_ss(s, q_desc0 + (u64)(kk * 32 >> 4), kd + (u64)(kk * 32 >> 4), kk > 0);
@@ -297,8 +387,9 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 #pragma unroll
         for (int i = 0; i < W8_KEYS / 2; i++) wg_keep(s[i]);
         mbar_arrive(empty_k + 8 * sj);
-        if (j * W8_KEYS + W8_KEYS > T) ws8_softmax<true>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1);
-        else ws8_softmax<false>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1);
+        if (j * W8_KEYS + W8_KEYS > T)
+            ws8_softmax<true>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
+        else ws8_softmax<false>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
         if (!FIRST) {
             wg_wait0();
             pin();
@@ -319,7 +410,19 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
         pin();
     }
     if (W8_PINGPONG && wgi == 0) named_sync(1, 256);
-    ws_store(o, l0, l1, sv, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
+    // The row sums: a ones column (every one holds the full sum), or this thread's columns' summed
+    // over the quad.
+    const float lr0 = W8_ONES ? o[W8_NO - 4] : quad_sum(l0), lr1 = W8_ONES ? o[W8_NO - 2] : quad_sum(l1);
+    if (out_q) {
+        // The item's output scale: the largest V maximum over the heads (lane i takes heads i + 32k).
+        float vmax = 0.f;
+        for (int i = lane; i < NH; i += 32) vmax = fmaxf(vmax, __uint_as_float(v_amax[i]));
+        const float so = e4m3_scale(warp_max(vmax)), mul = sv / so;
+        ws8_store_e4m3(o, mul / lr0, mul / lr1, so, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_q, out_s);
+    } else {
+        store_o_xrows<HD>((const float(*)[4])o, sv / lr0, sv / lr1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg,
+                          out_b);
+    }
 }
 
 #endif

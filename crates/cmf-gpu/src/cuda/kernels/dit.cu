@@ -181,48 +181,75 @@ extern "C" __global__ void residual_norm(float* x, const u16* o, const float* w,
 // RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, [*, NH,
 // HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
 // Grid (ceil(3·NH / 4), R), 128 threads: one warp per (row, q|k|v head).
-// Rows per qk_norm_rope block (each warp loops over them): the FP8 attention's maxima then take
+// Rows per qk_norm_rope block (each warp loops over them): the FP8 attention's V maxima then take
 // one atomic per warp and QKR_ROWS rows, not one per row (one per row cost 3 ms per 1024² step in
-// contention on the 2·NH addresses).
+// contention on the NH addresses).
 #define QKR_ROWS 16
 
-// One warp's (kind, head) of one row; returns the row's |value| max (K and V; 0 for Q).
-__device__ __forceinline__ float qk_norm_rope_row(const u16* qkv, const float* norm_q, const float* norm_k, float eps,
-                                                  const float* cosb, const float* sinb, const int* m, long long r,
-                                                  int NH, int kind, int h, int lane, float* q_out, u16* kc, u16* vc,
-                                                  u8* q8, float* q8_scale) {
-    const long long J = m[1], L = m[2], p = m[3], rr = m[4];
+// A lane's pairs of one head's row: (2·(lane + 32·k), +1) for k < QKR_PL.
+#define QKR_PL ((HD / 2 + 31) / 32)
+
+// What one warp's (kind, head) needs of one row: its pairs of qkv and, for q and k, the RoPE
+// cos and sin of those pairs.
+struct QkRow {
+    u32 pr[QKR_PL];
+    float cs[QKR_PL], sn[QKR_PL];
+};
+
+// Loads row r of qkv (coalesced 4-byte loads of two bf16; zero past the head) and, for q and k,
+// RoPE table row rr.
+__device__ __forceinline__ void qk_load_row(const u16* qkv, long long r, int NH, int kind, int h, int lane,
+                                            const float* cosb, const float* sinb, long long rr, QkRow& o) {
     const int D = NH * HD;
     const u16* src = qkv + r * 3 * D + kind * D + h * HD;
-    // Each lane holds pairs (2·(lane + 32·k), +1): coalesced 4-byte loads of two bf16.
-    constexpr int PL = (HD / 2 + 31) / 32;
+#pragma unroll
+    for (int k = 0; k < QKR_PL; k++) {
+        const int j = lane + 32 * k;
+        const bool in = j < HD / 2;
+        o.pr[k] = in ? *(const u32*)(src + 2 * j) : 0u;
+        o.cs[k] = in && kind < 2 ? cosb[rr * (HD / 2) + j] : 0.f;
+        o.sn[k] = in && kind < 2 ? sinb[rr * (HD / 2) + j] : 0.f;
+    }
+}
+
+// One warp's (kind, head) of one row (the item's rows start at J, L of them, this one at p), with
+// nw this lane's pairs of the q or k norm weight; returns the row's |value| max (V; 0 for Q, K).
+__device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float2* nw, float eps, long long J,
+                                                  long long L, long long p, int NH, int kind, int h, int lane,
+                                                  float* q_out, u16* kc, u16* vc, u8* q8, float* q8_scale, u8* k8,
+                                                  float k8_inv, int q_half) {
+    constexpr int PL = QKR_PL;
     float2 v[PL];
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < PL; k++) {
-        int j = lane + 32 * k;
-        u32 pr = j < HD / 2 ? *(const u32*)(src + 2 * j) : 0u;
-        v[k] = make_float2(bf16_to_f32((u16)(pr & 0xffff)), bf16_to_f32((u16)(pr >> 16)));
+        v[k] = make_float2(bf16_to_f32((u16)(in.pr[k] & 0xffff)), bf16_to_f32((u16)(in.pr[k] >> 16)));
         ss += v[k].x * v[k].x + v[k].y * v[k].y;
     }
     if (kind < 2) {
         ss = warp_sum(ss);
         const float inv = rsqrtf(ss / (float)HD + eps);
-        const float* nw = kind == 0 ? norm_q : norm_k;
-        const float* c = cosb + rr * (HD / 2);
-        const float* s = sinb + rr * (HD / 2);
 #pragma unroll
         for (int k = 0; k < PL; k++) {
-            int j = lane + 32 * k;
-            if (j >= HD / 2) continue;
-            float a = v[k].x * inv * nw[2 * j], b = v[k].y * inv * nw[2 * j + 1];
-            float cs = c[j], sn = s[j];
-            v[k] = make_float2(a * cs - b * sn, a * sn + b * cs);
+            const float a = v[k].x * inv * nw[k].x, b = v[k].y * inv * nw[k].y;
+            v[k] = make_float2(a * in.cs[k] - b * in.sn[k], a * in.sn[k] + b * in.cs[k]);
         }
     }
     if (kind == 0 && q8) {
         // The FP8 attention's Q: e4m3 with a scale per row and head (full rows: HD = 128 there).
         if constexpr (HD == 64 * PL) warp_e4m3_row<PL>(v, lane, q8 + ((J + p) * NH + h) * HD, q8_scale + (J + p) * NH + h);
+        else __trap();  // the host loads the FP8 attention only for HD = 128
+        return 0.f;
+    }
+    if (kind == 1 && k8) {
+        // The FP8 attention's K: e4m3 with the layer's static scale (1 / k8_inv), laid out as kc.
+#pragma unroll
+        for (int k = 0; k < PL; k++) {
+            int j = lane + 32 * k;
+            if (j >= HD / 2) continue;
+            *(unsigned short*)(k8 + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j) =
+                pack_e4m3x2(v[k].x * k8_inv, v[k].y * k8_inv);
+        }
         return 0.f;
     }
     float amax = 0.f;
@@ -230,52 +257,79 @@ __device__ __forceinline__ float qk_norm_rope_row(const u16* qkv, const float* n
     for (int k = 0; k < PL; k++) {
         int j = lane + 32 * k;
         if (j >= HD / 2) continue;
-        if (kind == 0) {
+        if (kind == 0 && q_half) {
+            *(u32*)((u16*)q_out + ((J + p) * NH + h) * HD + 2 * j) =
+                (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
+        } else if (kind == 0) {
             *(float2*)(q_out + ((J + p) * NH + h) * HD + 2 * j) = v[k];
         } else {
             u16* dst = (kind == 1 ? kc : vc) + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j;
             *(u32*)dst = (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
-            amax = fmaxf(amax, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
+            if (kind == 2) amax = fmaxf(amax, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
         }
     }
     return amax;
 }
 
-// Folds a warp's |value| max of item `item` into the item's [2, NH] maxima (u32 bits:
+// Folds a warp's |value| max of item `item` into the item's [NH] V maxima (u32 bits:
 // non-negative floats order as their bits do).
-__device__ __forceinline__ void fold_amax(unsigned* kv_amax, int item, int kind, int NH, int h, float amax, int lane) {
+__device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, int h, float amax, int lane) {
     amax = warp_max(fminf(amax, F16_MAX));
-    if (lane == 0) atomicMax(kv_amax + (item * 2 + kind - 1) * NH + h, __float_as_uint(amax));
+    if (lane == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
 }
 
 // q/k RMSNorm + RoPE, f16 K/V. Grid ((3·NH + 3) / 4, R / QKR_ROWS rounded up), 4 warps: warp u of
 // the grid's x takes kind u / NH (q, k, v) and head u % NH for QKR_ROWS rows. For the FP8
-// attention (attention_ws8.cu; else null): kv_amax, the per-item, per-head K and V maxima; q8 and
-// q8_scale, Q as e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out.
+// attention (attention_ws8.cu; else null): v_amax, the per-item, per-head V maxima; q8 and
+// q8_scale, Q as e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out; k8, K as
+// e4m3 times k8_inv, in place of kc. K needs no maximum: RMSNorm bounds a head's |k| by
+// √HD · max |norm_k| (RoPE rotates pairs, keeping that bound), so the host passes the scale.
+// q_half: q_out gets f16 (saturating, as K) instead of f32 (attn_full_ws reads f16 Q).
+// Latency: a warp's rows are serial, so nothing a row needs waits on another load: the rows' map
+// entries come in one load (lane i holds row r0 + i's), the norm weight once, and row i + 1's
+// qkv pairs and RoPE values are loaded while row i is worked on.
 extern "C" __global__ void __launch_bounds__(128)
 qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
-             const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* kv_amax,
-             u8* q8, float* q8_scale) {
+             const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* v_amax,
+             u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half) {
+    static_assert(QKR_ROWS <= 32, "qk_norm_rope: a lane holds a row's map entry");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int u = blockIdx.x * 4 + warp;
     if (u >= 3 * NH) return;
     const int kind = u / NH, h = u - kind * NH;
-    const bool fold = kv_amax && kind > 0;
-    const long long r0 = (long long)blockIdx.y * QKR_ROWS, r1 = min((long long)R, r0 + QKR_ROWS);
+    const bool fold = v_amax && kind == 2;
+    const long long r0 = (long long)blockIdx.y * QKR_ROWS;
+    const int n = (int)min((long long)QKR_ROWS, R - r0);
+    int mi[MAPW];
+#pragma unroll
+    for (int e = 0; e < MAPW; e++) mi[e] = lane < n ? map[(r0 + lane) * MAPW + e] : 0;
+    float2 nw[QKR_PL];
+#pragma unroll
+    for (int k = 0; k < QKR_PL; k++) {
+        const int j = lane + 32 * k;
+        nw[k] = kind < 2 && j < HD / 2 ? *(const float2*)((kind == 0 ? norm_q : norm_k) + 2 * j) : make_float2(0.f, 0.f);
+    }
+    QkRow cur, next;
+    qk_load_row(qkv, r0, NH, kind, h, lane, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], 0), cur);
     int item = -1;
     float amax = 0.f;
-    for (long long r = r0; r < r1; r++) {
-        const int* m = map + r * MAPW;
-        if (fold && m[0] != item) {
-            if (item >= 0) fold_amax(kv_amax, item, kind, NH, h, amax, lane);
-            item = m[0];
+    for (int i = 0; i < n; i++) {
+        if (i + 1 < n)
+            qk_load_row(qkv, r0 + i + 1, NH, kind, h, lane, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], i + 1), next);
+        const int it = __shfl_sync(FULL_MASK, mi[0], i);
+        if (fold && it != item) {
+            if (item >= 0) fold_amax(v_amax, item, NH, h, amax, lane);
+            item = it;
             amax = 0.f;
         }
         const float a =
-            qk_norm_rope_row(qkv, norm_q, norm_k, eps, cosb, sinb, m, r, NH, kind, h, lane, q_out, kc, vc, q8, q8_scale);
+            qk_norm_rope_row(cur, nw, eps, __shfl_sync(FULL_MASK, mi[1], i), __shfl_sync(FULL_MASK, mi[2], i),
+                             __shfl_sync(FULL_MASK, mi[3], i), NH, kind, h, lane, q_out, kc, vc, q8, q8_scale, k8,
+                             k8_inv, q_half);
         amax = fmaxf(amax, a);
+        cur = next;
     }
-    if (fold && item >= 0) fold_amax(kv_amax, item, kind, NH, h, amax, lane);
+    if (fold && item >= 0) fold_amax(v_amax, item, NH, h, amax, lane);
 }
 
 // One row of swiglu: gr the row of gu, outputs at the row.
@@ -311,23 +365,24 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.
-// (Embedding epilogue: the GEMM wrote the real rows; pad rows take the pad token.)
+// (Embedding epilogue: the GEMM wrote the real rows; pad rows take the pad token.) Blocks take
+// rows (grid-stride), threads columns: no 64-bit division per element.
 extern "C" __global__ void bias_pad_rows(float* x, int D, long long R, int per, int real, const float* bias,
                                          const float* pad) {
-    const long long n = R * D;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
-        long long r = k / D;
-        int i = (int)(k - r * D), q = (int)(r % per);
-        if (q < real) x[k] += bias[i];
-        else x[k] = pad[i];
+    for (long long r = blockIdx.x; r < R; r += gridDim.x) {
+        float* xr = x + r * D;
+        if ((int)(r % per) < real)
+            for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] += bias[i];
+        else
+            for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] = pad[i];
     }
 }
 
-// y [R, N] += bias (R·N elements).
+// y [R, N] += bias: blocks take rows along y and column chunks along x (the adaLN GEMM's one row
+// of ~460k values as much as the final layer's 4096 rows of 64), grid-stride in both.
 extern "C" __global__ void add_bias(float* y, int N, long long R, const float* bias) {
-    const long long n = R * N;
-    for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x)
-        y[k] += bias[k % N];
+    for (long long r = blockIdx.y; r < R; r += gridDim.y)
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) y[r * N + i] += bias[i];
 }
 
 // out_b[r] = bf16(rmsnorm(x[r]) · w)   (R blocks; the caption's cap_embedder.0 norm).
