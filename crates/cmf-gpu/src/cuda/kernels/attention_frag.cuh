@@ -32,22 +32,32 @@ __device__ __forceinline__ void load_q_frags(const float* q, int r0, int r1, int
     }
 }
 
-// The DiT's output: O rows r0 and r1 (accumulator fragments o[D / 8][4]) times 1/l (i0, i1) as
-// bf16 into out_b [*, NH · D] at the item's X rows: r < np → img_row0 + r, else cap_row0 + r − np.
+// The X row of an item's attention row r: r < np → img_row0 + r, else cap_row0 + r − np.
+__device__ __forceinline__ int o_xrow(int r, int np, int img_row0, int cap_row0) {
+    return r < np ? img_row0 + r : cap_row0 + r - np;
+}
+
+// The DiT's output, pair by pair: O rows r0 and r1 (accumulator fragments o[D / 8][4]) times i0,
+// i1 handed to put(x, d, a, b) — x the row's X row (o_xrow), d the pair's first dim; rows at or
+// past T skipped.
+template <int D, typename Put>
+__device__ __forceinline__ void for_o_xrows(const float (*o)[4], float i0, float i1, int r0, int r1, int T, int np,
+                                            int img_row0, int cap_row0, int tg, Put put) {
+    const int x0 = o_xrow(r0, np, img_row0, cap_row0), x1 = o_xrow(r1, np, img_row0, cap_row0);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; dn++) {
+        const int d = dn * 8 + tg * 2;
+        if (r0 < T) put(x0, d, o[dn][0] * i0, o[dn][1] * i0);
+        if (r1 < T) put(x1, d, o[dn][2] * i1, o[dn][3] * i1);
+    }
+}
+
+// The DiT's output as bf16 into out_b [*, NH · D] (for_o_xrows).
 template <int D>
 __device__ __forceinline__ void store_o_xrows(const float (*o)[4], float i0, float i1, int r0, int r1, int T,
                                               int np, int img_row0, int cap_row0, int NH, int h, int tg,
                                               u16* out_b) {
-    const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
-    const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn++) {
-        const int d = dn * 8 + tg * 2;
-        if (r0 < T)
-            *(u32*)(out_b + ((size_t)x0 * NH + h) * D + d) =
-                (u32)f32_to_bf16(o[dn][0] * i0) | ((u32)f32_to_bf16(o[dn][1] * i0) << 16);
-        if (r1 < T)
-            *(u32*)(out_b + ((size_t)x1 * NH + h) * D + d) =
-                (u32)f32_to_bf16(o[dn][2] * i1) | ((u32)f32_to_bf16(o[dn][3] * i1) << 16);
-    }
+    for_o_xrows<D>(o, i0, i1, r0, r1, T, np, img_row0, cap_row0, tg, [&](int x, int d, float a, float b) {
+        *(u32*)(out_b + ((size_t)x * NH + h) * D + d) = (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
+    });
 }

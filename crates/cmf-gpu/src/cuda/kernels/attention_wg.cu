@@ -396,32 +396,43 @@ __device__ __forceinline__ void ws_qk(float* s, u64 adesc, u64 bdesc, int scale_
 // score units and the scale folds into the exponent's FFMA; keys at or past T are masked only
 // in the tile that has them (TAIL). A maximum moves by more than WS_TAU only (corr 1 otherwise);
 // moved: whether either row's did.
-template <bool TAIL>
-__device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
-                                           float& l0, float& l1, float& corr0, float& corr1, bool& moved) {
+// The first half of a tile's online softmax, attn_full_ws's and attn_full_ws8's: keys at or past
+// T masked (TAIL; kt the tile's first key), the rows' tile maxima over the quad, and each row's
+// running maximum moved where the tile's exceeds it by more than tau once scaled by k0 (row g)
+// or k1 (row g + 8), the exponent's multipliers (corr: what O and l are multiplied by; 1 where the
+// maximum stayed). N: this thread's score accumulators (4 per 8 keys). Every tile holds at least
+// one key < T, so the maxima are finite; a first tile moves from −inf (corr 0: O and l are still
+// zero).
+template <int N, bool TAIL>
+__device__ __forceinline__ void ws_move_max(float* s, int kt, int T, int tg, float k0, float k1, float tau,
+                                            float& m0, float& m1, float& corr0, float& corr1, bool& moved) {
     if (TAIL) {
 #pragma unroll
-        for (int nt = 0; nt < WS_KEYS / 8; nt++)
+        for (int nt = 0; nt < N / 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 if (kt + nt * 8 + tg * 2 + (e & 1) >= T) s[4 * nt + e] = NEG_INF;
     }
     float mx0 = m0, mx1 = m1;
 #pragma unroll
-    for (int nt = 0; nt < WS_KEYS / 8; nt++) {
+    for (int nt = 0; nt < N / 4; nt++) {
         mx0 = fmaxf(mx0, fmaxf(s[4 * nt + 0], s[4 * nt + 1]));
         mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
     }
     mx0 = quad_max(mx0);
     mx1 = quad_max(mx1);
-    // Every tile holds at least one key < T, so the new maxima are finite; a first tile moves
-    // from −inf (corr 0: O and l are still zero).
-    const bool u0 = (mx0 - m0) * sl2 > (float)WS_TAU, u1 = (mx1 - m1) * sl2 > (float)WS_TAU;
-    corr0 = u0 ? fast_exp2((m0 - mx0) * sl2) : 1.f;
-    corr1 = u1 ? fast_exp2((m1 - mx1) * sl2) : 1.f;
+    const bool u0 = (mx0 - m0) * k0 > tau, u1 = (mx1 - m1) * k1 > tau;
+    corr0 = u0 ? fast_exp2((m0 - mx0) * k0) : 1.f;
+    corr1 = u1 ? fast_exp2((m1 - mx1) * k1) : 1.f;
     if (u0) m0 = mx0;
     if (u1) m1 = mx1;
     moved = u0 || u1;
+}
+
+template <bool TAIL>
+__device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
+                                           float& l0, float& l1, float& corr0, float& corr1, bool& moved) {
+    ws_move_max<WS_KEYS / 2, TAIL>(s, kt, T, tg, sl2, sl2, (float)WS_TAU, m0, m1, corr0, corr1, moved);
     const float ms0 = m0 * sl2, ms1 = m1 * sl2;
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll

@@ -108,28 +108,7 @@ template <bool TAIL>
 __device__ __forceinline__ void ws8_softmax(float* s, int kt, int T, int tg, float k0, float k1, float& m0,
                                             float& m1, float& l0, float& l1, float& corr0, float& corr1,
                                             bool& moved) {
-    if (TAIL) {
-#pragma unroll
-        for (int nt = 0; nt < W8_KEYS / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (kt + nt * 8 + tg * 2 + (e & 1) >= T) s[4 * nt + e] = NEG_INF;
-    }
-    float mx0 = m0, mx1 = m1;
-#pragma unroll
-    for (int nt = 0; nt < W8_KEYS / 8; nt++) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt + 0], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-    }
-    mx0 = quad_max(mx0);
-    mx1 = quad_max(mx1);
-    // A first tile moves from −inf (corr 0: O and l are still zero).
-    const bool u0 = (mx0 - m0) * k0 > (float)W8_TAU, u1 = (mx1 - m1) * k1 > (float)W8_TAU;
-    corr0 = u0 ? fast_exp2((m0 - mx0) * k0) : 1.f;
-    corr1 = u1 ? fast_exp2((m1 - mx1) * k1) : 1.f;
-    if (u0) m0 = mx0;
-    if (u1) m1 = mx1;
-    moved = u0 || u1;
+    ws_move_max<W8_KEYS / 2, TAIL>(s, kt, T, tg, k0, k1, (float)W8_TAU, m0, m1, corr0, corr1, moved);
     const float b0 = W8_BOOST - m0 * k0, b1 = W8_BOOST - m1 * k1;
     float a0 = 0.f, a1 = 0.f;
 #pragma unroll
@@ -233,23 +212,18 @@ extern "C" __global__ void __launch_bounds__(128) q_rows_e4m3(const float* q, in
 }
 
 // The end of a consumer with e4m3 output: O rows r0, r1 times i0, i1 as e4m3 bytes into out_q
-// [*, NH · HD] at the item's X rows (store_o_xrows's mapping), and, from head 0, the item's scale
-// so at out_s of those rows.
+// [*, NH · HD] at the item's X rows (for_o_xrows), and, from head 0, the item's scale so at out_s
+// of those rows.
 __device__ __forceinline__ void ws8_store_e4m3(const float* o, float i0, float i1, float so, int r0, int r1, int T,
                                                int np, int img_row0, int cap_row0, int NH, int h, int tg, u8* out_q,
                                                float* out_s) {
-    const int x0 = r0 < np ? img_row0 + r0 : cap_row0 + r0 - np;
-    const int x1 = r1 < np ? img_row0 + r1 : cap_row0 + r1 - np;
-#pragma unroll
-    for (int dn = 0; dn < HD / 8; dn++) {
-        const int d = dn * 8 + tg * 2;
-        if (r0 < T) *(unsigned short*)(out_q + ((size_t)x0 * NH + h) * HD + d) = pack_e4m3x2(o[4 * dn] * i0, o[4 * dn + 1] * i0);
-        if (r1 < T)
-            *(unsigned short*)(out_q + ((size_t)x1 * NH + h) * HD + d) = pack_e4m3x2(o[4 * dn + 2] * i1, o[4 * dn + 3] * i1);
-    }
+    for_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, tg,
+                    [&](int x, int d, float a, float b) {
+                        *(unsigned short*)(out_q + ((size_t)x * NH + h) * HD + d) = pack_e4m3x2(a, b);
+                    });
     if (h == 0 && tg == 0) {
-        if (r0 < T) out_s[x0] = so;
-        if (r1 < T) out_s[x1] = so;
+        if (r0 < T) out_s[o_xrow(r0, np, img_row0, cap_row0)] = so;
+        if (r1 < T) out_s[o_xrow(r1, np, img_row0, cap_row0)] = so;
     }
 }
 
