@@ -22,29 +22,28 @@
 #define EPL ((HD + 31) / 32)
 #define LANE_OK(lane) ((lane) * EPL < HD)
 
-// EPL consecutive elements of a cache row (lane's share) as f32.
+// EPL consecutive elements of a cache row (lane's share) as f32: one vector load where EPL fits
+// one, else element by element.
 __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
 #if !KV_F32
-    if (EPL == 4) {
+    if constexpr (EPL == 4) {
         uint2 u = *(const uint2*)p;
         out[0] = f16_to_f32(u.x & 0xffff); out[1] = f16_to_f32(u.x >> 16);
         out[2] = f16_to_f32(u.y & 0xffff); out[3] = f16_to_f32(u.y >> 16);
-        return;
-    }
-    if (EPL == 2) {
+    } else if constexpr (EPL == 2) {
         u32 u = *(const u32*)p;
         out[0] = f16_to_f32(u & 0xffff); out[1] = f16_to_f32(u >> 16);
-        return;
-    }
+    } else
 #else
-    if (EPL == 4) {
+    if constexpr (EPL == 4) {
         float4 f = *(const float4*)p;
         out[0] = f.x; out[1] = f.y; out[2] = f.z; out[3] = f.w;
-        return;
-    }
+    } else
 #endif
+    {
 #pragma unroll
-    for (int j = 0; j < EPL; j++) out[j] = kv_f(p[j]);
+        for (int j = 0; j < EPL; j++) out[j] = kv_f(p[j]);
+    }
 }
 
 // Grid (T, ceil(NH/4)), 128 threads: one warp per (query, head); any cache type.
@@ -56,8 +55,8 @@ attn_prefill_simple(const float* q, const kv_t* kc, const kv_t* vc, int start, i
     const int kvh = h / GQA, pos = start + t;
     const int first = window > 0 ? max(0, pos + 1 - window) : 0;
     float qr[EPL], o[EPL];
-#pragma unroll
     const bool ok = LANE_OK(lane);
+#pragma unroll
     for (int j = 0; j < EPL; j++) {
         qr[j] = ok ? q[((size_t)t * NH + h) * HD + lane * EPL + j] * scale : 0.f;
         o[j] = 0.f;
@@ -375,22 +374,22 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
     const int r0 = qw + g, r1 = r0 + 8;
-    if (XOUT) {
+    if constexpr (XOUT) {
         store_o_xrows<HD>(o, 1.f / l0, 1.f / l1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int dn = 0; dn < HD / 8; dn++) {
-        int d = dn * 8 + tg * 2;
-        if (r0 < T) {
-            float* dst = out + ((size_t)r0 * NH + h) * HD + d;
-            dst[0] = o[dn][0] / l0;
-            dst[1] = o[dn][1] / l0;
-        }
-        if (r1 < T) {
-            float* dst = out + ((size_t)r1 * NH + h) * HD + d;
-            dst[0] = o[dn][2] / l1;
-            dst[1] = o[dn][3] / l1;
+        for (int dn = 0; dn < HD / 8; dn++) {
+            int d = dn * 8 + tg * 2;
+            if (r0 < T) {
+                float* dst = out + ((size_t)r0 * NH + h) * HD + d;
+                dst[0] = o[dn][0] / l0;
+                dst[1] = o[dn][1] / l0;
+            }
+            if (r1 < T) {
+                float* dst = out + ((size_t)r1 * NH + h) * HD + d;
+                dst[0] = o[dn][2] / l1;
+                dst[1] = o[dn][3] / l1;
+            }
         }
     }
 }
