@@ -55,6 +55,7 @@ struct Kernels {
     qk_norm_rope: Func,
     swiglu: Func,
     bias_pad: Func,
+    ada_finish: Func,
     add_bias: Func,
     rms: Func,
     final_norm: Func,
@@ -67,13 +68,15 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn load(dev: &Dev, hd: usize, attn8: Option<usize>) -> DResult<Kernels> {
+    fn load(dev: &Dev, hd: usize, attn8: Option<usize>, x_bf16: bool) -> DResult<Kernels> {
         let defs = vec![
             ("HD", hd.to_string()),
             ("GQA", "1".to_string()),
             ("KV_F32", "0".to_string()),
         ];
-        let dit = Module::load(dev, "dit", DIT, &defs)?;
+        let mut dit_defs = defs.clone();
+        dit_defs.push(("X_BF16", (x_bf16 as u8).to_string()));
+        let dit = Module::load(dev, "dit", DIT, &dit_defs)?;
         let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
         let attn = load_attention(dev, hd, attention_variant(dev, hd, &choice), &defs)?;
@@ -87,6 +90,7 @@ impl Kernels {
             qk_norm_rope: dit.func("qk_norm_rope")?,
             swiglu: dit.func("swiglu")?,
             bias_pad: dit.func("bias_pad_rows")?,
+            ada_finish: dit.func("ada_finish")?,
             add_bias: dit.func("add_bias")?,
             rms: dit.func("rms_bf16")?,
             final_norm: dit.func("final_norm_bf16")?,
@@ -214,7 +218,8 @@ struct Attn8 {
     _m: Module,
 }
 
-/// Rows per qk_norm_rope block (`QKR_ROWS` in dit.cu).
+/// Rows per qk_norm_rope block (`QKR_ROWS` in dit.cu); its warps take 256 / HD heads of a row
+/// each (`QKR_HPW`), 4 a block.
 const QKR_ROWS: usize = 16;
 
 /// Keys per attn_full_ws8 tile (`W8_KEYS`): Vᵀ rows are padded to a multiple of it.
@@ -672,7 +677,7 @@ impl Fp8Plane {
     }
 }
 
-/// A refined caption: `[lp, D]` f32 rows.
+/// A refined caption: `[lp, D]` rows of the residual stream's type.
 struct Cond {
     rows: DBuf,
     lp: usize,
@@ -685,6 +690,7 @@ struct Work {
     o: DBuf,
     hb: DBuf,
     qkv: DBuf,
+    /// Q for the attention; before the blocks, the embedding GEMMs' f32 output `[rows, d]`.
     q: DBuf,
     kc: DBuf,
     vc: DBuf,
@@ -798,6 +804,17 @@ pub struct CudaDit {
     prof: Option<RefCell<[f64; 3]>>,
     /// The FP8 GEMM path (see `fp8_request`) and whether it accumulates fast.
     fp8: Option<(Fp8Gemm, bool)>,
+    /// Bytes per value of the residual stream X (see [`residual_bf16`]).
+    x_bytes: usize,
+}
+
+/// Whether the residual stream X (and the refined captions) are bf16 rather than f32:
+/// `CMF_DIT_RESIDUAL=f32|bf16`, bf16 by default. diffusers' bf16 pipeline keeps it in bf16 as
+/// well; the row kernels still add in f32 and round once per update, and the pre-norm that
+/// follows an update reads the unrounded row. Halves the bytes `residual_norm` moves
+/// (BENCH.md). Read when the model loads.
+fn residual_bf16() -> bool {
+    std::env::var("CMF_DIT_RESIDUAL").as_deref() != Ok("f32")
 }
 
 /// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run in FP8 (e4m3, per-row scales on
@@ -834,10 +851,10 @@ fn check_model(m: &DitModel) -> Result<(), Refusal> {
         return Err(refuse(op, "n_heads must divide dim"));
     }
     let hd = g.head_dim();
-    if hd > 128 || hd % 16 != 0 {
+    if hd > 128 || hd % 16 != 0 || !hd.is_power_of_two() {
         return Err(refuse(
             op,
-            format!("head dim {hd}: the device attention needs a multiple of 16 up to 128"),
+            format!("head dim {hd}: the device kernels need a power of two from 16 to 128"),
         ));
     }
     if g.dim % 8 != 0 {
@@ -934,7 +951,8 @@ impl CudaDit {
     }
 
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
-        let k = Kernels::load(&dev, m.geo.head_dim(), attn8_request(m.precision))?;
+        let x_bf16 = residual_bf16();
+        let k = Kernels::load(&dev, m.geo.head_dim(), attn8_request(m.precision), x_bf16)?;
         k.allow_rows(&m.geo)?;
         let blas = Blas::new(&dev)?;
         let fp8 = fp8_request(m.precision).and_then(|fast| match Fp8Gemm::new(&dev) {
@@ -988,6 +1006,7 @@ impl CudaDit {
             prof: (std::env::var("CMF_DIT_PROFILE").as_deref() == Ok("1"))
                 .then(|| RefCell::new([0.0; 3])),
             fp8,
+            x_bytes: if x_bf16 { 2 } else { 4 },
             blas,
             k,
             dev: dev.clone(),
@@ -1188,7 +1207,11 @@ impl CudaDit {
             };
             self.launch(
                 &self.k.qk_norm_rope,
-                ((3 * nh).div_ceil(4) as u32, r.div_ceil(QKR_ROWS) as u32, 1),
+                (
+                    (3 * nh).div_ceil(256 / hd).div_ceil(4) as u32,
+                    r.div_ceil(QKR_ROWS) as u32,
+                    1,
+                ),
                 128,
                 0,
                 &[
@@ -1318,7 +1341,7 @@ impl CudaDit {
         let dev = self.dev.clone();
         let work = self.new_work(lp)?;
         let capd = dev.upload_new(bytes_of(cap))?;
-        let rows = dev.alloc(lp * d * 4)?;
+        let rows = dev.alloc(lp * d * self.x_bytes)?;
         self.launch(
             &self.k.rms,
             (len as u32, 1, 1),
@@ -1332,13 +1355,14 @@ impl CudaDit {
                 Arg::Ptr(work.hb.ptr()),
             ],
         )?;
-        self.gemm(&self.cap_embed.0, d, cf, work.hb.ptr(), rows.ptr(), len)?;
+        self.gemm(&self.cap_embed.0, d, cf, work.hb.ptr(), work.q.ptr(), len)?;
         self.launch(
             &self.k.bias_pad,
             row_grid(lp),
             256,
             0,
             &[
+                Arg::Ptr(work.q.ptr()),
                 Arg::Ptr(rows.ptr()),
                 Arg::I32(d as i32),
                 Arg::U64(lp as u64),
@@ -1406,7 +1430,7 @@ impl CudaDit {
             items: its,
             cos: dev.upload_new(bytes_of(&cos))?,
             sin: dev.upload_new(bytes_of(&sin))?,
-            x: dev.alloc(rows * d * 4)?,
+            x: dev.alloc(rows * d * self.x_bytes)?,
             work: self.new_work(rows)?,
             map_main: dev.alloc(rows * MAPW * 4)?,
             map_nr: dev.alloc(nb * np * MAPW * 4)?,
@@ -1452,11 +1476,28 @@ impl CudaDit {
         dev.upload(p.temb.ptr(), bytes_of(&tb))?;
         dev.upload(p.temb_silu.ptr(), bytes_of(&sb))?;
 
-        // Modulations of every block (one GEMM) and the final layer's scale.
+        // Modulations of every block (one GEMM, then 1 + scale and tanh(gate) once for all the
+        // row kernels) and the final layer's scale.
         let n_mod = self.noise.len() + self.layers.len();
         let mod_stride = n_mod * 4 * d;
         self.gemm(&self.ada.0, mod_stride, a, p.temb.ptr(), p.modv.ptr(), nb)?;
-        self.add_bias(p.modv.ptr(), mod_stride, nb, &self.ada.1)?;
+        self.launch(
+            &self.k.ada_finish,
+            (
+                mod_stride.div_ceil(256).clamp(1, 65535) as u32,
+                nb.clamp(1, 65535) as u32,
+                1,
+            ),
+            256,
+            0,
+            &[
+                Arg::Ptr(p.modv.ptr()),
+                Arg::I32(mod_stride as i32),
+                Arg::U64(nb as u64),
+                Arg::I32(d as i32),
+                Arg::Ptr(self.ada.1.ptr()),
+            ],
+        )?;
         self.gemm(
             &self.final_ada.0,
             d,
@@ -1467,14 +1508,15 @@ impl CudaDit {
         )?;
         self.add_bias(p.fscale.ptr(), d, nb, &self.final_ada.1)?;
 
-        // Embed the patches of each item into its Np image rows; pad rows take x_pad_token.
+        // Embed the patches of each item into its Np image rows (f32, in the work's Q buffer),
+        // then into X with the bias; pad rows take x_pad_token.
         for k in 0..nb {
             self.gemm(
                 &self.x_embed.0,
                 d,
                 pd,
                 p.patches.at(k * ni * pd * 2),
-                p.x.at(k * np * d * 4),
+                p.work.q.at(k * np * d * 4),
                 ni,
             )?;
         }
@@ -1484,6 +1526,7 @@ impl CudaDit {
             256,
             0,
             &[
+                Arg::Ptr(p.work.q.ptr()),
                 Arg::Ptr(p.x.ptr()),
                 Arg::I32(d as i32),
                 Arg::U64((nb * np) as u64),
@@ -1509,7 +1552,8 @@ impl CudaDit {
         for (k, &s) in active.iter().enumerate() {
             let (cond, lp, _) = p.items[s];
             let c = self.conds[cond.0].as_ref().expect("checked");
-            dev.copy_d2d(p.x.at(lay.cap_rows[k] * d * 4), c.rows.ptr(), lp * d * 4)?;
+            let xb = self.x_bytes;
+            dev.copy_d2d(p.x.at(lay.cap_rows[k] * d * xb), c.rows.ptr(), lp * d * xb)?;
         }
         if !self.layers.is_empty() {
             let mods: Vec<u64> = (0..self.layers.len())

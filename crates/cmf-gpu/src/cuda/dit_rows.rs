@@ -76,7 +76,9 @@ pub fn allow_row_smem(f: &Func, bytes: usize) -> DResult<()> {
     Ok(())
 }
 
-/// The rows a norm kernel works on: `[rows, d]` f32 at `x`, with a block's adaLN modulation:
+/// The rows a norm kernel works on: `[rows, d]` at `x` (f32, or bf16 where the module was
+/// compiled with `X_BF16`: the residual stream's type, cuda/dit.rs), with a block's adaLN
+/// modulation, finished (`ada_finish`: 1 + scale, tanh(gate)):
 /// item 0's `[4, d]` slots at `modulation` (0: unmodulated), item i's `mod_stride` floats
 /// further; `map` (`MAPW` ints per row) ties each row to its item.
 #[derive(Clone, Copy)]
@@ -187,10 +189,13 @@ pub enum RowsBack {
 }
 
 /// Inputs of the norm kernels' test hooks: `x [rows, d]`, modulation slots `mods [items, 4,
-/// d]` and each row's item (`mods` empty: unmodulated).
+/// d]` as the adaLN Linear gives them (the hook finishes them as `ada_finish` does) and each
+/// row's item (`mods` empty: unmodulated); `x_bf16`: the residual stream as bf16
+/// (the kernels compiled with `X_BF16`; `x` is rounded to bf16 on upload).
 #[doc(hidden)]
 pub struct NormCase<'a> {
     pub x: &'a [f32],
+    pub x_bf16: bool,
     pub d: usize,
     pub eps: f32,
     pub mods: &'a [f32],
@@ -206,11 +211,15 @@ struct Hook<'d> {
 }
 
 impl<'d> Hook<'d> {
-    fn new(dev: &'d Dev) -> DResult<Hook<'d>> {
+    fn new(dev: &'d Dev, x_bf16: bool) -> DResult<Hook<'d>> {
         // The row kernels do not depend on the head dim; any HD compiles them.
+        let defs = [
+            ("HD", "128".to_string()),
+            ("X_BF16", (x_bf16 as u8).to_string()),
+        ];
         Ok(Hook {
             dev,
-            m: Module::load(dev, "dit", DIT, &[("HD", "128".to_string())])?,
+            m: Module::load(dev, "dit", DIT, &defs)?,
             keep: Vec::new(),
         })
     }
@@ -272,15 +281,34 @@ impl<'d> Hook<'d> {
             .iter()
             .flat_map(|&i| [i as i32, 0, 0, 0, 0])
             .collect();
+        let x = if c.x_bf16 {
+            let b: Vec<u16> = c.x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            self.up(&b)?
+        } else {
+            self.up(c.x)?
+        };
         Ok(NormRows {
-            x: self.up(c.x)?,
+            x,
             rows,
             d: c.d,
             eps: c.eps,
             modulation: if c.mods.is_empty() {
                 0
             } else {
-                self.up(c.mods)?
+                // ada_finish's: slots 0 and 2 (scales) → 1 + v, 1 and 3 (gates) → tanh v.
+                let fin: Vec<f32> = c
+                    .mods
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        if (i / c.d) % 2 == 1 {
+                            v.tanh()
+                        } else {
+                            1.0 + v
+                        }
+                    })
+                    .collect();
+                self.up(&fin)?
             },
             mod_stride: 4 * c.d,
             map: self.up(&map)?,
@@ -297,7 +325,7 @@ pub fn rms_mod_for_test(
     slot: i32,
     e4m3: bool,
 ) -> DResult<RowsBack> {
-    let mut h = Hook::new(dev)?;
+    let mut h = Hook::new(dev, c.x_bf16)?;
     let f = h.m.func("rms_mod")?;
     let n = h.norm_rows(c)?;
     let (wp, out) = (h.up(w)?, h.out(n.rows, n.d, e4m3)?);
@@ -318,7 +346,7 @@ pub fn residual_norm_for_test(
     (next_w, next_slot): (&[f32], i32),
     e4m3: bool,
 ) -> DResult<(Vec<f32>, RowsBack)> {
-    let mut h = Hook::new(dev)?;
+    let mut h = Hook::new(dev, c.x_bf16)?;
     let f = h.m.func("residual_norm")?;
     let n = h.norm_rows(c)?;
     let o_bf16: Vec<u16> = o.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
@@ -332,8 +360,17 @@ pub fn residual_norm_for_test(
         out,
     };
     residual_norm(dev, &f, &n, (op, wp), gate_slot, Some(next))?;
-    let mut x = vec![0f32; c.x.len()];
-    dev.download_f32(&mut x, n.x)?;
+    let x = if c.x_bf16 {
+        let mut b = vec![0u8; c.x.len() * 2];
+        dev.download(&mut b, n.x)?;
+        b.chunks_exact(2)
+            .map(|p| bf16::from_le_bytes([p[0], p[1]]).to_f32())
+            .collect()
+    } else {
+        let mut x = vec![0f32; c.x.len()];
+        dev.download_f32(&mut x, n.x)?;
+        x
+    };
     Ok((x, h.back(out, n.rows, n.d)?))
 }
 
@@ -344,7 +381,7 @@ pub fn swiglu_for_test(dev: &Dev, gu: &[u16], ffn: usize, e4m3: bool) -> DResult
     if gu.len() != rows * 2 * ffn {
         return Err(DevError("swiglu_for_test: gu is not [rows, 2·ffn]".into()));
     }
-    let mut h = Hook::new(dev)?;
+    let mut h = Hook::new(dev, false)?;
     let f = h.m.func("swiglu")?;
     let (g, out) = (h.up(gu)?, h.out(rows, ffn, e4m3)?);
     allow_row_smem(&f, out.stash_bytes(ffn))?;

@@ -77,6 +77,11 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, model(16, 2, true)),
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
+        ("dit", DIT, {
+            let mut d = model(128, 1, false);
+            d.push(("X_BF16", "1".to_string()));
+            d
+        }),
         ("attention", ATTENTION, model(32, 1, false)),
         ("rowops", ROWOPS, vec![]),
         ("vae", VAE, vec![]),

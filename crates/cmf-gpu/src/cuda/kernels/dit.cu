@@ -1,6 +1,9 @@
 // dit.cu — the row operations of the Z-Image DiT between its GEMMs (cuda/dit.rs).
 //
-// Design. The residual stream X [R, D] stays f32 on the device; every GEMM takes bf16 operands
+// Design. The residual stream X [R, D] stays on the device as f32, or as bf16 with X_BF16 = 1
+// (cuda/dit.rs `CMF_DIT_RESIDUAL`; diffusers' bf16 pipeline keeps it in bf16 too): the kernels that
+// read or update it (rms_mod, residual_norm, bias_pad_rows, final_norm_bf16) work in f32 and round
+// once per update, and take `xt` rows. Every GEMM takes bf16 operands
 // (cuBLAS, f32 accumulate, bf16 out), so each kernel here that feeds a GEMM writes bf16. Rows of
 // several batch items share the weights: the host lays them out [img0 | img1 | cap0 | cap1] and
 // describes each row by a map entry (MAPW ints):
@@ -12,9 +15,9 @@
 // NH·J·HD; the attention kernel writes its bf16 output straight back at the X rows.
 // Every block GEMM writes bf16 (half the bytes of f32 for the kernels that read them).
 // Modulation (adaLN): `mod` points at one block's [4, D] slice of item 0; item i's slice is
-// `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp (raw Linear
-// outputs: the kernels apply 1 + scale and tanh(gate), as diffusers does). mod = 0: unmodulated
-// (the context refiner).
+// `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp, finished once a
+// step by ada_finish (1 + scale, tanh(gate), as diffusers applies them), so the row kernels only
+// multiply. mod = 0: unmodulated (the context refiner).
 // Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`,
 // which also folds each head's K and V amax into kv_amax when the FP8 attention runs).
@@ -38,6 +41,16 @@
 #endif
 #define MAPW 5
 #define F16_MAX 65504.f
+#ifndef X_BF16
+#define X_BF16 0
+#endif
+#if X_BF16
+typedef u16 xt;
+#else
+typedef float xt;
+#endif
+// Scales a residual row pointer for row_vec4's alignment test (a 4-group of bf16 is 8 bytes).
+#define X_ALIGN (X_BF16 ? 2 : 1)
 
 __device__ __forceinline__ u16 to_f16_sat(float v) { return f32_to_f16(fminf(fmaxf(v, -F16_MAX), F16_MAX)); }
 
@@ -54,11 +67,20 @@ __device__ __forceinline__ void put(const Vf<V>& v, int g, u16* out_b, const u8*
     }
 }
 
-// A group of V values of a row, f32 or bf16 (the row kernels read both).
+// A group of V values of a row, f32 or bf16 (the row kernels read both), and its store.
 template <int V>
 __device__ __forceinline__ Vf<V> ld_vals(const float* p) { return ld_f32<V>(p); }
 template <int V>
 __device__ __forceinline__ Vf<V> ld_vals(const u16* p) { return ld_bf16<V>(p); }
+template <int V>
+__device__ __forceinline__ void st_vals(float* p, const Vf<V>& a) { st_f32<V>(p, a); }
+template <int V>
+__device__ __forceinline__ void st_vals(u16* p, const Vf<V>& a) { st_bf16<V>(p, a); }
+// One residual value as f32, and its store.
+__device__ __forceinline__ float ld_x(const float* p) { return *p; }
+__device__ __forceinline__ float ld_x(const u16* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void st_x(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st_x(u16* p, float v) { *p = f32_to_bf16(v); }
 
 // Σ x² over a row of n values, f32 or bf16 (all threads get it).
 template <int V, typename T>
@@ -74,19 +96,19 @@ __device__ __forceinline__ float row_sumsq(const T* x, int n, float* red) {
 
 // One row of rms_mod: xr, sc (null: unmodulated), out_b / out_q / out_s at the row.
 template <int V>
-__device__ __forceinline__ void rms_mod_row(const float* xr, const float* w, float eps, int D, const float* sc,
+__device__ __forceinline__ void rms_mod_row(const xt* xr, const float* w, float eps, int D, const float* sc,
                                             u16* out_b, u8* out_q, float* out_s, float* red, float* stash) {
     const float inv = rsqrtf(row_sumsq<V>(xr, D, red) / (float)D + eps);
     float amax = 0.f;
     for (int g = threadIdx.x; g < D / V; g += blockDim.x) {
-        Vf<V> v = ld_f32<V>(xr + V * g);
+        Vf<V> v = ld_vals<V>(xr + V * g);
         const Vf<V> wv = ld_f32<V>(w + V * g);
 #pragma unroll
         for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * g);
 #pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= 1.f + s.v[j];
+            for (int j = 0; j < V; j++) v.v[j] *= s.v[j];
         }
         put<V>(v, g, out_b, out_q, stash, amax);
     }
@@ -95,18 +117,18 @@ __device__ __forceinline__ void rms_mod_row(const float* xr, const float* w, flo
 
 // out[r] = rmsnorm(x[r]) · w · (1 + scale[item])   (R blocks; scale slot `slot`), bf16 or e4m3.
 // Dynamic smem: the e4m3 stash (D floats) when out_q.
-extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, int D, const float* mod,
+extern "C" __global__ void rms_mod(const xt* x, const float* w, float eps, int D, const float* mod,
                                    long long mod_stride, int slot, const int* map, u16* out_b, u8* out_q,
                                    float* out_s) {
     __shared__ float red[32];
     extern __shared__ __align__(16) float rowsm[];
     const long long r = blockIdx.x;
-    const float* xr = x + r * D;
+    const xt* xr = x + r * D;
     const float* sc = mod ? mod + map[r * MAPW] * mod_stride + (long long)slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
     float* os = out_q ? out_s + r : nullptr;
-    if (row_vec4(D, (u64)xr | (u64)w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq))
+    if (row_vec4(D, X_ALIGN * (u64)xr | (u64)w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq))
         rms_mod_row<4>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
     else
         rms_mod_row<1>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
@@ -114,25 +136,25 @@ extern "C" __global__ void rms_mod(const float* x, const float* w, float eps, in
 
 // One row of residual_norm: xr, orow, the gate g and scale sc (null: none), outputs at the row.
 template <int V>
-__device__ __forceinline__ void residual_norm_row(float* xr, const u16* orow, const float* w, float eps, int D,
+__device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const float* w, float eps, int D,
                                                   const float* g, const float* next_w, const float* sc, u16* out_b,
                                                   u8* out_q, float* out_s, float* red, float* row) {
     const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
     float ss2 = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
         const Vf<V> o = ld_bf16<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
-        Vf<V> nx = ld_f32<V>(xr + V * k);
+        Vf<V> nx = ld_vals<V>(xr + V * k);
         Vf<V> gv;
         if (g) gv = ld_f32<V>(g + V * k);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             float v = o.v[j] * inv * wv.v[j];
-            if (g) v *= tanhf(gv.v[j]);
+            if (g) v *= gv.v[j];
             nx.v[j] += v;
             ss2 += nx.v[j] * nx.v[j];
         }
-        st_f32<V>(xr + V * k, nx);
-        st_f32<V>(row + V * k, nx);
+        st_vals<V>(xr + V * k, nx);
+        st_f32<V>(row + V * k, nx);  // the next pre-norm reads the unrounded row
     }
     if (!next_w) return;
     const float inv2 = rsqrtf(block_sum(ss2, red) / (float)D + eps);
@@ -145,7 +167,7 @@ __device__ __forceinline__ void residual_norm_row(float* xr, const u16* orow, co
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * k);
 #pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= 1.f + s.v[j];
+            for (int j = 0; j < V; j++) v.v[j] *= s.v[j];
         }
         put<V>(v, k, out_b, out_q, row, amax);
     }
@@ -156,21 +178,21 @@ __device__ __forceinline__ void residual_norm_row(float* xr, const u16* orow, co
 // the O or w2 GEMM: half the bytes of f32 to write and read back), then, when next_w:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
-extern "C" __global__ void residual_norm(float* x, const u16* o, const float* w, float eps, int D, const float* mod,
+extern "C" __global__ void residual_norm(xt* x, const u16* o, const float* w, float eps, int D, const float* mod,
                                          int gate_slot, const float* next_w, const float* next_mod, int next_slot,
                                          long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
     __shared__ float red[32];
     extern __shared__ __align__(16) float rowsm[];
     const long long r = blockIdx.x;
     const int item = map[r * MAPW];
-    float* xr = x + r * D;
+    xt* xr = x + r * D;
     const u16* orow = o + r * D;
     const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
     const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
     float* os = out_q ? out_s + r : nullptr;
-    const u64 bits = (u64)xr | 2 * (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
+    const u64 bits = X_ALIGN * (u64)xr | 2 * (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
     if (row_vec4(D, bits))
         residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
     else
@@ -180,157 +202,175 @@ extern "C" __global__ void residual_norm(float* x, const u16* o, const float* w,
 // qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
 // RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, [*, NH,
 // HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
-// Grid (ceil(3·NH / 4), R), 128 threads: one warp per (row, q|k|v head).
 // Rows per qk_norm_rope block (each warp loops over them): the FP8 attention's V maxima then take
-// one atomic per warp and QKR_ROWS rows, not one per row (one per row cost 3 ms per 1024² step in
+// one atomic per head and QKR_ROWS rows, not one per row (one per row cost 3 ms per 1024² step in
 // contention on the NH addresses).
 #define QKR_ROWS 16
+// Lanes per head: each lane takes 8 consecutive values (16 bytes of bf16, 4 RoPE pairs), so a warp
+// covers QKR_HPW heads of a row in one 512-byte load (HD = 128: 2 heads) — four times the bytes in
+// flight of a lane per pair, which left the kernel latency-bound at ~2 TB/s.
+#define QKR_LPH (HD / 8)
+#define QKR_HPW (32 / QKR_LPH)
 
-// A lane's pairs of one head's row: (2·(lane + 32·k), +1) for k < QKR_PL.
-#define QKR_PL ((HD / 2 + 31) / 32)
-
-// What one warp's (kind, head) needs of one row: its pairs of qkv and, for q and k, the RoPE
-// cos and sin of those pairs.
+// What one lane needs of one row: its 8 values of qkv and, for q and k, the RoPE cos and sin of
+// their 4 pairs.
 struct QkRow {
-    u32 pr[QKR_PL];
-    float cs[QKR_PL], sn[QKR_PL];
+    uint4 pr;
+    float4 cs, sn;
 };
 
-// Loads row r of qkv (coalesced 4-byte loads of two bf16; zero past the head) and, for q and k,
-// RoPE table row rr.
-__device__ __forceinline__ void qk_load_row(const u16* qkv, long long r, int NH, int kind, int h, int lane,
-                                            const float* cosb, const float* sinb, long long rr, QkRow& o) {
-    const int D = NH * HD;
-    const u16* src = qkv + r * 3 * D + kind * D + h * HD;
-#pragma unroll
-    for (int k = 0; k < QKR_PL; k++) {
-        const int j = lane + 32 * k;
-        const bool in = j < HD / 2;
-        o.pr[k] = in ? *(const u32*)(src + 2 * j) : 0u;
-        o.cs[k] = in && kind < 2 ? cosb[rr * (HD / 2) + j] : 0.f;
-        o.sn[k] = in && kind < 2 ? sinb[rr * (HD / 2) + j] : 0.f;
-    }
+// Loads unit u's (= kind·NH + head: the row's heads are contiguous) 8 values at li of row r of
+// qkv, and for q and k RoPE table row rr; zeros where the unit is past the row.
+__device__ __forceinline__ void qk_load_row(const u16* qkv, long long r, int NH, int u, int li, const float* cosb,
+                                            const float* sinb, long long rr, QkRow& o) {
+    const bool in = u < 3 * NH, rope = in && u < 2 * NH;
+    o.pr = in ? *(const uint4*)(qkv + r * 3 * NH * HD + (long long)u * HD + 8 * li) : make_uint4(0u, 0u, 0u, 0u);
+    o.cs = rope ? *(const float4*)(cosb + rr * (HD / 2) + 4 * li) : make_float4(0.f, 0.f, 0.f, 0.f);
+    o.sn = rope ? *(const float4*)(sinb + rr * (HD / 2) + 4 * li) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// One warp's (kind, head) of one row (the item's rows start at J, L of them, this one at p), with
-// nw this lane's pairs of the q or k norm weight; returns the row's |value| max (V; 0 for Q, K).
-__device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float2* nw, float eps, long long J,
-                                                  long long L, long long p, int NH, int kind, int h, int lane,
+// Sum and max over a head's QKR_LPH lanes (aligned groups of the warp; every lane calls these).
+__device__ __forceinline__ float head_sum(float v) {
+#pragma unroll
+    for (int o = QKR_LPH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float head_max(float v) {
+#pragma unroll
+    for (int o = QKR_LPH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Eight floats as f16 (saturating) / e4m3 (times inv) at p.
+__device__ __forceinline__ void st_f16x8(u16* p, const float* v) {
+    *(uint4*)p = make_uint4((u32)to_f16_sat(v[0]) | ((u32)to_f16_sat(v[1]) << 16),
+                            (u32)to_f16_sat(v[2]) | ((u32)to_f16_sat(v[3]) << 16),
+                            (u32)to_f16_sat(v[4]) | ((u32)to_f16_sat(v[5]) << 16),
+                            (u32)to_f16_sat(v[6]) | ((u32)to_f16_sat(v[7]) << 16));
+}
+__device__ __forceinline__ void st_e4m3x8(u8* p, const float* v, float inv) {
+    *(uint2*)p = make_uint2((u32)pack_e4m3x2(v[0] * inv, v[1] * inv) | ((u32)pack_e4m3x2(v[2] * inv, v[3] * inv) << 16),
+                            (u32)pack_e4m3x2(v[4] * inv, v[5] * inv) | ((u32)pack_e4m3x2(v[6] * inv, v[7] * inv) << 16));
+}
+
+// One lane's 8 values of one row's unit (kind, head h; the item's rows start at J, L of them, this
+// one at p), with nw its 8 values of the q or k norm weight; returns their |value| max for V (0
+// otherwise). Every lane runs the reductions (warps may mix kinds where 3·NH is not a multiple of
+// QKR_HPW); the stores diverge.
+__device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* nw, float eps, long long J,
+                                                  long long L, long long p, int NH, int kind, int h, int li,
                                                   float* q_out, u16* kc, u16* vc, u8* q8, float* q8_scale, u8* k8,
                                                   float k8_inv, int q_half) {
-    constexpr int PL = QKR_PL;
-    float2 v[PL];
+    const u32 w[4] = {in.pr.x, in.pr.y, in.pr.z, in.pr.w};
+    const float cs[4] = {in.cs.x, in.cs.y, in.cs.z, in.cs.w}, sn[4] = {in.sn.x, in.sn.y, in.sn.z, in.sn.w};
+    float v[8];
     float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < PL; k++) {
-        v[k] = make_float2(bf16_to_f32((u16)(in.pr[k] & 0xffff)), bf16_to_f32((u16)(in.pr[k] >> 16)));
-        ss += v[k].x * v[k].x + v[k].y * v[k].y;
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = bf16_to_f32((u16)(w[k] & 0xffff));
+        v[2 * k + 1] = bf16_to_f32((u16)(w[k] >> 16));
+        ss += v[2 * k] * v[2 * k] + v[2 * k + 1] * v[2 * k + 1];
     }
+    const float inv = rsqrtf(head_sum(ss) / (float)HD + eps);
     if (kind < 2) {
-        ss = warp_sum(ss);
-        const float inv = rsqrtf(ss / (float)HD + eps);
 #pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const float a = v[k].x * inv * nw[k].x, b = v[k].y * inv * nw[k].y;
-            v[k] = make_float2(a * in.cs[k] - b * in.sn[k], a * in.sn[k] + b * in.cs[k]);
+        for (int k = 0; k < 4; k++) {
+            const float a = v[2 * k] * inv * nw[2 * k], b = v[2 * k + 1] * inv * nw[2 * k + 1];
+            v[2 * k] = a * cs[k] - b * sn[k];
+            v[2 * k + 1] = a * sn[k] + b * cs[k];
         }
-    }
-    if (kind == 0 && q8) {
-        // The FP8 attention's Q: e4m3 with a scale per row and head (full rows: HD = 128 there).
-        if constexpr (HD == 64 * PL) warp_e4m3_row<PL>(v, lane, q8 + ((J + p) * NH + h) * HD, q8_scale + (J + p) * NH + h);
-        else __trap();  // the host loads the FP8 attention only for HD = 128
-        return 0.f;
-    }
-    if (kind == 1 && k8) {
-        // The FP8 attention's K: e4m3 with the layer's static scale (1 / k8_inv), laid out as kc.
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            int j = lane + 32 * k;
-            if (j >= HD / 2) continue;
-            *(unsigned short*)(k8 + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j) =
-                pack_e4m3x2(v[k].x * k8_inv, v[k].y * k8_inv);
-        }
-        return 0.f;
     }
     float amax = 0.f;
 #pragma unroll
-    for (int k = 0; k < PL; k++) {
-        int j = lane + 32 * k;
-        if (j >= HD / 2) continue;
-        if (kind == 0 && q_half) {
-            *(u32*)((u16*)q_out + ((J + p) * NH + h) * HD + 2 * j) =
-                (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
-        } else if (kind == 0) {
-            *(float2*)(q_out + ((J + p) * NH + h) * HD + 2 * j) = v[k];
-        } else {
-            u16* dst = (kind == 1 ? kc : vc) + ((long long)NH * J + (long long)h * L + p) * HD + 2 * j;
-            *(u32*)dst = (u32)to_f16_sat(v[k].x) | ((u32)to_f16_sat(v[k].y) << 16);
-            if (kind == 2) amax = fmaxf(amax, fmaxf(fabsf(v[k].x), fabsf(v[k].y)));
-        }
+    for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(v[k]));
+    // The FP8 attention's Q rows: e4m3 with a scale per row and head (e4m3.cuh's row encoding).
+    const float qs = e4m3_scale(head_max(amax));
+    const long long qrow = (J + p) * NH + h, kvrow = (long long)NH * J + (long long)h * L + p;
+    if (kind == 0 && q8) {
+        st_e4m3x8(q8 + qrow * HD + 8 * li, v, 1.f / qs);
+        if (li == 0) q8_scale[qrow] = qs;
+    } else if (kind == 0 && q_half) {
+        st_f16x8((u16*)q_out + qrow * HD + 8 * li, v);
+    } else if (kind == 0) {
+        *(float4*)(q_out + qrow * HD + 8 * li) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4*)(q_out + qrow * HD + 8 * li + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    } else if (kind == 1 && k8) {
+        // The FP8 attention's K: e4m3 with the layer's static scale (1 / k8_inv), laid out as kc.
+        st_e4m3x8(k8 + kvrow * HD + 8 * li, v, k8_inv);
+    } else if (kind < 3) {
+        st_f16x8((kind == 1 ? kc : vc) + kvrow * HD + 8 * li, v);
     }
-    return amax;
+    return kind == 2 ? amax : 0.f;
 }
 
-// Folds a warp's |value| max of item `item` into the item's [NH] V maxima (u32 bits:
-// non-negative floats order as their bits do).
-__device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, int h, float amax, int lane) {
-    amax = warp_max(fminf(amax, F16_MAX));
-    if (lane == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
+// Folds a head's |value| max of item `item` into the item's [NH] V maxima (u32 bits:
+// non-negative floats order as their bits do). Every lane calls it; V heads' first lanes fold.
+__device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, int kind, int h, float amax, int li) {
+    amax = head_max(fminf(amax, F16_MAX));
+    if (kind == 2 && li == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
 }
 
-// q/k RMSNorm + RoPE, f16 K/V. Grid ((3·NH + 3) / 4, R / QKR_ROWS rounded up), 4 warps: warp u of
-// the grid's x takes kind u / NH (q, k, v) and head u % NH for QKR_ROWS rows. For the FP8
-// attention (attention_ws8.cu; else null): v_amax, the per-item, per-head V maxima; q8 and
-// q8_scale, Q as e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out; k8, K as
-// e4m3 times k8_inv, in place of kc. K needs no maximum: RMSNorm bounds a head's |k| by
-// √HD · max |norm_k| (RoPE rotates pairs, keeping that bound), so the host passes the scale.
-// q_half: q_out gets f16 (saturating, as K) instead of f32 (attn_full_ws reads f16 Q).
+// q/k RMSNorm + RoPE, f16 K/V. Grid (units / QKR_HPW / 4 rounded up, R / QKR_ROWS rounded up),
+// 4 warps: warp w of the grid's x takes units QKR_HPW·w .. + QKR_HPW (unit u: kind u / NH — q, k,
+// v — and head u % NH), QKR_LPH lanes a unit, for QKR_ROWS rows. For the FP8 attention
+// (attention_ws8.cu; else null): v_amax, the per-item, per-head V maxima; q8 and q8_scale, Q as
+// e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out; k8, K as e4m3 times
+// k8_inv, in place of kc. K needs no maximum: RMSNorm bounds a head's |k| by √HD · max |norm_k|
+// (RoPE rotates pairs, keeping that bound), so the host passes the scale. q_half: q_out gets f16
+// (saturating, as K) instead of f32 (attn_full_ws reads f16 Q).
 // Latency: a warp's rows are serial, so nothing a row needs waits on another load: the rows' map
 // entries come in one load (lane i holds row r0 + i's), the norm weight once, and row i + 1's
-// qkv pairs and RoPE values are loaded while row i is worked on.
+// qkv values and RoPE values are loaded while row i is worked on.
 extern "C" __global__ void __launch_bounds__(128)
 qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
              const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* v_amax,
              u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half) {
     static_assert(QKR_ROWS <= 32, "qk_norm_rope: a lane holds a row's map entry");
+    static_assert(HD % 8 == 0 && QKR_LPH <= 32 && (QKR_LPH & (QKR_LPH - 1)) == 0,
+                  "qk_norm_rope: 8 values a lane, a power-of-two group of lanes a head");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int u = blockIdx.x * 4 + warp;
-    if (u >= 3 * NH) return;
-    const int kind = u / NH, h = u - kind * NH;
-    const bool fold = v_amax && kind == 2;
+    const int w0 = (blockIdx.x * 4 + warp) * QKR_HPW;
+    if (w0 >= 3 * NH) return;  // whole warps only: the reductions need every lane
+    const int li = lane % QKR_LPH, u = w0 + lane / QKR_LPH;
+    const int kind = u < 3 * NH ? u / NH : 3, h = u - min(kind, 2) * NH;
     const long long r0 = (long long)blockIdx.y * QKR_ROWS;
     const int n = (int)min((long long)QKR_ROWS, R - r0);
     int mi[MAPW];
 #pragma unroll
     for (int e = 0; e < MAPW; e++) mi[e] = lane < n ? map[(r0 + lane) * MAPW + e] : 0;
-    float2 nw[QKR_PL];
-#pragma unroll
-    for (int k = 0; k < QKR_PL; k++) {
-        const int j = lane + 32 * k;
-        nw[k] = kind < 2 && j < HD / 2 ? *(const float2*)((kind == 0 ? norm_q : norm_k) + 2 * j) : make_float2(0.f, 0.f);
+    float nw[8];
+    {
+        const float* src = (kind == 0 ? norm_q : norm_k) + 8 * li;
+        const float4 a = kind < 2 ? *(const float4*)src : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = kind < 2 ? *(const float4*)(src + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        nw[0] = a.x, nw[1] = a.y, nw[2] = a.z, nw[3] = a.w, nw[4] = b.x, nw[5] = b.y, nw[6] = b.z, nw[7] = b.w;
     }
     QkRow cur, next;
-    qk_load_row(qkv, r0, NH, kind, h, lane, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], 0), cur);
+    qk_load_row(qkv, r0, NH, u, li, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], 0), cur);
     int item = -1;
     float amax = 0.f;
     for (int i = 0; i < n; i++) {
-        if (i + 1 < n)
-            qk_load_row(qkv, r0 + i + 1, NH, kind, h, lane, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], i + 1), next);
+        if (i + 1 < n) qk_load_row(qkv, r0 + i + 1, NH, u, li, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], i + 1), next);
         const int it = __shfl_sync(FULL_MASK, mi[0], i);
-        if (fold && it != item) {
-            if (item >= 0) fold_amax(v_amax, item, NH, h, amax, lane);
+        if (v_amax && it != item) {
+            if (item >= 0) fold_amax(v_amax, item, NH, kind, h, amax, li);
             item = it;
             amax = 0.f;
         }
         const float a =
             qk_norm_rope_row(cur, nw, eps, __shfl_sync(FULL_MASK, mi[1], i), __shfl_sync(FULL_MASK, mi[2], i),
-                             __shfl_sync(FULL_MASK, mi[3], i), NH, kind, h, lane, q_out, kc, vc, q8, q8_scale, k8,
+                             __shfl_sync(FULL_MASK, mi[3], i), NH, kind, h, li, q_out, kc, vc, q8, q8_scale, k8,
                              k8_inv, q_half);
         amax = fmaxf(amax, a);
         cur = next;
     }
-    if (fold && item >= 0) fold_amax(v_amax, item, NH, h, amax, lane);
+    if (v_amax && item >= 0) fold_amax(v_amax, item, NH, kind, h, amax, li);
 }
+
+// silu with the fast exponential and division (a few ulps of f32: far below the bf16 or e4m3
+// output's rounding; the IEEE pair cost ~20 instructions a value, 1.4e9 values a 1024² step).
+// exp(-x) overflowing to inf gives -0 for very negative x, as silu does.
+__device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
 // One row of swiglu: gr the row of gu, outputs at the row.
 template <int V>
@@ -341,7 +381,7 @@ __device__ __forceinline__ void swiglu_row(const u16* gr, int F, u16* out_b, u8*
         const Vf<V> a = ld_bf16<V>(gr + V * k), b = ld_bf16<V>(gr + F + V * k);
         Vf<V> y;
 #pragma unroll
-        for (int j = 0; j < V; j++) y.v[j] = silu(a.v[j]) * b.v[j];
+        for (int j = 0; j < V; j++) y.v[j] = silu_fast(a.v[j]) * b.v[j];
         put<V>(y, k, out_b, out_q, stash, amax);
     }
     if (out_q) emit_e4m3_row<V>(stash, F, amax, red, out_q, out_s);
@@ -364,18 +404,30 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
         swiglu_row<1>(gr, F, ob, oq, os, red, rowsm);
 }
 
-// x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x += bias; else x = pad.
-// (Embedding epilogue: the GEMM wrote the real rows; pad rows take the pad token.) Blocks take
-// rows (grid-stride), threads columns: no 64-bit division per element.
-extern "C" __global__ void bias_pad_rows(float* x, int D, long long R, int per, int real, const float* bias,
-                                         const float* pad) {
+// x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x = src + bias; else x = pad.
+// (Embedding epilogue: the GEMM wrote the real rows of src, f32 [R, D]; pad rows take the pad
+// token.) Blocks take rows (grid-stride), threads columns: no 64-bit division per element.
+extern "C" __global__ void bias_pad_rows(const float* src, xt* x, int D, long long R, int per, int real,
+                                         const float* bias, const float* pad) {
     for (long long r = blockIdx.x; r < R; r += gridDim.x) {
-        float* xr = x + r * D;
-        if ((int)(r % per) < real)
-            for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] += bias[i];
-        else
-            for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] = pad[i];
+        xt* xr = x + r * D;
+        const float* sr = src + r * D;
+        const bool is_real = (int)(r % per) < real;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            st_x(xr + i, is_real ? sr[i] + bias[i] : pad[i]);
+        }
     }
+}
+
+// The adaLN modulation rows y [R, N] (N = blocks · 4 · D, each block's slots scale_msa, gate_msa,
+// scale_mlp, gate_mlp of D values) plus the bias, finished as the row kernels use them: 1 + scale,
+// tanh(gate). Grid as add_bias's.
+extern "C" __global__ void ada_finish(float* y, int N, long long R, int D, const float* bias) {
+    for (long long r = blockIdx.y; r < R; r += gridDim.y)
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) {
+            const float v = y[r * N + i] + bias[i];
+            y[r * N + i] = (i / D) & 1 ? tanhf(v) : 1.f + v;
+        }
 }
 
 // y [R, N] += bias: blocks take rows along y and column chunks along x (the adaLN GEMM's one row
@@ -399,21 +451,21 @@ extern "C" __global__ void rms_bf16(const float* x, const float* w, float eps, i
 
 // Final layer prologue: out_b[r] = bf16(layernorm(x[src_row(r)]) · (1 + scale[item])), no affine.
 // Rows r = b·real + q read x row b·per + q (the real image rows of item b). R blocks.
-extern "C" __global__ void final_norm_bf16(const float* x, int D, float eps, int per, int real, const float* scale,
+extern "C" __global__ void final_norm_bf16(const xt* x, int D, float eps, int per, int real, const float* scale,
                                            u16* out_b) {
     __shared__ float red[32];
     const long long r = blockIdx.x;
     const long long b = r / real, q = r - b * real;
-    const float* xr = x + (b * per + q) * D;
+    const xt* xr = x + (b * per + q) * D;
     float s = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s += ld_x(xr + i);
     const float mean = block_sum(s, red) / (float)D;
     float ss = 0.f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float d = xr[i] - mean;
+        float d = ld_x(xr + i) - mean;
         ss += d * d;
     }
     const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
     const float* sc = scale + b * D;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16((xr[i] - mean) * inv * (1.f + sc[i]));
+    for (int i = threadIdx.x; i < D; i += blockDim.x) out_b[r * D + i] = f32_to_bf16((ld_x(xr + i) - mean) * inv * (1.f + sc[i]));
 }
