@@ -839,7 +839,9 @@ fn random_qkv(seed: u64, n: usize, spread: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>
 }
 
 /// Every DiT attention variant (`CMF_DIT_ATTN` names) against the f64 reference, on lengths
-/// that leave partial query and key tiles, with flat and peaked score distributions.
+/// that leave partial query and key tiles, with flat and peaked score distributions; `+split`:
+/// half of the tiles run as two halves of their keys, merged (the tail split; lengths of one key
+/// tile split none).
 /// Tolerance 1e-2: the kernels round q and the probabilities to f16 and write bf16 (2⁻⁹).
 #[test]
 fn dit_attention_variants_match_reference() {
@@ -858,7 +860,16 @@ fn dit_attention_variants_match_reference() {
     ] {
         let (q, k, v) = random_qkv(t as u64 * 31 + spread as u64, t * nh * hd, spread);
         let want = full_attention_reference(&q, &k, &v, t, nh, hd);
-        for variant in ["base", "k", "w8", "wg", "ws", "ws128"] {
+        for variant in [
+            "base",
+            "k",
+            "w8",
+            "wg",
+            "ws",
+            "ws128",
+            "ws+split",
+            "ws128+split",
+        ] {
             let got =
                 cmf_gpu::cuda::dit::attention_for_test(b.device(), variant, &q, &k, &v, t, nh)
                     .unwrap_or_else(|e| panic!("{variant}: {e:?}"));
@@ -902,7 +913,8 @@ fn e4m3_scaled(x: &[f32], n: usize) -> Vec<f32> {
 /// (3 mantissa bits, ~2.5 % RMS per probability, averaged by the sum over keys) and the bf16
 /// output: bound 3e-2. `ws8q` writes e4m3 rows with one scale (the largest V maximum / 448),
 /// read back with the scales it wrote: its own rounding adds ~3.6 % RMS (uniform in ±2⁻⁴),
-/// bound 6e-2. A layout mistake (the Vᵀ key order, a scale, a row's scale) gives errors of
+/// bound 6e-2 (`+split`: half of the tiles as two merged halves of their keys, the same bounds).
+/// A layout mistake (the Vᵀ key order, a scale, a row's scale) gives errors of
 /// order one. Against the unquantised inputs the error is printed, not bounded (it grows with how
 /// peaked the scores are; the image criterion of the FP8 path is PSNR against bf16, gpu_dit.rs).
 #[test]
@@ -931,7 +943,12 @@ fn dit_fp8_attention_matches_reference_on_its_quantised_inputs() {
         );
         let want_q = full_attention_reference(&qq, &kq, &vq, t, nh, hd);
         let want = full_attention_reference(&q, &k, &v, t, nh, hd);
-        for (variant, bound) in [("ws8", 3e-2), ("ws8q", 6e-2)] {
+        for (variant, bound) in [
+            ("ws8", 3e-2),
+            ("ws8q", 6e-2),
+            ("ws8+split", 3e-2),
+            ("ws8q+split", 6e-2),
+        ] {
             let got =
                 cmf_gpu::cuda::dit::attention_for_test(b.device(), variant, &q, &k, &v, t, nh)
                     .unwrap_or_else(|e| panic!("{variant}: {e:?}"));

@@ -123,9 +123,81 @@ struct AttnKernel {
     f: Func,
     shape: AttnShape,
     /// K and V reach the kernel as TMA tensor maps of boxes of this many keys (attn_full_ws)
-    /// rather than as pointers.
+    /// rather than as pointers; such a kernel splits its last round (`split`).
     tma_keys: Option<u32>,
+    split: Option<TailSplit>,
     _m: Module,
+}
+
+/// The tail split of attn_full_ws and attn_full_ws8 (kernels/attention_wg.cu, `ws_work`): their
+/// tiles (128 query rows of one head) run in rounds of one block per SM, and where a launch's last
+/// round would be at most half full (1024²: 990 tiles on 132 SMs, 7 rounds and 66), its tiles
+/// run as two halves of the key tiles each, the second to finish merging the first's state, so
+/// the round takes about half as long. `CMF_DIT_SPLIT=0` turns it off (A/B runs).
+struct TailSplit {
+    /// Per split tile and half, each consumer thread's state (`WS_PART` floats).
+    part: DBuf,
+    /// A u32 counter per split tile (zero between launches: the second half resets it).
+    pairs: DBuf,
+    max_pairs: usize,
+    sms: usize,
+    on: bool,
+}
+
+/// The first split tile of a launch of `tiles` tiles over `key_tiles` key tiles on `sms` SMs
+/// (`tiles`: none split): the last round's, where it holds at most half as many tiles as SMs.
+fn tail_split_from(tiles: usize, key_tiles: usize, sms: usize) -> usize {
+    let tail = tiles % sms;
+    if key_tiles >= 2 && tail > 0 && tail <= sms / 2 {
+        tiles - tail
+    } else {
+        tiles
+    }
+}
+
+/// Floats of a consumer thread's state in [`TailSplit::part`]: `WS_PART(N)` for the larger N of
+/// the two kernels (attn_full_ws8's 64 accumulators and 4 ones columns).
+const WS_PART_FLOATS: usize = 68 + 4;
+
+impl TailSplit {
+    fn new(dev: &Dev) -> DResult<TailSplit> {
+        let sms = (dev.sm_count as usize).max(1);
+        let max_pairs = sms / 2 + 1;
+        Ok(TailSplit {
+            part: dev.alloc(max_pairs * 2 * WS_PART_FLOATS * 256 * 4)?,
+            pairs: dev.alloc_zeroed(max_pairs * 4)?,
+            max_pairs,
+            sms,
+            on: std::env::var("CMF_DIT_SPLIT").as_deref() != Ok("0"),
+        })
+    }
+
+    fn split_from(&self, tiles: usize, key_tiles: usize) -> usize {
+        if self.on {
+            tail_split_from(tiles, key_tiles, self.sms)
+        } else {
+            tiles
+        }
+    }
+
+    /// The test hook's: half of the tiles split, as many as the scratch holds.
+    fn forced_split_from(&self, tiles: usize, key_tiles: usize) -> usize {
+        if key_tiles >= 2 {
+            (tiles / 2).max(tiles.saturating_sub(self.max_pairs))
+        } else {
+            tiles
+        }
+    }
+
+    /// The kernel's trailing `split_from, part, pairs` and its 1D grid.
+    fn launch_parts(&self, tiles: usize, split_from: usize) -> ([Arg; 3], u32) {
+        let args = [
+            Arg::I32(split_from as i32),
+            Arg::Ptr(self.part.ptr()),
+            Arg::Ptr(self.pairs.ptr()),
+        ];
+        (args, (split_from + 2 * (tiles - split_from)) as u32)
+    }
 }
 
 impl AttnKernel {
@@ -159,6 +231,8 @@ struct AttnCall {
     np: usize,
     cap_row0: usize,
     out: u64,
+    /// The test hook's: split half of the tiles whatever the round (see [`TailSplit`]).
+    force_split: bool,
 }
 
 impl AttnKernel {
@@ -194,9 +268,24 @@ impl AttnKernel {
             ]);
         }
         args.extend(tail);
+        let (nq, nh) = (c.len.div_ceil(shape.rows), c.n_heads);
+        let grid = match (&self.split, self.tma_keys) {
+            (Some(sp), Some(keys)) => {
+                let key_tiles = c.len.div_ceil(keys as usize);
+                let from = if c.force_split {
+                    sp.forced_split_from(nq * nh, key_tiles)
+                } else {
+                    sp.split_from(nq * nh, key_tiles)
+                };
+                let (split_args, blocks) = sp.launch_parts(nq * nh, from);
+                args.extend(split_args);
+                (blocks, 1, 1)
+            }
+            _ => (nq as u32, nh as u32, 1),
+        };
         dev.launch(
             &self.f,
-            (c.len.div_ceil(shape.rows) as u32, c.n_heads as u32, 1),
+            grid,
             (shape.threads, 1, 1),
             shape.smem as u32,
             &args,
@@ -215,6 +304,7 @@ struct Attn8 {
     min_keys: usize,
     /// Q rows to e4m3 as qk_norm_rope writes them (the test hook's).
     quant_q: Func,
+    split: TailSplit,
     _m: Module,
 }
 
@@ -285,6 +375,7 @@ impl Attn8 {
             smem,
             min_keys,
             quant_q: m.func("q_rows_e4m3")?,
+            split: TailSplit::new(dev)?,
             _m: m,
         }))
     }
@@ -323,9 +414,17 @@ impl Attn8 {
             [lp, HD * lp],
             [keys, 128, 1],
         )?;
+        let (tiles, key_tiles) = (c.len.div_ceil(128) * c.n_heads, c.len.div_ceil(W8_KEYS));
+        let from = if c.force_split {
+            self.split.forced_split_from(tiles, key_tiles)
+        } else {
+            self.split.split_from(tiles, key_tiles)
+        };
+        let (split_args, blocks) = self.split.launch_parts(tiles, from);
+        let [sa, sb, sc] = split_args;
         dev.launch(
             &self.attn,
-            (c.len.div_ceil(128) as u32, c.n_heads as u32, 1),
+            (blocks, 1, 1),
             (384, 1, 1),
             self.smem as u32,
             &[
@@ -344,6 +443,9 @@ impl Attn8 {
                 Arg::F32(e.k_scale),
                 Arg::Ptr(e.out_e4m3.map_or(0, |(q, _)| q)),
                 Arg::Ptr(e.out_e4m3.map_or(0, |(_, s)| s)),
+                sa,
+                sb,
+                sc,
             ],
         )
     }
@@ -373,10 +475,11 @@ fn attn8_request(precision: DitPrecision) -> Option<usize> {
     }
 }
 
-/// Shorter sequences keep the bf16 attention by default: at 512² (1056 keys, 9 query blocks a
-/// head: 270 blocks for 132 SMs) the FP8 one measured slower (fp8-fast step 16.1 → 16.7 ms), at
-/// 1024² (4128 keys) faster (62.2 → 59.7 ms). Lengths between were not measured.
-const ATTN8_MIN_KEYS: usize = 2048;
+/// Shorter sequences keep the bf16 attention by default. Measured on the H200 (session 9, call 5):
+/// at 512² (1056 keys) the FP8 attention is now faster too (fp8-fast step 15.86 → 15.58 ms; image
+/// 38.3 dB from the bf16 path's, 38.5 with the bf16 attention); in session 7, before its O output
+/// and K scale changed, it was slower there (16.1 → 16.7). Below 1024 keys it was not measured.
+const ATTN8_MIN_KEYS: usize = 1024;
 
 /// Whether `--dit-precision fp8` / `fp8-fast` include the FP8 attention by default. Measured on
 /// the H200 (session 7, one call): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
@@ -492,17 +595,23 @@ fn load_attention(
         }
     };
     f.allow_smem(shape.smem)?;
+    let split = match tma_keys {
+        Some(_) => Some(TailSplit::new(dev)?),
+        None => None,
+    };
     Ok(AttnKernel {
         f,
         shape,
         tma_keys,
+        split,
         _m: m,
     })
 }
 
 /// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
 /// [`attention_variant`], or `ws8`: attn_full_ws8 with K scaled by its maximum over all heads and
-/// V by its per-head maxima; `ws8q`: the same writing e4m3 rows, read back with their scales)
+/// V by its per-head maxima; `ws8q`: the same writing e4m3 rows, read back with their scales;
+/// `+split` after `ws`, `ws128`, `ws8` or `ws8q`: half of the tiles split, see [`TailSplit`])
 /// on one item of
 /// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
 /// here, as the DiT stores them). Returns the output `[t, nh · 128]`, read back from bf16.
@@ -517,6 +626,10 @@ pub fn attention_for_test(
     nh: usize,
 ) -> DResult<Vec<f32>> {
     const HD: usize = 128;
+    let (variant, force_split) = match variant.strip_suffix("+split") {
+        Some(v) => (v, true),
+        None => (variant, false),
+    };
     let n = t * nh * HD;
     if q.len() != n || k.len() != n || v.len() != n {
         return Err(DevError(format!(
@@ -550,6 +663,7 @@ pub fn attention_for_test(
         np: t,
         cap_row0: 0,
         out: out.ptr(),
+        force_split,
     };
     if variant == "ws8" || variant == "ws8q" {
         let a8 = Attn8::load(dev, HD, &defs, 0)?
@@ -1262,6 +1376,7 @@ impl CudaDit {
                     np: sg.np,
                     cap_row0: sg.cap_row0,
                     out: w.hb.ptr(),
+                    force_split: false,
                 };
                 match attn8 {
                     Some((k8, a8)) => {
@@ -1909,6 +2024,20 @@ mod tests {
     }
 
     /// The row map ties every X row to its item, joint position and RoPE row (host logic only).
+    #[test]
+    fn tail_split_takes_a_last_round_at_most_half_full() {
+        // 1024²: 33 query blocks × 30 heads on 132 SMs: 7 rounds and 66 tiles.
+        assert_eq!(tail_split_from(990, 33, 132), 924);
+        // 512²: 9 × 30 = 270: 2 rounds and 6.
+        assert_eq!(tail_split_from(270, 9, 132), 264);
+        // Whole rounds, a last round over half full, one key tile: nothing split.
+        assert_eq!(tail_split_from(264, 9, 132), 264);
+        assert_eq!(tail_split_from(200, 9, 132), 200);
+        assert_eq!(tail_split_from(990, 1, 132), 990);
+        // Fewer tiles than half the SMs: all split.
+        assert_eq!(tail_split_from(27, 9, 132), 0);
+    }
+
     #[test]
     fn layout_of_two_items_puts_images_first_then_captions() {
         let np = 32;

@@ -489,21 +489,92 @@ __device__ __forceinline__ void ws_store(const float* o, float l0, float l1, flo
                       out_b);
 }
 
+// The tail split of the warp-specialised kernels (attn_full_ws, attn_full_ws8). Their tiles (query
+// block qt, head h; tile = h · nq + qt) run in rounds of one block per SM. Where the last round
+// would be at most half full (990 tiles at 1024² on 132 SMs: 7 rounds and 66 tiles), the host
+// splits its tiles in two halves of the key tiles, so that round takes half as long: the grid is
+// 1D, split_from + 2 · (tiles − split_from) blocks, and blocks from split_from on take tile
+// split_from + (b − split_from) / 2, half (b − split_from) % 2 (split_from = tiles: no split).
+// The halves meet in ws_merge_halves.
+struct WsWork {
+    int qt, h;       // query block and head
+    int t0, t1;      // the key tiles [t0, t1) this block takes
+    int pair, half;  // a split tile's index from split_from (−1: whole) and which half
+};
+__device__ __forceinline__ WsWork ws_work(int nq, int ntiles, int split_from) {
+    const int b = blockIdx.x;
+    const bool split = b >= split_from;
+    const int tile = split ? split_from + ((b - split_from) >> 1) : b;
+    WsWork w;
+    w.qt = tile % nq;
+    w.h = tile / nq;
+    w.half = split ? (b - split_from) & 1 : 0;
+    w.pair = split ? tile - split_from : -1;
+    w.t0 = split && w.half ? ntiles / 2 : 0;
+    w.t1 = split && !w.half ? ntiles / 2 : ntiles;
+    return w;
+}
+
+// Floats a consumer thread keeps of a split half: N accumulators, m0, m1, l0, l1.
+#define WS_PART(N) ((N) + 4)
+
+// The halves of a split tile meet. Each of the 256 consumer threads (ctid) stores its state — the
+// N accumulators, its rows' running maxima m0, m1 (raw score units; k0, k1 their exponent
+// multipliers) and row-sum parts l0, l1 — in part ([pair][half], WS_PART(N) floats a thread,
+// thread-minor); the second half to arrive (a counter per pair, which it resets for the next
+// launch) folds the other's state into its registers and returns true to store O; the first
+// returns false. The same thread of both halves holds the same rows and columns. Named barrier 5
+// (the consumers); flag: a shared int.
+template <int N>
+__device__ __forceinline__ bool ws_merge_halves(float* o, float& m0, float& m1, float& l0, float& l1, float k0,
+                                                float k1, const WsWork& w, float* part, unsigned* pairs, int ctid,
+                                                int* flag) {
+    constexpr int S = WS_PART(N);
+    float* mine = part + (size_t)(2 * w.pair + w.half) * S * 256 + ctid;
+#pragma unroll
+    for (int i = 0; i < N; i++) mine[i * 256] = o[i];
+    mine[N * 256] = m0;
+    mine[(N + 1) * 256] = m1;
+    mine[(N + 2) * 256] = l0;
+    mine[(N + 3) * 256] = l1;
+    __threadfence();
+    named_sync(5, 256);
+    if (ctid == 0) *flag = (int)atomicAdd(pairs + w.pair, 1u);
+    named_sync(5, 256);
+    if (*flag == 0) return false;
+    __threadfence();
+    const float* other = part + (size_t)(2 * w.pair + (w.half ^ 1)) * S * 256 + ctid;
+    const float p0 = __ldcg(other + N * 256), p1 = __ldcg(other + (N + 1) * 256);
+    const float n0 = fmaxf(m0, p0), n1 = fmaxf(m1, p1);
+    const float a0 = fast_exp2((m0 - n0) * k0), b0 = fast_exp2((p0 - n0) * k0);
+    const float a1 = fast_exp2((m1 - n1) * k1), b1 = fast_exp2((p1 - n1) * k1);
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] = o[i] * ((i & 2) ? a1 : a0) + __ldcg(other + i * 256) * ((i & 2) ? b1 : b0);
+    l0 = l0 * a0 + __ldcg(other + (N + 2) * 256) * b0;
+    l1 = l1 * a1 + __ldcg(other + (N + 3) * 256) * b1;
+    m0 = n0;
+    m1 = n1;
+    if (ctid == 0) pairs[w.pair] = 0u;
+    return true;
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u16* q, int T,
-             float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b) {
+             float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b, int split_from, float* part,
+             unsigned* pairs) {
     extern __shared__ __align__(128) u8 wsm[];
+    __shared__ int merge_flag;
     // The warp index through a shuffle: ptxas then knows the role branches below are uniform per
     // warp (a branch it must treat as divergent makes it serialise every wgmma after it).
     const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(FULL_MASK, tid >> 5, 0);
-    const int h = blockIdx.y;
     const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const u32 q_sm = sbase;                                  // 2 warpgroups × 64 rows × HD, f16
     const u32 kv_sm = sbase + WS_Q_BYTES;                    // slot s: K at + 2s·TILE, V one TILE on
     // mbarriers of slot s: K full, V full, K empty, V empty, WS_SLOTS · 8 bytes apart.
     const u32 full_k = kv_sm + WS_SLOTS * 2 * WS_TILE, full_v = full_k + 8 * WS_SLOTS;
     const u32 empty_k = full_v + 8 * WS_SLOTS, empty_v = empty_k + 8 * WS_SLOTS;
-    const int ntiles = (T + WS_KEYS - 1) / WS_KEYS;
+    const WsWork w = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + WS_KEYS - 1) / WS_KEYS, split_from);
+    const int h = w.h, t0 = w.t0, ntiles = w.t1 - w.t0;  // tiles local from here: key tile t0 + j
     if (tid == 0) ws_init_barriers(full_k, WS_SLOTS);
     __syncthreads();
 
@@ -518,8 +589,8 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
             auto load = [&](const TmaDesc* map, u32 full, u32 empty, u32 dst, int t) {
                 if (t >= WS_SLOTS) mbar_wait(empty, (t / WS_SLOTS - 1) & 1);
                 mbar_expect_tx(full, WS_TILE);
-                tma_load_3d(dst, map, 0, t * WS_KEYS, h, full);
-                tma_load_3d(dst + WS_TILE / 2, map, 64, t * WS_KEYS, h, full);
+                tma_load_3d(dst, map, 0, (t0 + t) * WS_KEYS, h, full);
+                tma_load_3d(dst + WS_TILE / 2, map, 64, (t0 + t) * WS_KEYS, h, full);
             };
             for (int t = 0; t <= ntiles; t++) {
                 if (t < ntiles) {
@@ -537,13 +608,13 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wgi = warp >> 2, g = lane >> 2, tg = lane & 3;
-    const int r0 = blockIdx.x * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const int r0 = w.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
     const float sl2 = scale * 1.4426950408889634f;
     // This warpgroup's 64 Q rows as f16, swizzled as a K-major A operand (rows at or past T: 0).
     const u32 qs = q_sm + wgi * (WS_Q_BYTES / 2);
     for (int i = tid & 127; i < 64 * (HD / 8); i += 128) {
         const int row = i >> 4, c8 = i & 15;
-        const int r = blockIdx.x * WG_ROWS + wgi * 64 + row;
+        const int r = w.qt * WG_ROWS + wgi * 64 + row;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r < T) v = *(const uint4*)(q + ((size_t)r * NH + h) * HD + c8 * 8);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + sw_chunk(row, c8, 64)), "r"(v.x),
@@ -619,8 +690,9 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 #pragma unroll
         for (int i = 0; i < WS_KEYS / 2; i++) wg_keep(s[i]);
         mbar_arrive(empty_k + 8 * sj);  // K_j is read
-        if (j * WS_KEYS + WS_KEYS > T) ws_softmax<true>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
-        else ws_softmax<false>(s, j * WS_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
+        const int kt = (t0 + j) * WS_KEYS;
+        if (kt + WS_KEYS > T) ws_softmax<true>(s, kt, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
+        else ws_softmax<false>(s, kt, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, moved);
         if (!FIRST) {
             wg_wait0();
             pin();
@@ -642,6 +714,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
         pin();
     }
     if (WS_PINGPONG && wgi == 0) named_sync(1, 256);  // takes warpgroup 1's last token
+    if (w.pair >= 0 && !ws_merge_halves<64>(o, m0, m1, l0, l1, sl2, sl2, w, part, pairs, tid, &merge_flag)) return;
     ws_store(o, l0, l1, 1.f, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
 }
 

@@ -235,17 +235,19 @@ __device__ __forceinline__ void ws8_store_e4m3(const float* o, float i0, float i
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u8* q8,
               const float* qsc, int T, float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b,
-              const unsigned* v_amax, float k_scale, u8* out_q, float* out_s) {
+              const unsigned* v_amax, float k_scale, u8* out_q, float* out_s, int split_from, float* part,
+              unsigned* pairs) {
     extern __shared__ __align__(128) u8 wsm[];
+    __shared__ int merge_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(FULL_MASK, tid >> 5, 0);
-    const int h = blockIdx.y;
     const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;
     const u32 q_sm = sbase;               // 2 warpgroups × 64 rows × 128 B
     const u32 kv_sm = sbase + W8_Q_BYTES;  // slot s at + s·W8_SLOT: K, Vᵀ one TILE on, ones one more
     const u32 full_k = kv_sm + W8_SLOTS * W8_SLOT, full_v = full_k + 8 * W8_SLOTS;
     const u32 empty_k = full_v + 8 * W8_SLOTS, empty_v = empty_k + 8 * W8_SLOTS;
     float* qscale = (float*)(wsm + (sbase - wg_smem_u32(wsm)) + W8_Q_BYTES + W8_SLOTS * W8_SLOT + 32 * W8_SLOTS);
-    const int ntiles = (T + W8_KEYS - 1) / W8_KEYS;
+    const WsWork w = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + W8_KEYS - 1) / W8_KEYS, split_from);
+    const int h = w.h, t0 = w.t0, ntiles = w.t1 - w.t0;  // tiles local from here: key tile t0 + j
     if (tid == 0) ws_init_barriers(full_k, W8_SLOTS);
     // The ones rows (e4m3 1.0 = 0x38), written once; TMA never touches them.
     for (int i = tid; i < W8_SLOTS * 256; i += WS_THREADS)
@@ -266,13 +268,13 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
                     const int s = t % W8_SLOTS;
                     if (t >= W8_SLOTS) mbar_wait(empty_k + 8 * s, (t / W8_SLOTS - 1) & 1);
                     mbar_expect_tx(full_k + 8 * s, W8_TILE);
-                    tma_load_3d(kv_sm + s * W8_SLOT, &tk, 0, t * W8_KEYS, h, full_k + 8 * s);
+                    tma_load_3d(kv_sm + s * W8_SLOT, &tk, 0, (t0 + t) * W8_KEYS, h, full_k + 8 * s);
                 }
                 if (t > 0) {
                     const int u = t - 1, s = u % W8_SLOTS;
                     if (u >= W8_SLOTS) mbar_wait(empty_v + 8 * s, (u / W8_SLOTS - 1) & 1);
                     mbar_expect_tx(full_v + 8 * s, W8_TILE);
-                    tma_load_3d(kv_sm + s * W8_SLOT + W8_TILE, &tv, u * W8_KEYS, 0, h, full_v + 8 * s);
+                    tma_load_3d(kv_sm + s * W8_SLOT + W8_TILE, &tv, (t0 + u) * W8_KEYS, 0, h, full_v + 8 * s);
                 }
             }
         }
@@ -281,13 +283,13 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wgi = warp >> 2, g = lane >> 2, tg = lane & 3;
-    const int r0 = blockIdx.x * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const int r0 = w.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
     // This warpgroup's 64 Q rows (e4m3, 128 B each), swizzled as a K-major A operand, and their
     // scales (rows at or past T: zeros, scale 1). Eight threads a row, 16 bytes each.
     const u32 qs = q_sm + wgi * (W8_Q_BYTES / 2);
     for (int pass = 0; pass < 4; pass++) {
         const int row = pass * 16 + ((tid & 127) >> 3), c = tid & 7;
-        const int r = blockIdx.x * WG_ROWS + wgi * 64 + row;
+        const int r = w.qt * WG_ROWS + wgi * 64 + row;
         uint4 w = make_uint4(0u, 0u, 0u, 0u);
         if (r < T) w = *(const uint4*)(q8 + ((size_t)r * NH + h) * HD + c * 16);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + row * 128 + ((c ^ (row & 7)) << 4)),
@@ -361,9 +363,9 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 #pragma unroll
         for (int i = 0; i < W8_KEYS / 2; i++) wg_keep(s[i]);
         mbar_arrive(empty_k + 8 * sj);
-        if (j * W8_KEYS + W8_KEYS > T)
-            ws8_softmax<true>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
-        else ws8_softmax<false>(s, j * W8_KEYS, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
+        const int kt = (t0 + j) * W8_KEYS;
+        if (kt + W8_KEYS > T) ws8_softmax<true>(s, kt, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
+        else ws8_softmax<false>(s, kt, T, tg, k0, k1, m0, m1, l0, l1, corr0, corr1, moved);
         if (!FIRST) {
             wg_wait0();
             pin();
@@ -384,6 +386,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
         pin();
     }
     if (W8_PINGPONG && wgi == 0) named_sync(1, 256);
+    if (w.pair >= 0 && !ws_merge_halves<W8_NO>(o, m0, m1, l0, l1, k0, k1, w, part, pairs, tid, &merge_flag)) return;
     // The row sums: a ones column (every one holds the full sum), or this thread's columns' summed
     // over the quad.
     const float lr0 = W8_ONES ? o[W8_NO - 4] : quad_sum(l0), lr1 = W8_ONES ? o[W8_NO - 2] : quad_sum(l1);
