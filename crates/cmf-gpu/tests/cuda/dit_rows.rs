@@ -82,11 +82,26 @@ fn case<'a>(
     }
 }
 
-/// `x` rounded to bf16 values.
-fn bf16_values(x: &[f32]) -> Vec<f32> {
-    x.iter()
-        .map(|&v| half::bf16::from_f32(v).to_f32())
-        .collect()
+/// The norm kernels' cases, width and residual type: the full-size width (the vector path), the
+/// fixture's, an odd one (the scalar path), and bf16 residual rows at the first and the last.
+const NORM_CASES: [(usize, bool); 5] = [
+    (3840, false),
+    (128, false),
+    (341, false),
+    (3840, true),
+    (341, true),
+];
+
+/// A norm case's residual rows (`rows_of`), rounded to bf16 values when `x_bf16`.
+fn residual_rows(rng: &mut Rng, d: usize, x_bf16: bool) -> Vec<f32> {
+    let x = rows_of(rng, ROWS, d);
+    if x_bf16 {
+        x.iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect()
+    } else {
+        x
+    }
 }
 
 /// Checks a kernel's rows against the reference `want [rows, n]`; prints how close to its bound
@@ -183,16 +198,9 @@ fn residual_norm_ref(
 fn dit_rms_mod_matches_reference() {
     let Some(b) = backend() else { return };
     let dev = b.device();
-    for (d, x_bf16) in [
-        (3840usize, false),
-        (128, false),
-        (341, false),
-        (3840, true),
-        (341, true),
-    ] {
+    for (d, x_bf16) in NORM_CASES {
         let mut rng = Rng::new(d as u64);
-        let x = rows_of(&mut rng, ROWS, d);
-        let x = if x_bf16 { bf16_values(&x) } else { x };
+        let x = residual_rows(&mut rng, d, x_bf16);
         let w = norm_weight(&mut rng, d);
         let mods = rng.vec(2 * 4 * d, 0.5);
         let items: Vec<usize> = (0..ROWS).map(|r| r % 2).collect();
@@ -216,16 +224,9 @@ fn dit_rms_mod_matches_reference() {
 fn dit_residual_norm_matches_reference() {
     let Some(b) = backend() else { return };
     let dev = b.device();
-    for (d, x_bf16) in [
-        (3840usize, false),
-        (128, false),
-        (341, false),
-        (3840, true),
-        (341, true),
-    ] {
+    for (d, x_bf16) in NORM_CASES {
         let mut rng = Rng::new(100 + d as u64);
-        let x = rows_of(&mut rng, ROWS, d);
-        let x = if x_bf16 { bf16_values(&x) } else { x };
+        let x = residual_rows(&mut rng, d, x_bf16);
         // o as the GEMMs write it (bf16), so the reference sees the kernel's very inputs.
         let o: Vec<f32> = rows_of(&mut rng, ROWS, d)
             .iter()
