@@ -378,6 +378,44 @@ impl Dev {
     }
 }
 
+/// A captured CUDA graph, instantiated and uploaded. cudarc's holds raw handles; its owner (a
+/// model) is used by one thread at a time.
+pub struct Graph(cudarc::driver::CudaGraph);
+// SAFETY: see above; the models' device methods take &mut self, so a graph is never used
+// concurrently.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Replays the graph on the stream it was captured from.
+    pub fn launch(&self) -> DResult<()> {
+        self.0
+            .launch()
+            .map_err(|e| DevError(format!("graph launch: {e:?}")))
+    }
+}
+
+impl Dev {
+    /// Captures what `enqueue` puts on the stream (thread-local capture mode) as a graph, which
+    /// then runs only when launched. The capture ends whether `enqueue` succeeds or not.
+    pub fn capture(&self, enqueue: impl FnOnce() -> DResult<()>) -> DResult<Graph> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| DevError(format!("begin graph capture: {e:?}")))?;
+        let enq = enqueue();
+        let graph = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        enq?;
+        match graph {
+            Ok(Some(g)) => {
+                g.upload()
+                    .map_err(|e| DevError(format!("graph upload: {e:?}")))?;
+                Ok(Graph(g))
+            }
+            Ok(None) => Err(DevError("graph capture produced no graph".into())),
+            Err(e) => Err(DevError(format!("end graph capture: {e:?}"))),
+        }
+    }
+}
+
 /// The bytes of a plain-old-data slice.
 /// A 1-D grid of `ceil(n / per_block)` blocks, clamped to 1 ..= 65535 (grid-stride kernels).
 pub fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {

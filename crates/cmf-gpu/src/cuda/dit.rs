@@ -22,7 +22,7 @@
 //! for the O GEMM; behind the bf16 attention the output is quantised by a pass of its own.
 
 use super::blas::Blas;
-use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Timer};
+use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, Timer};
 use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
@@ -891,8 +891,10 @@ struct Prepared {
     modv: DBuf,
     fscale: DBuf,
     out: DBuf,
-    /// The active slots the maps were last built for.
+    /// The active slots the maps were last built for (the last step's).
     maps_for: Vec<usize>,
+    /// The step graph and the active slots it was captured for.
+    graph: Option<(Vec<usize>, Graph)>,
 }
 
 pub struct CudaDit {
@@ -920,6 +922,8 @@ pub struct CudaDit {
     fp8: Option<(Fp8Gemm, bool)>,
     /// Bytes per value of the residual stream X (see [`residual_bf16`]).
     x_bytes: usize,
+    /// Steps run eagerly, not as a graph: `CMF_DIT_GRAPH=0`, or after a capture failed.
+    no_graph: bool,
 }
 
 /// Whether the residual stream X (and the refined captions) are bf16 rather than f32:
@@ -1121,6 +1125,7 @@ impl CudaDit {
                 .then(|| RefCell::new([0.0; 3])),
             fp8,
             x_bytes: if x_bf16 { 2 } else { 4 },
+            no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
             blas,
             k,
             dev: dev.clone(),
@@ -1556,6 +1561,7 @@ impl CudaDit {
             fscale: dev.alloc(nb * d * 4)?,
             out: dev.alloc(nb * ni * pd * 4)?,
             maps_for: Vec::new(),
+            graph: None,
         };
         dev.sync()?;
         self.prep = Some(prep);
@@ -1564,7 +1570,7 @@ impl CudaDit {
 
     fn step_dev(&mut self, items: &[DitStepItem], out: &mut Vec<f32>) -> DResult<()> {
         let g = self.geo.clone();
-        let (d, a, pd) = (g.dim, g.adaln_dim, g.patch_dim);
+        let (a, pd) = (g.adaln_dim, g.patch_dim);
         let p = self.prep.as_ref().expect("checked");
         let (ni, np, nb) = (p.ni, p.np, items.len());
         let active: Vec<usize> = items.iter().map(|it| it.slot).collect();
@@ -1591,6 +1597,50 @@ impl CudaDit {
         dev.upload(p.temb.ptr(), bytes_of(&tb))?;
         dev.upload(p.temb_silu.ptr(), bytes_of(&sb))?;
 
+        // The device work: replayed as a graph captured for this set of active items, on the
+        // second step in a row with it (the first runs eagerly, which also sets up what capture
+        // may not: cuBLAS's and cuBLASLt's state, the FP8 plans); eager when profiling, with
+        // CMF_DIT_GRAPH=0, or after a capture failed.
+        let graphs = self.prof.is_none() && !self.no_graph;
+        let have = p.graph.as_ref().is_some_and(|(a, _)| *a == active);
+        if graphs && !have && p.maps_for == active {
+            match dev.capture(|| self.enqueue_step(p, &lay, &active)) {
+                Ok(gr) => {
+                    crate::facade::log::debug(&format!(
+                        "dit: step graph captured for {} item(s)",
+                        active.len()
+                    ));
+                    self.prep.as_mut().expect("checked").graph = Some((active.clone(), gr));
+                }
+                Err(e) => {
+                    let why = format!(
+                        "dit: the step graph's capture failed, eager from here: {}",
+                        e.0
+                    );
+                    crate::facade::log::debug(&why);
+                    self.no_graph = true;
+                }
+            }
+        }
+        let p = self.prep.as_ref().expect("checked");
+        match &p.graph {
+            Some((a, gr)) if graphs && !self.no_graph && *a == active => gr.launch()?,
+            _ => self.enqueue_step(p, &lay, &active)?,
+        }
+        out.resize(nb * ni * pd, 0.0);
+        dev.download_f32(out, p.out.ptr())?;
+        self.prep.as_mut().expect("checked").maps_for = active;
+        Ok(())
+    }
+
+    /// Every launch of one step for the active items `active` (laid out as `lay`), in order:
+    /// what the step graph captures. Reads the step's inputs where `step_dev` uploaded them and
+    /// leaves the output in `p.out`.
+    fn enqueue_step(&self, p: &Prepared, lay: &Layout, active: &[usize]) -> DResult<()> {
+        let g = &self.geo;
+        let (d, a, pd) = (g.dim, g.adaln_dim, g.patch_dim);
+        let (ni, np, nb) = (p.ni, p.np, active.len());
+        let dev = &self.dev;
         // Modulations of every block (one GEMM, then 1 + scale and tanh(gate) once for all the
         // row kernels) and the final layer's scale.
         let n_mod = self.noise.len() + self.layers.len();
@@ -1708,12 +1758,7 @@ impl CudaDit {
             p.out.ptr(),
             nb * ni,
         )?;
-        self.add_bias(p.out.ptr(), pd, nb * ni, &self.final_lin.1)?;
-        out.resize(nb * ni * pd, 0.0);
-        dev.download_f32(out, p.out.ptr())?;
-        let p = self.prep.as_mut().expect("checked");
-        p.maps_for = active;
-        Ok(())
+        self.add_bias(p.out.ptr(), pd, nb * ni, &self.final_lin.1)
     }
 }
 

@@ -11,14 +11,13 @@
 //! attention → GEMM o (+= residual, beta 1) → rmsnorm → GEMM gate,up → swiglu → GEMM down
 //! (+= residual).
 
-use super::super::device::{bytes_of, Arg, DResult, DevError};
+use super::super::device::{bytes_of, Arg, DResult, DevError, Graph};
 use super::super::kernels::{self, Func};
 use super::super::matvec::{self, MvMode, MvSeg};
 use super::super::weights::{DevCodec, DevWeight};
 use super::workspace::{PrefillWs, SAMPLE_BLOCKS};
-use super::{AttnKernel, CudaLlm, DevLayer, Graph};
+use super::{AttnKernel, CudaLlm, DevLayer};
 use crate::llm::{Logits, Sampler};
-use cudarc::driver::sys;
 use std::ops::Range;
 
 use crate::cuda::device::grid1;
@@ -328,23 +327,9 @@ impl CudaLlm {
     /// `one_block` keys (one decode-attention block per kv head).
     fn capture(&self, sampler: &Sampler, short: bool) -> DResult<Graph> {
         self.enqueue_short.set(short);
-        let stream = &self.dev.stream;
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| DevError(format!("begin graph capture: {e:?}")))?;
-        let enq = self.enqueue_token(sampler);
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let graph = self.dev.capture(|| self.enqueue_token(sampler));
         self.enqueue_short.set(false);
-        enq?;
-        match graph {
-            Ok(Some(g)) => {
-                g.upload()
-                    .map_err(|e| DevError(format!("graph upload: {e:?}")))?;
-                Ok(Graph(g))
-            }
-            Ok(None) => Err(DevError("graph capture produced no graph".into())),
-            Err(e) => Err(DevError(format!("end graph capture: {e:?}"))),
-        }
+        graph
     }
 
     /// Runs one decode step; returns (sampled token, logits if asked). Unless logits are
@@ -423,8 +408,7 @@ impl CudaLlm {
         let (_, g) = self.graphs[self.short_graph_at(pos) as usize]
             .as_ref()
             .expect("captured before launching");
-        g.0.launch()
-            .map_err(|e| DevError(format!("graph launch: {e:?}")))?;
+        g.launch()?;
         self.ahead.record(pos, self.dev.stream.cu_stream())
     }
 

@@ -17,7 +17,7 @@ mod profile;
 mod workspace;
 
 use super::blas::Blas;
-use super::device::{DBuf, DResult, Dev, DevError};
+use super::device::{DBuf, DResult, Dev, DevError, Graph};
 use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
 use super::weights::{self, DevCodec, DevWeight};
 use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
@@ -49,11 +49,6 @@ pub(crate) struct DevLayer {
     pub k_cache: DBuf,
     pub v_cache: DBuf,
 }
-
-/// cudarc's graph holds raw handles; the model owning it is used by one thread at a time.
-struct Graph(cudarc::driver::CudaGraph);
-// SAFETY: see above; LlmDevice methods take &mut self, so the graph is never used concurrently.
-unsafe impl Send for Graph {}
 
 pub struct CudaLlm {
     dev: Arc<Dev>,

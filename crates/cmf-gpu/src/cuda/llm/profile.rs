@@ -52,8 +52,7 @@ impl CudaLlm {
             let t = Timer::new()?;
             t.start(&self.dev)?;
             for _ in 0..n {
-                g.0.launch()
-                    .map_err(|e| super::DevError(format!("graph launch: {e:?}")))?;
+                g.launch()?;
             }
             out.push((
                 "whole-token graph replay (device time)".into(),
