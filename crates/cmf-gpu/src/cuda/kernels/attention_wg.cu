@@ -573,8 +573,8 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     // mbarriers of slot s: K full, V full, K empty, V empty, WS_SLOTS · 8 bytes apart.
     const u32 full_k = kv_sm + WS_SLOTS * 2 * WS_TILE, full_v = full_k + 8 * WS_SLOTS;
     const u32 empty_k = full_v + 8 * WS_SLOTS, empty_v = empty_k + 8 * WS_SLOTS;
-    const WsWork w = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + WS_KEYS - 1) / WS_KEYS, split_from);
-    const int h = w.h, t0 = w.t0, ntiles = w.t1 - w.t0;  // tiles local from here: key tile t0 + j
+    const WsWork work = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + WS_KEYS - 1) / WS_KEYS, split_from);
+    const int h = work.h, t0 = work.t0, ntiles = work.t1 - work.t0;  // tiles local from here: key tile t0 + j
     if (tid == 0) ws_init_barriers(full_k, WS_SLOTS);
     __syncthreads();
 
@@ -608,13 +608,13 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wgi = warp >> 2, g = lane >> 2, tg = lane & 3;
-    const int r0 = w.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const int r0 = work.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
     const float sl2 = scale * 1.4426950408889634f;
     // This warpgroup's 64 Q rows as f16, swizzled as a K-major A operand (rows at or past T: 0).
     const u32 qs = q_sm + wgi * (WS_Q_BYTES / 2);
     for (int i = tid & 127; i < 64 * (HD / 8); i += 128) {
         const int row = i >> 4, c8 = i & 15;
-        const int r = w.qt * WG_ROWS + wgi * 64 + row;
+        const int r = work.qt * WG_ROWS + wgi * 64 + row;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r < T) v = *(const uint4*)(q + ((size_t)r * NH + h) * HD + c8 * 8);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + sw_chunk(row, c8, 64)), "r"(v.x),
@@ -714,7 +714,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
         pin();
     }
     if (WS_PINGPONG && wgi == 0) named_sync(1, 256);  // takes warpgroup 1's last token
-    if (w.pair >= 0 && !ws_merge_halves<64>(o, m0, m1, l0, l1, sl2, sl2, w, part, pairs, tid, &merge_flag)) return;
+    if (work.pair >= 0 && !ws_merge_halves<64>(o, m0, m1, l0, l1, sl2, sl2, work, part, pairs, tid, &merge_flag)) return;
     ws_store(o, l0, l1, 1.f, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
 }
 

@@ -246,8 +246,8 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
     const u32 full_k = kv_sm + W8_SLOTS * W8_SLOT, full_v = full_k + 8 * W8_SLOTS;
     const u32 empty_k = full_v + 8 * W8_SLOTS, empty_v = empty_k + 8 * W8_SLOTS;
     float* qscale = (float*)(wsm + (sbase - wg_smem_u32(wsm)) + W8_Q_BYTES + W8_SLOTS * W8_SLOT + 32 * W8_SLOTS);
-    const WsWork w = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + W8_KEYS - 1) / W8_KEYS, split_from);
-    const int h = w.h, t0 = w.t0, ntiles = w.t1 - w.t0;  // tiles local from here: key tile t0 + j
+    const WsWork work = ws_work((T + WG_ROWS - 1) / WG_ROWS, (T + W8_KEYS - 1) / W8_KEYS, split_from);
+    const int h = work.h, t0 = work.t0, ntiles = work.t1 - work.t0;  // tiles local from here: key tile t0 + j
     if (tid == 0) ws_init_barriers(full_k, W8_SLOTS);
     // The ones rows (e4m3 1.0 = 0x38), written once; TMA never touches them.
     for (int i = tid; i < W8_SLOTS * 256; i += WS_THREADS)
@@ -283,13 +283,13 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int wgi = warp >> 2, g = lane >> 2, tg = lane & 3;
-    const int r0 = w.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
+    const int r0 = work.qt * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
     // This warpgroup's 64 Q rows (e4m3, 128 B each), swizzled as a K-major A operand, and their
     // scales (rows at or past T: zeros, scale 1). Eight threads a row, 16 bytes each.
     const u32 qs = q_sm + wgi * (W8_Q_BYTES / 2);
     for (int pass = 0; pass < 4; pass++) {
         const int row = pass * 16 + ((tid & 127) >> 3), c = tid & 7;
-        const int r = w.qt * WG_ROWS + wgi * 64 + row;
+        const int r = work.qt * WG_ROWS + wgi * 64 + row;
         uint4 w = make_uint4(0u, 0u, 0u, 0u);
         if (r < T) w = *(const uint4*)(q8 + ((size_t)r * NH + h) * HD + c * 16);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + row * 128 + ((c ^ (row & 7)) << 4)),
@@ -386,7 +386,7 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
         pin();
     }
     if (W8_PINGPONG && wgi == 0) named_sync(1, 256);
-    if (w.pair >= 0 && !ws_merge_halves<W8_NO>(o, m0, m1, l0, l1, k0, k1, w, part, pairs, tid, &merge_flag)) return;
+    if (work.pair >= 0 && !ws_merge_halves<W8_NO>(o, m0, m1, l0, l1, k0, k1, work, part, pairs, tid, &merge_flag)) return;
     // The row sums: a ones column (every one holds the full sum), or this thread's columns' summed
     // over the quad.
     const float lr0 = W8_ONES ? o[W8_NO - 4] : quad_sum(l0), lr1 = W8_ONES ? o[W8_NO - 2] : quad_sum(l1);
