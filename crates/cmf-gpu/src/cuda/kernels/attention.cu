@@ -96,6 +96,27 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The end of an mma.sync prefill warp: its O rows r0 and r0 + 8 (accumulator fragments o[HD / 8]
+// [4]) divided by their row sums l0, l1, as f32 into out [T, NH, HD] (rows at or past T skipped).
+__device__ __forceinline__ void store_o_rows_f32(const float (*o)[4], float l0, float l1, int r0, int T, int NH,
+                                                 int h, int tg, float* out) {
+    const int r1 = r0 + 8;
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++) {
+        int d = dn * 8 + tg * 2;
+        if (r0 < T) {
+            float* dst = out + ((size_t)r0 * NH + h) * HD + d;
+            dst[0] = o[dn][0] / l0;
+            dst[1] = o[dn][1] / l0;
+        }
+        if (r1 < T) {
+            float* dst = out + ((size_t)r1 * NH + h) * HD + d;
+            dst[0] = o[dn][2] / l1;
+            dst[1] = o[dn][3] / l1;
+        }
+    }
+}
+
 // Grid (ceil(T/64), NH), 128 threads. Queries are tokens start..start+T of the cache.
 extern "C" __global__ void __launch_bounds__(128)
 attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
@@ -202,21 +223,7 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
     }
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
-    const int r0 = qw + g, r1 = r0 + 8;
-#pragma unroll
-    for (int dn = 0; dn < HD / 8; dn++) {
-        int d = dn * 8 + tg * 2;
-        if (r0 < T) {
-            float* dst = out + ((size_t)r0 * NH + h) * HD + d;
-            dst[0] = o[dn][0] / l0;
-            dst[1] = o[dn][1] / l0;
-        }
-        if (r1 < T) {
-            float* dst = out + ((size_t)r1 * NH + h) * HD + d;
-            dst[0] = o[dn][2] / l1;
-            dst[1] = o[dn][3] / l1;
-        }
-    }
+    store_o_rows_f32(o, l0, l1, qw + g, T, NH, h, tg, out);
 }
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
@@ -374,24 +381,8 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     l0 = quad_sum(l0);
     l1 = quad_sum(l1);
     const int r0 = qw + g, r1 = r0 + 8;
-    if constexpr (XOUT) {
-        store_o_xrows<HD>(o, 1.f / l0, 1.f / l1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
-    } else {
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            int d = dn * 8 + tg * 2;
-            if (r0 < T) {
-                float* dst = out + ((size_t)r0 * NH + h) * HD + d;
-                dst[0] = o[dn][0] / l0;
-                dst[1] = o[dn][1] / l0;
-            }
-            if (r1 < T) {
-                float* dst = out + ((size_t)r1 * NH + h) * HD + d;
-                dst[0] = o[dn][2] / l1;
-                dst[1] = o[dn][3] / l1;
-            }
-        }
-    }
+    if constexpr (XOUT) store_o_xrows<HD>(o, 1.f / l0, 1.f / l1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
+    else store_o_rows_f32(o, l0, l1, r0, T, NH, h, tg, out);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
