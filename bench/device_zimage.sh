@@ -11,7 +11,7 @@
 # LLM table of bench/gpu_llm.sh while the pack is made), SIZES (default "512 1024"),
 # ATTN (attention variants to time, default "base k w8"; "ws" is the Hopper default, "wg" the one before), FP8 (`--dit-precision` values to time and
 # to render end to end against the bf16 image, e.g. "fp8 fp8-fast"; default none; both include the
-# FP8 attention from 2048 keys, CMF_DIT_ATTN8=0 in the environment keeps the bf16 one).
+# FP8 attention from 1024 keys, CMF_DIT_ATTN8=0 in the environment keeps the bf16 one).
 set -u
 cd "$(dirname "$0")/.."
 export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg

@@ -57,8 +57,9 @@ __device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float a
 }
 
 // A row of 64·NP values held by one warp as pairs v[k] = values 2(lane + 32k), +1: its e4m3
-// bytes at q and its scale at *scale (the row encoding above). The FP8 attention's Q rows
-// (qk_norm_rope writes them, attention_ws8.cu's test hook too).
+// bytes at q and its scale at *scale (the row encoding above). The FP8 attention's Q rows as the
+// test hook makes them (attention_ws8.cu); qk_norm_rope (dit.cu) writes the same encoding with
+// 16 lanes a head.
 template <int NP>
 __device__ __forceinline__ void warp_e4m3_row(const float2* v, int lane, u8* q, float* scale) {
     float amax = 0.f;
