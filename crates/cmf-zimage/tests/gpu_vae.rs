@@ -322,6 +322,8 @@ fn device_decoder_refuses_bad_shapes_without_touching_the_output() {
 
 /// `CMF_VAE_BENCH=1`: the full FLUX decoder geometry, random bf16 weights; cold (first decode:
 /// workspace allocation included) and warm wall time per decode, host clock after the readback.
+/// `CMF_VAE_BENCH_LATENTS=128` (latent sides, default `64,128`) and `CMF_VAE_BENCH_RUNS=1` (warm
+/// runs, default 5) narrow it, e.g. to profile one 1024² decode under ncu.
 #[test]
 fn bench_flux_geometry() {
     if std::env::var("CMF_VAE_BENCH").as_deref() != Ok("1") {
@@ -340,15 +342,28 @@ fn bench_flux_geometry() {
         t.elapsed().as_secs_f64() * 1e3,
         vae.weight_bytes() as f64 / 1e6
     );
+    let env_list = |name: &str, default: &str| -> Vec<usize> {
+        std::env::var(name)
+            .unwrap_or_else(|_| default.into())
+            .split(',')
+            .filter_map(|v| v.trim().parse().ok())
+            .collect()
+    };
+    let sides = env_list("CMF_VAE_BENCH_LATENTS", "64,128");
+    let runs = env_list("CMF_VAE_BENCH_RUNS", "5")
+        .first()
+        .copied()
+        .unwrap_or(5)
+        .max(1);
     let mut rng = Rng::new(5);
-    for (h, w) in [(64usize, 64usize), (128, 128)] {
+    for (h, w) in sides.into_iter().map(|s| (s, s)) {
         vae.release_workspace();
         let z = rng.vec(16 * h * w, 1.0);
         let t = Instant::now();
         let first = device_decode(&mut vae, &z, h, w);
         let cold = t.elapsed().as_secs_f64() * 1e3;
         let mut warm = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..runs {
             let t = Instant::now();
             let again = device_decode(&mut vae, &z, h, w);
             warm.push(t.elapsed().as_secs_f64() * 1e3);
