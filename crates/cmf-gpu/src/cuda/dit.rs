@@ -2068,7 +2068,6 @@ mod tests {
             .collect()
     }
 
-    /// The row map ties every X row to its item, joint position and RoPE row (host logic only).
     #[test]
     fn tail_split_takes_a_last_round_at_most_half_full() {
         // 1024²: 33 query blocks × 30 heads on 132 SMs: 7 rounds and 66 tiles.
@@ -2083,6 +2082,7 @@ mod tests {
         assert_eq!(tail_split_from(27, 9, 132), 0);
     }
 
+    /// The row map ties every X row to its item, joint position and RoPE row (host logic only).
     #[test]
     fn layout_of_two_items_puts_images_first_then_captions() {
         let np = 32;

@@ -390,12 +390,6 @@ __device__ __forceinline__ void ws_qk(float* s, u64 adesc, u64 bdesc, int scale_
 #endif
 }
 
-// The online softmax of attn_full_ws, lean (per element: a max, one FFMA, one ex2, one add), in
-// place: s (rows g and g + 8, this thread's WS_KEYS / 4 columns) becomes the probabilities in
-// f32, packed into P by ws_pack_p once the previous P·V is done. The running maxima stay in raw
-// score units and the scale folds into the exponent's FFMA; keys at or past T are masked only
-// in the tile that has them (TAIL). A maximum moves by more than WS_TAU only (corr 1 otherwise);
-// moved: whether either row's did.
 // The first half of a tile's online softmax, attn_full_ws's and attn_full_ws8's: keys at or past
 // T masked (TAIL; kt the tile's first key), the rows' tile maxima over the quad, and each row's
 // running maximum moved where the tile's exceeds it by more than tau once scaled by k0 (row g)
@@ -429,6 +423,12 @@ __device__ __forceinline__ void ws_move_max(float* s, int kt, int T, int tg, flo
     moved = u0 || u1;
 }
 
+// The online softmax of attn_full_ws, lean (per element: a max, one FFMA, one ex2, one add), in
+// place: s (rows g and g + 8, this thread's WS_KEYS / 4 columns) becomes the probabilities in
+// f32, packed into P by ws_pack_p once the previous P·V is done. The running maxima stay in raw
+// score units and the scale folds into the exponent's FFMA; keys at or past T are masked only
+// in the tile that has them (TAIL). A maximum moves by more than WS_TAU only (corr 1 otherwise);
+// moved: whether either row's did.
 template <bool TAIL>
 __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
                                            float& l0, float& l1, float& corr0, float& corr1, bool& moved) {

@@ -16,8 +16,8 @@
 //   pass over the rows for their maxima.
 // - No ping-pong by default (W8_PINGPONG): the warpgroups issue their GEMMs at will.
 // - Tiles of 128 keys. FP8 wgmma reads both operands K-major only, so V comes transposed: Vᵀ
-//   [NH, HD, Lp] e4m3, made with K's e4m3 copy by attn8_prep below. A Vᵀ row is 128 keys = 128
-//   bytes, one 128-byte swizzle span, so a tile is one TMA box (16 KiB) as a K tile is; 4 slots.
+//   [NH, HD, Lp] e4m3, made by attn8_prep below. A Vᵀ row is 128 keys = 128 bytes, one 128-byte
+//   swizzle span, so a tile is one TMA box (16 KiB) as a K tile is; 4 slots.
 // - P as the register A operand of a k32 step: thread (g, tg) holds bytes 4tg..4tg+3 (rows g and
 //   g + 8) and 16 + 4tg..16 + 4tg + 3 of the step's 32 keys, but its S accumulators are columns
 //   8i + 2tg + {0, 1}. Rather than shuffling P between threads, Vᵀ stores its keys in the order the

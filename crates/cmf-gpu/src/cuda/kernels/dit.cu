@@ -20,7 +20,8 @@
 // multiply. mod = 0: unmodulated (the context refiner).
 // Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`,
-// which also folds each head's K and V amax into kv_amax when the FP8 attention runs).
+// which also folds each head's V amax into v_amax and writes e4m3 Q and K when the FP8
+// attention runs).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
 // FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
@@ -200,8 +201,8 @@ extern "C" __global__ void residual_norm(xt* x, const u16* o, const float* w, fl
 }
 
 // qkv [R, 3D] (q | k | v per row) → per head: q, k RMSNorm (norm_q/norm_k, eps) and interleaved
-// RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, [*, NH,
-// HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
+// RoPE (pairs (2j, 2j+1) rotated by angle row rope_row, pair j); q to q_out[J + p] (f32, or f16
+// with q_half; [*, NH, HD]); k, v to the item's f16 slices kc/vc + NH·J·HD, layout [NH, L, HD].
 // Rows per qk_norm_rope block (each warp loops over them): the FP8 attention's V maxima then take
 // one atomic per head and QKR_ROWS rows, not one per row (one per row cost 3 ms per 1024² step in
 // contention on the NH addresses).
