@@ -522,21 +522,19 @@ impl VaeDecoder<'_> {
 
 /// [`to_rgb8`] of a decoded image, refusing NaN or infinity (named as `stage`).
 pub fn checked_rgb8(img: &Tensor3, stage: &str) -> Result<Vec<u8>, ZimageError> {
-    rgb8_if_finite(img).ok_or_else(|| ZimageError::NonFinite {
-        stage: stage.into(),
-        why: "NaN or infinity in the image".into(),
-    })
+    match convert_rgb8(img) {
+        (rgb, true) => Ok(rgb),
+        (_, false) => Err(ZimageError::NonFinite {
+            stage: stage.into(),
+            why: "NaN or infinity in the image".into(),
+        }),
+    }
 }
 
 /// `[3, H, W]` in [-1, 1] → interleaved RGB u8 (diffusers `VaeImageProcessor.postprocess` + `numpy_to_pil`).
 /// Non-finite values give unspecified bytes; [`checked_rgb8`] refuses them.
 pub fn to_rgb8(img: &Tensor3) -> Vec<u8> {
     convert_rgb8(img).0
-}
-
-fn rgb8_if_finite(img: &Tensor3) -> Option<Vec<u8>> {
-    let (out, finite) = convert_rgb8(img);
-    finite.then_some(out)
 }
 
 /// One pass over the image, a row of pixels per task: the bytes and whether every value was
