@@ -21,7 +21,7 @@ use cmf_gpu::llm::synth::{random_matrix, Rng};
 use cmf_kernels::reference::decode_row;
 use cmf_kernels::Weight;
 use cmf_zimage::tensors::{Loader, MemTensors, TensorSource};
-use cmf_zimage::vae::{VaeConfig, VaeDecoder};
+use cmf_zimage::vae::{to_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use half::bf16;
 use std::time::Instant;
 
@@ -318,6 +318,37 @@ fn device_decoder_refuses_bad_shapes_without_touching_the_output() {
     assert!(out.iter().all(|&v| v == 7.0));
     vae.decode(&z, 4, 4, &mut out).unwrap();
     assert!(out.iter().any(|&v| v != 7.0));
+}
+
+/// The device's 8-bit output (what the pipeline reads back) is exactly the host conversion
+/// (`to_rgb8`) of the device's f32 image: both come from the same conv_out sums. A NaN in the
+/// latent is reported as not finite.
+#[test]
+fn device_rgb8_is_the_host_conversion_of_the_f32_image() {
+    let Some(be) = backend() else { return };
+    let cfg = config(&[32, 64], 1, 8);
+    let mut g = Gen::new(Codecs::Bf16, false, 5);
+    g.decoder(&cfg);
+    let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
+    let mut vae = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let (h, w) = (6, 9);
+    let mut z = Rng::new(3).vec(16 * h * w, 2.0);
+    let s = vae.geometry().scale_factor();
+    let img = Tensor3 {
+        c: 3,
+        h: h * s,
+        w: w * s,
+        data: device_decode(&mut vae, &z, h, w),
+    };
+    let want = to_rgb8(&img);
+    // The random weights spread the image over and beyond [-1, 1]: both clamps and the middle.
+    assert!(want.contains(&0) && want.contains(&255) && want.iter().any(|&v| v > 0 && v < 255));
+    let mut got = vec![7u8; want.len()];
+    assert!(vae.decode_rgb8(&z, h, w, &mut got).unwrap());
+    assert_eq!(got, want);
+    z[17] = f32::NAN;
+    assert!(!vae.decode_rgb8(&z, h, w, &mut got).unwrap());
+    assert!(vae.decode_rgb8(&z, h, w, &mut got[1..]).is_err());
 }
 
 /// `CMF_VAE_BENCH=1`: the full FLUX decoder geometry, random bf16 weights; cold (first decode:

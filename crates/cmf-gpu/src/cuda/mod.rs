@@ -119,6 +119,16 @@ impl crate::facade::VaeDevice for vae::CudaVae {
     fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
         vae::CudaVae::decode(self, z, h, w, out)
     }
+
+    fn decode_rgb8(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        vae::CudaVae::decode_rgb8(self, z, h, w, out)
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,22 @@ pub trait VaeDevice: Send {
     /// `z [latent_channels, h, w]` (already `z / scaling_factor + shift_factor`) into
     /// `out [out_channels, 8h, 8w]`, before the [-1, 1] → [0, 1] mapping.
     fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal>;
+    /// As `decode`, writing the image as 8-bit RGB `[8h, 8w, out_channels]` (round half to even
+    /// of `clamp(v / 2 + 0.5, 0, 1) · 255`, diffusers' postprocess); `Ok(false)` when a value was
+    /// not finite (`out` is written either way). A backend without the fused conversion refuses,
+    /// and the caller uses `decode`.
+    fn decode_rgb8(
+        &mut self,
+        _z: &[f32],
+        _h: usize,
+        _w: usize,
+        _out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        Err(Refusal::new(
+            "vae.decode_rgb8",
+            RefusalReason::UnsupportedShape("8-bit output (this backend decodes to f32)".into()),
+        ))
+    }
 }
 
 /// A DiT resident on a device: the per-prompt `condition` / `prepare` and the per-step `step`

@@ -369,6 +369,18 @@ impl GpuVae {
         self.gate.check("vae.decode")?;
         self.dev.decode(z, h, w, out).map_err(Refusal::logged)
     }
+
+    /// See [`VaeDevice::decode_rgb8`].
+    pub fn decode_rgb8(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        self.gate.check("vae.decode")?;
+        self.dev.decode_rgb8(z, h, w, out).map_err(Refusal::logged)
+    }
 }
 
 /// A DiT loaded through the facade; every entry point passes the gate first. Whole steps run

@@ -8,12 +8,14 @@
 //   Tap-major columns let each thread move 8 channels (16 bytes) per tap, loads and stores
 //   coalesced; the nearest ×2 upsample is folded into the im2col (it reads source pixel
 //   (y >> 1, x >> 1)), so the upsampled map never exists.
-// - GroupNorm: two passes of per-block partial sums (mean, then Σ(x − mean)², as the CPU kernel
-//   group_stats in cmf-kernels/src/ops/norm.rs) finished in f64, then one apply pass fused with
-//   SiLU and the bf16 conversion for the next conv. The preceding conv's bias is folded in
+// - GroupNorm: one pass of per-block (mean, M2) summaries (Welford, then Chan's merge; the CPU
+//   kernel group_stats in cmf-kernels/src/ops/norm.rs takes two passes, mean then Σ(x − mean)²,
+//   for the same freedom from cancellation) merged in f64, then one apply pass fused with SiLU and
+//   the bf16 conversion for the next conv. The preceding conv's bias is folded in
 //   (x + b), which saves a pass over conv1's output.
-// - conv_out (3 output channels) is a direct conv, one warp per pixel, writing NCHW for the
-//   readback: a GEMM with N = 3 would only stream its im2col.
+// - conv_out (3 output channels) is a direct conv (a GEMM with N = 3 would only stream its
+//   im2col), writing f32 NCHW or, for the pipeline, the 8-bit RGB image itself: a quarter of the
+//   readback and no host conversion.
 // - Mid attention: softmax over rows of a score tile, f32 in, bf16 out (the P·V GEMM operand).
 // Row kernels (vae_gn_*, vae_bias_*) run blocks of C·kpp threads: thread t owns channel t % C
 // and pixel lane t / C, so per-channel constants sit in registers and a block reads contiguous
@@ -41,60 +43,85 @@ extern "C" __global__ void vae_permute_taps(const u16* w, long long rows, int C,
     }
 }
 
-// GroupNorm partial sums over x[P, C] (+ bias[c] when given): block b sums pixels
-// [b·ppb, (b+1)·ppb) per group into partial[b, g]: Σ v without `mean`, Σ (v − mean[g])² with it.
-// Block: C·kpp threads (≤ 1024).
+// Chan et al.'s merge of two (count, mean, M2 = Σ (v − mean)²) summaries into (n, mean, m2).
+template <typename T>
+__device__ __forceinline__ void gn_merge(T& n, T& mean, T& m2, T nb, T mb, T m2b) {
+    if (nb == (T)0) return;
+    const T nn = n + nb, d = mb - mean;
+    mean += d * (nb / nn);
+    m2 += m2b + d * d * (n * nb / nn);
+    n = nn;
+}
+
+// GroupNorm statistics over x[P, C] (+ bias[c] when given), one pass: block b summarises pixels
+// [b·ppb, (b+1)·ppb) of each group as (mean, M2) in partial[b, g, 0..2] — Welford per thread,
+// Chan's merge across the block's threads — so no second read of x for the variance and no
+// cancellation (vae_gn_finalize merges the blocks in f64). Block: C·kpp threads (≤ 1024).
 extern "C" __global__ void __launch_bounds__(1024)
-vae_gn_partial(const float* x, const float* bias, int C, int G, long long P, int ppb, const float* mean, float* partial) {
-    __shared__ float part[1024];
+vae_gn_stats(const float* x, const float* bias, int C, int G, long long P, int ppb, float* partial) {
+    __shared__ float s_mean[1024], s_m2[1024];
     const int t = threadIdx.x, kpp = blockDim.x / C, c = t % C, j = t / C, cpg = C / G;
     const float b = bias ? bias[c] : 0.f;
-    const float m = mean ? mean[c / cpg] : 0.f;
     const long long p_begin = (long long)blockIdx.x * ppb;
     const long long p_end = p_begin + ppb < P ? p_begin + ppb : P;
-    float acc = 0.f;
+    float n = 0.f, mean = 0.f, m2 = 0.f;
     for (long long p = p_begin + j; p < p_end; p += kpp) {
-        float v = x[p * C + c] + b;
-        if (mean) {
-            v -= m;
-            acc += v * v;
-        } else {
-            acc += v;
-        }
+        const float v = x[p * C + c] + b;
+        n += 1.f;
+        const float d = v - mean;
+        mean += d / n;
+        m2 = fmaf(d, v - mean, m2);
     }
-    part[t] = acc;
+    s_mean[t] = mean;
+    s_m2[t] = m2;
     __syncthreads();
+    // Thread (j, c) saw the pixels p_begin + j + i·kpp < p_end.
+    const long long rows = p_end - p_begin;
     for (int g = t; g < G; g += blockDim.x) {
-        float s = 0.f;
-        for (int jj = 0; jj < kpp; jj++)
-            for (int cc = g * cpg; cc < (g + 1) * cpg; cc++) s += part[jj * C + cc];
-        partial[(long long)blockIdx.x * G + g] = s;
+        float gn = 0.f, gm = 0.f, g2 = 0.f;
+        for (int jj = 0; jj < kpp; jj++) {
+            const float nj = jj < rows ? (float)((rows - jj + kpp - 1) / kpp) : 0.f;
+            for (int cc = g * cpg; cc < (g + 1) * cpg; cc++) gn_merge(gn, gm, g2, nj, s_mean[jj * C + cc], s_m2[jj * C + cc]);
+        }
+        partial[((long long)blockIdx.x * G + g) * 2] = gm;
+        partial[((long long)blockIdx.x * G + g) * 2 + 1] = g2;
     }
 }
 
-// Sums the partials of group blockIdx.x over `chunks` blocks in f64; mode 0 writes
-// mean[g] = Σ / count, mode 1 inv[g] = 1 / sqrt(Σ / count + eps). 256 threads.
+// Merges group blockIdx.x's `chunks` block summaries (vae_gn_stats; block i counted
+// min(ppb, P − i·ppb)·cpg values) in f64: mean[g], inv[g] = 1 / sqrt(M2 / count + eps). 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
-vae_gn_finalize(const float* partial, int chunks, int G, long long count, float eps, int mode, float* mean, float* inv) {
-    __shared__ double red[256];
-    const int g = blockIdx.x;
-    double s = 0.0;
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) s += (double)partial[(long long)i * G + g];
-    red[threadIdx.x] = s;
+vae_gn_finalize(const float* partial, int chunks, int G, long long P, int ppb, int cpg, float eps, float* mean, float* inv) {
+    __shared__ double rn[256], rm[256], r2[256];
+    const int g = blockIdx.x, t = threadIdx.x;
+    double n = 0.0, m = 0.0, m2 = 0.0;
+    for (int i = t; i < chunks; i += blockDim.x) {
+        const long long left = P - (long long)i * ppb;
+        const double ni = (double)((left < ppb ? left : ppb) * cpg);
+        gn_merge(n, m, m2, ni, (double)partial[((long long)i * G + g) * 2], (double)partial[((long long)i * G + g) * 2 + 1]);
+    }
+    rn[t] = n;
+    rm[t] = m;
+    r2[t] = m2;
     __syncthreads();
     for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        if (t < o) {
+            double a = rn[t], am = rm[t], a2 = r2[t];
+            gn_merge(a, am, a2, rn[t + o], rm[t + o], r2[t + o]);
+            rn[t] = a;
+            rm[t] = am;
+            r2[t] = a2;
+        }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
-        const double v = red[0] / (double)count;
-        if (mode == 0) mean[g] = (float)v;
-        else inv[g] = (float)(1.0 / sqrt(v + (double)eps));
+    if (t == 0) {
+        mean[g] = (float)rm[0];
+        inv[g] = (float)(1.0 / sqrt(r2[0] / rn[0] + (double)eps));
     }
 }
 
 // out[p, c] = bf16(act(((x[p, c] + bias[c]) − mean[g])·inv[g]·gw[c] + gb[c])), act = SiLU when
-// silu_on. Same block shape as vae_gn_partial; ppb pixels per block.
+// silu_on. Same block shape as vae_gn_stats; ppb pixels per block.
 extern "C" __global__ void __launch_bounds__(1024)
 vae_gn_apply(const float* x, const float* bias, int C, int G, long long P, int ppb, const float* mean, const float* inv,
              const float* gw, const float* gb, int silu_on, u16* out) {
@@ -209,31 +236,54 @@ extern "C" __global__ void __launch_bounds__(256) vae_softmax_rows(const float* 
 }
 
 // Direct 3×3 "same" conv for a few output channels (conv_out): a [H·W, C] bf16 NHWC, w
-// [Cout, 9·C] bf16 tap-major, out [Cout, H, W] f32 NCHW (+ bias). One warp per pixel, lanes
-// over channels; Cout ≤ 4.
+// [Cout, 9·C] bf16 tap-major, bias f32; Cout ≤ 4, C % 8 == 0. `lpp` lanes a pixel (a power of
+// two ≤ 32, ≤ C / 8), each taking 8 channels (16 bytes) at a time, so a warp reads whole pixel
+// rows in 16-byte loads; the weights (≤ 4 · 9 · C values) stay in L1. Writes f32 NCHW [Cout, H,
+// W] to `out`, or, with `rgb` set, the image as interleaved 8-bit RGB [H, W, Cout]
+// (diffusers' postprocess: round-half-even of clamp(v / 2 + 0.5, 0, 1) · 255, as to_rgb8 in
+// cmf-zimage) and sets *bad when a value is not finite.
 extern "C" __global__ void __launch_bounds__(256)
-vae_conv3_small(const u16* a, int C, int H, int W, const u16* w, const float* bias, int Cout, float* out) {
-    const int lane = threadIdx.x & 31;
-    const int p = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5);
-    const int P = H * W;
-    if (p >= P) return;  // whole warps leave together
-    const int oy = p / W, ox = p - oy * W, K = 9 * C;
+vae_conv3_small(const u16* a, int C, int H, int W, const u16* w, const float* bias, int Cout, int lpp, float* out,
+                u8* rgb, int* bad) {
+    const int lane = threadIdx.x & 31, sub = lane & (lpp - 1);
+    const long long p = ((blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5) * (32 / lpp) + lane / lpp;
+    const long long P = (long long)H * W;
+    const bool live = p < P;
+    const int oy = live ? (int)(p / W) : 0, ox = live ? (int)(p - (long long)oy * W) : 0, K = 9 * C;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int t = 0; t < 9; t++) {
-        const int iy = oy + t / 3 - 1, ix = ox + t % 3 - 1;
-        if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+    for (int tap = 0; tap < 9; tap++) {
+        const int iy = oy + tap / 3 - 1, ix = ox + tap % 3 - 1;
+        if (!live || iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
         const u16* ap = a + ((long long)iy * W + ix) * C;
-        const u16* wp = w + t * C;
-        for (int c = lane; c < C; c += 32) {
-            const float v = bf16_to_f32(ap[c]);
+        for (int c = sub * 8; c < C; c += lpp * 8) {
+            const uint4 av = *(const uint4*)(ap + c);
+            const u32 aw[4] = {av.x, av.y, av.z, av.w};
 #pragma unroll
-            for (int co = 0; co < 4; co++)
-                if (co < Cout) acc[co] += v * bf16_to_f32(wp[co * K + c]);
+            for (int co = 0; co < 4; co++) {
+                if (co >= Cout) break;
+                const uint4 wv = *(const uint4*)(w + (long long)co * K + tap * C + c);
+                const u32 ww[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    acc[co] = fmaf(bf16_to_f32((u16)(aw[e] & 0xffff)), bf16_to_f32((u16)(ww[e] & 0xffff)), acc[co]);
+                    acc[co] = fmaf(bf16_to_f32((u16)(aw[e] >> 16)), bf16_to_f32((u16)(ww[e] >> 16)), acc[co]);
+                }
+            }
         }
     }
+    // Sum over the pixel's lpp lanes (aligned groups of a power of two).
 #pragma unroll
-    for (int co = 0; co < 4; co++) {
-        const float v = warp_sum(acc[co]);
-        if (lane == 0 && co < Cout) out[(long long)co * P + p] = v + (bias ? bias[co] : 0.f);
+    for (int co = 0; co < 4; co++)
+        for (int o = lpp >> 1; o > 0; o >>= 1) acc[co] += __shfl_xor_sync(FULL_MASK, acc[co], o);
+    if (!live || sub != 0) return;
+    for (int co = 0; co < Cout; co++) {
+        const float v = acc[co] + (bias ? bias[co] : 0.f);
+        if (rgb) {
+            if (!isfinite(v)) atomicOr(bad, 1);
+            const float u = fminf(fmaxf(v / 2.f + 0.5f, 0.f), 1.f);
+            rgb[p * Cout + co] = (u8)rintf(u * 255.f);
+        } else {
+            out[(long long)co * P + p] = v;
+        }
     }
 }

@@ -41,7 +41,7 @@ struct Kernels {
     to_bf16: Func,
     nchw_to_nhwc: Func,
     permute_taps: Func,
-    gn_partial: Func,
+    gn_stats: Func,
     gn_finalize: Func,
     gn_apply: Func,
     im2col3: Func,
@@ -62,7 +62,7 @@ impl Kernels {
             to_bf16: rows.func("to_bf16")?,
             nchw_to_nhwc: vae.func("vae_nchw_to_nhwc_bf16")?,
             permute_taps: vae.func("vae_permute_taps")?,
-            gn_partial: vae.func("vae_gn_partial")?,
+            gn_stats: vae.func("vae_gn_stats")?,
             gn_finalize: vae.func("vae_gn_finalize")?,
             gn_apply: vae.func("vae_gn_apply")?,
             im2col3: vae.func("vae_im2col3")?,
@@ -180,8 +180,24 @@ pub struct CudaVae {
     conv_out: DConv,
     weight_bytes: u64,
     ws: Option<Workspace>,
-    /// Readback staging: `out` is written only after the whole decode succeeded.
-    host: Vec<f32>,
+    /// Readback staging (bytes): `out` is written only after the whole decode succeeded.
+    host: Vec<u8>,
+}
+
+/// What a decode writes: the f32 image (NCHW, values around [-1, 1]), or the 8-bit RGB image
+/// (`[H, W, out_channels]`, diffusers' postprocess) made on the device.
+enum Output<'o> {
+    F32(&'o mut [f32]),
+    Rgb8(&'o mut [u8]),
+}
+
+impl Output<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Output::F32(o) => o.len(),
+            Output::Rgb8(o) => o.len(),
+        }
+    }
 }
 
 fn shape_refusal(op: &'static str, why: String) -> Refusal {
@@ -354,6 +370,29 @@ impl CudaVae {
         w: usize,
         out: &mut [f32],
     ) -> Result<(), Refusal> {
+        self.decode_into(z, h, w, Output::F32(out)).map(|_| ())
+    }
+
+    /// As [`CudaVae::decode`], writing the 8-bit RGB image `[H, W, out_channels]` (round half to
+    /// even of `clamp(v / 2 + 0.5, 0, 1) · 255`, as `cmf_zimage::vae::to_rgb8`). Returns whether
+    /// every value was finite (`out` is written either way).
+    pub fn decode_rgb8(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        self.decode_into(z, h, w, Output::Rgb8(out))
+    }
+
+    fn decode_into(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        mut out: Output,
+    ) -> Result<bool, Refusal> {
         let g = &self.geo;
         if h == 0 || w == 0 || z.len() != g.latent_channels * h * w {
             return Err(shape_refusal(
@@ -383,13 +422,34 @@ impl CudaVae {
             .bind_to_thread()
             .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_DECODE))?;
         self.ensure_workspace(&plan)?;
+        let rgb = matches!(out, Output::Rgb8(_));
+        // Read back into staging; `out` only once everything succeeded. RGB mode: the image
+        // bytes, then the kernel's non-finite flag (an i32) right after them.
+        let n = if rgb { plan.image + 4 } else { 4 * plan.image };
         let mut host = std::mem::take(&mut self.host);
-        host.resize(plan.image, 0.0);
-        let ran = self.run(&plan, z, &mut host);
+        host.resize(n, 0);
+        let read = self.run(&plan, z, rgb).and_then(|()| {
+            let ws = self.ws.as_ref().expect("workspace ensured");
+            self.dev.download(&mut host[..n], ws.image.ptr())
+        });
+        if let Err(e) = read {
+            self.host = host;
+            return Err(e.refusal(OP_DECODE));
+        }
+        let finite = match &mut out {
+            Output::Rgb8(o) => {
+                o.copy_from_slice(&host[..plan.image]);
+                host[plan.image..n] == [0; 4]
+            }
+            Output::F32(o) => {
+                for (v, b) in o.iter_mut().zip(host.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+                true
+            }
+        };
         self.host = host;
-        ran.map_err(|e| e.refusal(OP_DECODE))?;
-        out.copy_from_slice(&self.host[..plan.image]);
-        Ok(())
+        Ok(finite)
     }
 
     fn ensure_workspace(&mut self, plan: &VaePlan) -> Result<(), Refusal> {
@@ -412,8 +472,9 @@ impl CudaVae {
         Ok(())
     }
 
-    /// The whole decoder on the stream; the image lands in `host`.
-    fn run(&self, plan: &VaePlan, z: &[f32], host: &mut [f32]) -> DResult<()> {
+    /// The whole decoder on the stream; the image (f32 NCHW, or with `rgb` the 8-bit RGB image
+    /// and the non-finite flag after it) lands in the workspace's image buffer.
+    fn run(&self, plan: &VaePlan, z: &[f32], rgb: bool) -> DResult<()> {
         let ws = self.ws.as_ref().expect("workspace ensured");
         let g = &self.geo;
         let (h, w) = (plan.h, plan.w);
@@ -474,9 +535,24 @@ impl CudaVae {
         let c0 = g.block_out_channels[0];
         let p = hh * ww;
         self.group_norm(ws, &self.norm_out, f(x), 0, c0, p, true, ws.nb.ptr())?;
+        let (out_f32, out_rgb, bad) = if rgb {
+            let bad = ws.image.ptr() + plan.image as u64;
+            self.dev.memset0(bad, 4)?;
+            (0, ws.image.ptr(), bad)
+        } else {
+            (ws.image.ptr(), 0, 0)
+        };
+        // Lanes a pixel: a power of two, at most 32 and at most the 8-channel groups.
+        let lpp = (c0 / 8).clamp(1, 32);
+        let lpp = if lpp.is_power_of_two() {
+            lpp
+        } else {
+            lpp.next_power_of_two() / 2
+        };
+        let pixels_per_block = 8 * (32 / lpp);
         self.dev.launch(
             &self.k.conv3_small,
-            (p.div_ceil(8) as u32, 1, 1),
+            (p.div_ceil(pixels_per_block) as u32, 1, 1),
             (256, 1, 1),
             0,
             &[
@@ -487,10 +563,12 @@ impl CudaVae {
                 Arg::Ptr(self.conv_out.w.ptr()),
                 Arg::Ptr(self.conv_out.bias.ptr()),
                 Arg::I32(g.out_channels as i32),
-                Arg::Ptr(ws.image.ptr()),
+                Arg::I32(lpp as i32),
+                Arg::Ptr(out_f32),
+                Arg::Ptr(out_rgb),
+                Arg::Ptr(bad),
             ],
-        )?;
-        self.dev.download_f32(host, ws.image.ptr())
+        )
     }
 
     /// `ResnetBlock2D` at `h × w`: x → out; `t` is scratch for conv1's output.
@@ -673,41 +751,38 @@ impl CudaVae {
     ) -> DResult<()> {
         let groups = self.geo.norm_groups;
         let st = stats_layout(c, p);
-        let count = (p * (c / groups)) as u64;
-        for mode in 0..2 {
-            self.dev.launch(
-                &self.k.gn_partial,
-                (st.blocks, 1, 1),
-                (st.threads, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(x),
-                    Arg::Ptr(bias),
-                    Arg::I32(c as i32),
-                    Arg::I32(groups as i32),
-                    Arg::U64(p as u64),
-                    Arg::I32(st.ppb as i32),
-                    Arg::Ptr(if mode == 0 { 0 } else { ws.mean.ptr() }),
-                    Arg::Ptr(ws.partial.ptr()),
-                ],
-            )?;
-            self.dev.launch(
-                &self.k.gn_finalize,
-                (groups as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(ws.partial.ptr()),
-                    Arg::I32(st.blocks as i32),
-                    Arg::I32(groups as i32),
-                    Arg::U64(count),
-                    Arg::F32(self.geo.eps),
-                    Arg::I32(mode),
-                    Arg::Ptr(ws.mean.ptr()),
-                    Arg::Ptr(ws.inv.ptr()),
-                ],
-            )?;
-        }
+        self.dev.launch(
+            &self.k.gn_stats,
+            (st.blocks, 1, 1),
+            (st.threads, 1, 1),
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(bias),
+                Arg::I32(c as i32),
+                Arg::I32(groups as i32),
+                Arg::U64(p as u64),
+                Arg::I32(st.ppb as i32),
+                Arg::Ptr(ws.partial.ptr()),
+            ],
+        )?;
+        self.dev.launch(
+            &self.k.gn_finalize,
+            (groups as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ws.partial.ptr()),
+                Arg::I32(st.blocks as i32),
+                Arg::I32(groups as i32),
+                Arg::U64(p as u64),
+                Arg::I32(st.ppb as i32),
+                Arg::I32((c / groups) as i32),
+                Arg::F32(self.geo.eps),
+                Arg::Ptr(ws.mean.ptr()),
+                Arg::Ptr(ws.inv.ptr()),
+            ],
+        )?;
         let l = elementwise_layout(c, p);
         self.dev.launch(
             &self.k.gn_apply,

@@ -9,12 +9,13 @@
 //! - `scratch`: an im2col tile `[pixels, 9·C]` bf16 for a conv, or a score tile (`S` f32
 //!   `[tq, N]`, then `softmax(S)` bf16 `[tq, N]`) for the mid attention; never both at once;
 //! - attention: the projection output f32 `[N, C]`, `Q`, `K`, `Vᵀ` bf16 `[N, C]`;
-//! - GroupNorm partial sums, per-group mean and 1/σ; the latent (f32 NCHW) and the image
-//!   (f32 NCHW `[out_channels, H, W]`).
+//! - GroupNorm partial (mean, M2) pairs, per-group mean and 1/σ; the latent (f32 NCHW) and the
+//!   image (f32 NCHW `[out_channels, H, W]`, or 8-bit RGB `[H, W, out_channels]` and a flag).
 
 use crate::vae::VaeGeometry;
 
-/// Most blocks of the GroupNorm partial-sum pass (its partial buffer is `GN_CHUNKS × groups`).
+/// Most blocks of the GroupNorm statistics pass (its partial buffer holds a (mean, M2) pair per
+/// block and group: `2 × GN_CHUNKS × groups`).
 pub const GN_CHUNKS: usize = 1024;
 /// Pixels each thread of an element-wise row kernel handles.
 pub const PIX_PER_THREAD: usize = 8;
@@ -128,7 +129,7 @@ pub struct VaePlan {
     /// Values in the bf16 activation buffer.
     pub act_bf16: usize,
     pub scratch_bytes: usize,
-    /// f32 values of the GroupNorm partial-sum buffer.
+    /// f32 values of the GroupNorm partial buffer ((mean, M2) per block and group).
     pub gn_partial: usize,
     pub groups: usize,
     /// f32 values of the latent and of the image.
@@ -186,7 +187,7 @@ impl VaePlan {
             act_f32: act,
             act_bf16: act.max(p0 * g.latent_channels),
             scratch_bytes: scratch,
-            gn_partial: GN_CHUNKS * g.norm_groups,
+            gn_partial: 2 * GN_CHUNKS * g.norm_groups,
             groups: g.norm_groups,
             latent: p0 * g.latent_channels,
             image: g.out_channels * out_h * out_w,
@@ -251,7 +252,7 @@ fn row_layout(c: usize, pixels: usize, ppb_min: usize) -> RowLayout {
     }
 }
 
-/// The GroupNorm partial-sum pass: at most [`GN_CHUNKS`] blocks.
+/// The GroupNorm statistics pass: at most [`GN_CHUNKS`] blocks.
 pub fn stats_layout(c: usize, pixels: usize) -> RowLayout {
     row_layout(c, pixels, pixels.div_ceil(GN_CHUNKS))
 }
