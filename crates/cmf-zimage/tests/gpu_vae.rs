@@ -222,19 +222,27 @@ fn device_decoder_matches_cpu_on_random_weights() {
         .map(|(_, c)| c.weight.dtype.to_string())
         .collect();
     eprintln!("weight codecs: {codecs:?}");
-    // Default tiling (one tile per conv), then a tiny scratch: many im2col tiles, several
-    // attention query tiles.
-    for scratch in [VaeOptions::default().scratch_bytes, 4096] {
+    // im2col convs with the default tiling (one tile per conv), then with a tiny scratch (many
+    // im2col tiles, several attention query tiles), then cuDNN's convs where libcudnn loads (the
+    // decoder falls back to im2col where it does not; the log line says which ran).
+    let cases = [
+        (VaeOptions::default().scratch_bytes, false),
+        (4096, false),
+        (VaeOptions::default().scratch_bytes, true),
+    ];
+    for (scratch, cudnn) in cases {
         let opts = VaeOptions {
             scratch_bytes: scratch,
+            cudnn,
         };
         let mut vae = CudaVae::load_with(&be, &model, opts).unwrap();
         let got = device_decode(&mut vae, &z, h, w);
+        let convs = if vae.uses_cudnn() { "cuDNN" } else { "im2col" };
         let (rms_w, max_w) = errors(&got, &cpu_wide);
         let (rms_s, max_s) = errors(&got, &cpu_stored);
         let (rms_c, max_c) = errors(&cpu_stored, &cpu_wide);
         eprintln!(
-            "scratch {scratch} B: device vs CPU(f32 weights) rms {rms_w:.2e} max {max_w:.2e}; \
+            "{convs} convs, scratch {scratch} B: device vs CPU(f32 weights) rms {rms_w:.2e} max {max_w:.2e}; \
              device vs CPU(stored codecs) rms {rms_s:.2e} max {max_s:.2e}; \
              CPU stored vs f32 rms {rms_c:.2e} max {max_c:.2e}"
         );

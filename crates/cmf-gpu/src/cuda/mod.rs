@@ -8,6 +8,7 @@
 //! (the resident model: decode graph, prefill, hybrid layers).
 
 pub mod blas;
+pub mod cudnn;
 pub mod device;
 pub mod dit;
 pub mod dit_rows;

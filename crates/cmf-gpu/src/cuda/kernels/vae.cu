@@ -7,7 +7,9 @@
 //   permuted to that order once at load by vae_permute_taps) + one GEMM per tile of pixels.
 //   Tap-major columns let each thread move 8 channels (16 bytes) per tap, loads and stores
 //   coalesced; the nearest ×2 upsample is folded into the im2col (it reads source pixel
-//   (y >> 1, x >> 1)), so the upsampled map never exists.
+//   (y >> 1, x >> 1)), so the upsampled map never exists. Where cuDNN loads (cuda/cudnn.rs), its
+//   implicit-GEMM convs replace im2col + GEMM, with vae_upsample2_bf16 and vae_widen_bf16 around
+//   them.
 // - GroupNorm: one pass of per-block (mean, M2) summaries (Welford, then Chan's merge; the CPU
 //   kernel group_stats in cmf-kernels/src/ops/norm.rs takes two passes, mean then Σ(x − mean)²,
 //   for the same freedom from cancellation) merged in f64, then one apply pass fused with SiLU and
@@ -158,6 +160,31 @@ extern "C" __global__ void vae_im2col3(const u16* src, int C, int Hs, int Ws, in
                 v = *((const uint4*)(src + ((long long)(iy >> up) * Ws + (ix >> up)) * C) + c8);
             dst[t * C8] = v;
         }
+    }
+}
+
+// The cuDNN conv path's glue (cuda/cudnn.rs): nearest ×2 upsampling of a bf16 NHWC map [Hs, Ws,
+// C] into [2Hs, 2Ws, C] (cuDNN cannot fold it into its input reads as vae_im2col3 does), 8
+// channels (16 bytes) a thread; and bf16 → f32 widening of its output.
+extern "C" __global__ void vae_upsample2_bf16(const u16* src, int C, int Hs, int Ws, u16* dst) {
+    const int C8 = C >> 3, W = Ws << 1;
+    const long long n = (long long)(Hs << 1) * W * C8;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+        const long long p = e / C8;
+        const int c8 = (int)(e - p * C8), y = (int)(p / W), x = (int)(p - (long long)y * W);
+        ((uint4*)dst)[e] = ((const uint4*)(src + ((long long)(y >> 1) * Ws + (x >> 1)) * C))[c8];
+    }
+}
+
+extern "C" __global__ void vae_widen_bf16(const u16* y, long long n, float* out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; 8 * i < n; i += (long long)gridDim.x * blockDim.x) {
+        const uint4 v = ((const uint4*)y)[i];
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+        float4* o = (float4*)(out + 8 * i);
+        o[0] = make_float4(bf16_to_f32((u16)(w[0] & 0xffff)), bf16_to_f32((u16)(w[0] >> 16)),
+                           bf16_to_f32((u16)(w[1] & 0xffff)), bf16_to_f32((u16)(w[1] >> 16)));
+        o[1] = make_float4(bf16_to_f32((u16)(w[2] & 0xffff)), bf16_to_f32((u16)(w[2] >> 16)),
+                           bf16_to_f32((u16)(w[3] & 0xffff)), bf16_to_f32((u16)(w[3] >> 16)));
     }
 }
 

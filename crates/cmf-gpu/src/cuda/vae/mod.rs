@@ -20,6 +20,7 @@
 pub mod plan;
 
 use super::blas::Blas;
+use super::cudnn::Cudnn;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError};
 use super::kernels::{Func, Module, ROWOPS, VAE};
 use super::weights::{DequantTo, DevCodec, DevWeight};
@@ -27,7 +28,7 @@ use super::CudaBackend;
 use crate::facade::{Refusal, RefusalReason};
 use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
 use cmf_format::Dtype;
-use plan::{elementwise_layout, grid1, stats_layout, AttnPlan, RowLayout};
+use plan::{conv3_shapes, elementwise_layout, grid1, stats_layout, AttnPlan, RowLayout};
 pub use plan::{VaeOptions, VaePlan};
 use std::sync::Arc;
 
@@ -49,6 +50,8 @@ struct Kernels {
     bias_bf16: Func,
     softmax_rows: Func,
     conv3_small: Func,
+    upsample2: Func,
+    widen: Func,
     _mods: Vec<Module>,
 }
 
@@ -70,6 +73,8 @@ impl Kernels {
             bias_bf16: vae.func("vae_bias_bf16")?,
             softmax_rows: vae.func("vae_softmax_rows")?,
             conv3_small: vae.func("vae_conv3_small")?,
+            upsample2: vae.func("vae_upsample2_bf16")?,
+            widen: vae.func("vae_widen_bf16")?,
             _mods: vec![rows, vae],
         })
     }
@@ -132,10 +137,32 @@ struct Workspace {
     latent: DBuf,
     image: DBuf,
     attn: Option<AttnBufs>,
+    dnn: Option<DnnBufs>,
+}
+
+/// The cuDNN conv path's buffers: the upsampled input (bf16), the conv output (bf16, widened to
+/// f32 after) and cuDNN's workspace.
+struct DnnBufs {
+    up: DBuf,
+    y: DBuf,
+    ws: DBuf,
+}
+
+/// Bytes of [`DnnBufs`] for the convs of a decode: (upsampled input, output, workspace).
+fn dnn_sizes(dnn: &Cudnn, g: &VaeGeometry, h: usize, w: usize) -> DResult<(usize, usize, usize)> {
+    let (mut up, mut y, mut ws) = (0usize, 0usize, 0usize);
+    for (hh, ww, cin, cout, upsampled) in conv3_shapes(g, h, w) {
+        if upsampled {
+            up = up.max(2 * hh * ww * cin);
+        }
+        y = y.max(2 * hh * ww * cout);
+        ws = ws.max(dnn.workspace_bytes((hh, ww, cin, cout))?);
+    }
+    Ok((up.max(16), y.max(16), ws.max(16)))
 }
 
 impl Workspace {
-    fn alloc(dev: &Dev, plan: &VaePlan) -> DResult<Workspace> {
+    fn alloc(dev: &Dev, plan: &VaePlan, dnn: Option<(usize, usize, usize)>) -> DResult<Workspace> {
         let f32s = |n: usize| dev.alloc(4 * n);
         let attn = match plan.attn {
             Some(a) => Some(AttnBufs {
@@ -161,6 +188,14 @@ impl Workspace {
             latent: f32s(plan.latent)?,
             image: f32s(plan.image)?,
             attn,
+            dnn: match dnn {
+                Some((up, y, ws)) => Some(DnnBufs {
+                    up: dev.alloc(up)?,
+                    y: dev.alloc(y)?,
+                    ws: dev.alloc(ws)?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -169,6 +204,8 @@ impl Workspace {
 pub struct CudaVae {
     dev: Arc<Dev>,
     blas: Blas,
+    /// cuDNN's convs (VaeOptions::cudnn, where libcudnn loads); None: im2col + cuBLAS.
+    dnn: Option<Cudnn>,
     k: Kernels,
     geo: VaeGeometry,
     opts: VaeOptions,
@@ -321,9 +358,19 @@ impl CudaVae {
         })();
         let (conv_in, mid, attn, ups, norm_out, conv_out) =
             built.map_err(|e| e.refusal(OP_LOAD))?;
+        let dnn = if opts.cudnn {
+            Cudnn::new(&dev)
+                .map_err(|e| {
+                    crate::facade::log::debug(&format!("VAE convs: im2col ({})", e.0));
+                })
+                .ok()
+        } else {
+            None
+        };
         Ok(CudaVae {
             dev: dev.clone(),
             blas,
+            dnn,
             k,
             geo: model.geometry.clone(),
             opts,
@@ -341,6 +388,11 @@ impl CudaVae {
 
     pub fn geometry(&self) -> &VaeGeometry {
         &self.geo
+    }
+
+    /// Whether the 3×3 convs run through cuDNN (else im2col + cuBLAS).
+    pub fn uses_cudnn(&self) -> bool {
+        self.dnn.is_some()
     }
 
     /// Device bytes of the resident weights.
@@ -453,11 +505,34 @@ impl CudaVae {
     }
 
     fn ensure_workspace(&mut self, plan: &VaePlan) -> Result<(), Refusal> {
-        if self.ws.as_ref().is_some_and(|ws| ws.plan.covers(plan)) {
+        // cuDNN's buffers for this latent size; a shape it cannot plan sends every conv of this
+        // decoder back to im2col.
+        let dnn = match &self.dnn {
+            Some(d) => match dnn_sizes(d, &self.geo, plan.h, plan.w) {
+                Ok(sizes) => Some(sizes),
+                Err(e) => {
+                    crate::facade::log::debug(&format!("VAE convs: im2col ({})", e.0));
+                    self.dnn = None;
+                    None
+                }
+            },
+            None => None,
+        };
+        let dnn_covered = |ws: &Workspace| match (&ws.dnn, dnn) {
+            (_, None) => true,
+            (Some(b), Some((up, y, w))) => b.up.len() >= up && b.y.len() >= y && b.ws.len() >= w,
+            (None, Some(_)) => false,
+        };
+        if self
+            .ws
+            .as_ref()
+            .is_some_and(|ws| ws.plan.covers(plan) && dnn_covered(ws))
+        {
             return Ok(());
         }
         self.ws = None;
-        let need = plan.device_bytes();
+        let dnn_bytes = dnn.map_or(0, |(up, y, w)| (up + y + w) as u64);
+        let need = plan.device_bytes() + dnn_bytes;
         let free = self.dev.free_bytes();
         if need + MARGIN_BYTES > free {
             return Err(Refusal::new(
@@ -468,7 +543,7 @@ impl CudaVae {
                 },
             ));
         }
-        self.ws = Some(Workspace::alloc(&self.dev, plan).map_err(|e| e.refusal(OP_DECODE))?);
+        self.ws = Some(Workspace::alloc(&self.dev, plan, dnn).map_err(|e| e.refusal(OP_DECODE))?);
         Ok(())
     }
 
@@ -697,6 +772,9 @@ impl CudaVae {
     ) -> DResult<()> {
         let s = up as usize;
         let pixels = (h << s) * (w << s);
+        if let (Some(dnn), Some(bufs)) = (&self.dnn, &ws.dnn) {
+            return self.conv3_cudnn(dnn, bufs, cv, src, cin, h, w, up, out);
+        }
         let k = 9 * cin;
         debug_assert_eq!(cv.cols, k);
         // The plan's tiling: its scratch (≤ the workspace's) holds one tile.
@@ -734,6 +812,58 @@ impl CudaVae {
             p0 += np;
         }
         Ok(())
+    }
+
+    /// [`Self::conv3`] through cuDNN: the upsampled input made first where `up`, the bf16 output
+    /// widened into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv3_cudnn(
+        &self,
+        dnn: &Cudnn,
+        bufs: &DnnBufs,
+        cv: &DConv,
+        src: u64,
+        cin: usize,
+        h: usize,
+        w: usize,
+        up: bool,
+        out: u64,
+    ) -> DResult<()> {
+        let s = up as usize;
+        let (oh, ow) = (h << s, w << s);
+        let x = if up {
+            self.dev.launch(
+                &self.k.upsample2,
+                grid1(oh * ow * cin / 8, 256),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(src),
+                    Arg::I32(cin as i32),
+                    Arg::I32(h as i32),
+                    Arg::I32(w as i32),
+                    Arg::Ptr(bufs.up.ptr()),
+                ],
+            )?;
+            bufs.up.ptr()
+        } else {
+            src
+        };
+        dnn.conv3(
+            (oh, ow, cin, cv.cout),
+            x,
+            cv.w.ptr(),
+            bufs.y.ptr(),
+            bufs.ws.ptr(),
+        )?;
+        let n = oh * ow * cv.cout;
+        self.dev.launch(
+            &self.k.widen,
+            grid1(n / 8, 256),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(bufs.y.ptr()), Arg::U64(n as u64), Arg::Ptr(out)],
+        )
     }
 
     /// GroupNorm (+ SiLU) of `x + bias` (`bias` 0: none) `[p, c]` f32 → `out` bf16.

@@ -33,14 +33,44 @@ pub struct VaeOptions {
     /// Scratch budget for one im2col tile or one attention score tile (at least one pixel or
     /// one query row is always processed, whatever the budget).
     pub scratch_bytes: usize,
+    /// 3×3 convs through cuDNN's implicit GEMM where libcudnn loads (cuda/cudnn.rs), else
+    /// im2col + cuBLAS. Default on; `CMF_VAE_CONV=im2col` turns it off (A/B runs).
+    pub cudnn: bool,
 }
 
 impl Default for VaeOptions {
     fn default() -> Self {
         VaeOptions {
             scratch_bytes: DEFAULT_SCRATCH_BYTES,
+            cudnn: std::env::var("CMF_VAE_CONV").as_deref() != Ok("im2col"),
         }
     }
+}
+
+/// A 3×3 conv of the decoder, at its output resolution: (height, width, C_in, C_out, whether its
+/// input is the nearest ×2 upsampling of a `height/2 × width/2` map).
+pub type Conv3Shape = (usize, usize, usize, usize, bool);
+
+/// Every 3×3 conv shape of a decode of an `h × w` latent (conv_out, a direct conv, aside),
+/// repeats included.
+pub fn conv3_shapes(g: &VaeGeometry, h: usize, w: usize) -> Vec<Conv3Shape> {
+    let top = g.top_channels();
+    let mut v = vec![(h, w, g.latent_channels, top, false)];
+    v.extend([(h, w, top, top, false); 4]);
+    let (mut hh, mut ww) = (h, w);
+    for (cin, cout, up) in g.up_blocks() {
+        v.push((hh, ww, cin, cout, false));
+        v.extend(std::iter::repeat_n(
+            (hh, ww, cout, cout, false),
+            2 * g.layers_per_block + 1,
+        ));
+        if up {
+            hh *= 2;
+            ww *= 2;
+            v.push((hh, ww, cout, cout, true));
+        }
+    }
+    v
 }
 
 /// Whether the kernels implement this geometry; the error names what does not fit.
@@ -366,5 +396,23 @@ mod tests {
         let big = VaePlan::new(&flux(), 128, 128, &o).unwrap();
         let small = VaePlan::new(&flux(), 64, 96, &o).unwrap();
         assert!(big.covers(&small) && !small.covers(&big));
+    }
+
+    #[test]
+    fn conv3_shapes_walk_the_decoder() {
+        let g = flux();
+        let v = conv3_shapes(&g, 128, 96);
+        // conv_in, 4 mid convs, per up block 1 + 2·layers + 1 resnet convs, 3 upsamplers.
+        assert_eq!(v.len(), 1 + 4 + 4 * (2 * g.layers_per_block + 2) + 3);
+        assert_eq!(v[0], (128, 96, 16, 512, false));
+        assert_eq!(v.iter().filter(|s| s.4).count(), 3);
+        assert_eq!(*v.last().unwrap(), (1024, 768, 128, 128, false));
+        // Every conv's input and output fit the activation buffers the plan sizes.
+        let plan = VaePlan::new(&g, 128, 96, &VaeOptions::default()).unwrap();
+        for &(h, w, cin, cout, up) in &v {
+            assert!(h * w * cout <= plan.act_f32);
+            let src = if up { h * w / 4 } else { h * w };
+            assert!(src * cin <= plan.act_bf16);
+        }
     }
 }
