@@ -8,8 +8,8 @@
 //   Tap-major columns let each thread move 8 channels (16 bytes) per tap, loads and stores
 //   coalesced; the nearest ×2 upsample is folded into the im2col (it reads source pixel
 //   (y >> 1, x >> 1)), so the upsampled map never exists. Where cuDNN loads (cuda/cudnn.rs), its
-//   implicit-GEMM convs replace im2col + GEMM, with vae_upsample2_bf16 and vae_widen_bf16 around
-//   them.
+//   implicit-GEMM convs replace im2col + GEMM, with vae_upsample2_bf16 before them and bf16
+//   outputs read by the _bf16 variants of the row kernels.
 // - GroupNorm: one pass of per-block (mean, M2) summaries (Welford, then Chan's merge; the CPU
 //   kernel group_stats in cmf-kernels/src/ops/norm.rs takes two passes, mean then Σ(x − mean)²,
 //   for the same freedom from cancellation) merged in f64, then one apply pass fused with SiLU and
@@ -45,6 +45,10 @@ extern "C" __global__ void vae_permute_taps(const u16* w, long long rows, int C,
     }
 }
 
+// An activation value as f32: the decoder's f32 buffers, or the bf16 output of a cuDNN conv.
+__device__ __forceinline__ float act_f32(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float act_f32(const u16* p, long long i) { return bf16_to_f32(p[i]); }
+
 // Chan et al.'s merge of two (count, mean, M2 = Σ (v − mean)²) summaries into (n, mean, m2).
 template <typename T>
 __device__ __forceinline__ void gn_merge(T& n, T& mean, T& m2, T nb, T mb, T m2b) {
@@ -58,9 +62,12 @@ __device__ __forceinline__ void gn_merge(T& n, T& mean, T& m2, T nb, T mb, T m2b
 // GroupNorm statistics over x[P, C] (+ bias[c] when given), one pass: block b summarises pixels
 // [b·ppb, (b+1)·ppb) of each group as (mean, M2) in partial[b, g, 0..2] — Welford per thread,
 // Chan's merge across the block's threads — so no second read of x for the variance and no
-// cancellation (vae_gn_finalize merges the blocks in f64). Block: C·kpp threads (≤ 1024).
-extern "C" __global__ void __launch_bounds__(1024)
-vae_gn_stats(const float* x, const float* bias, int C, int G, long long P, int ppb, float* partial) {
+// cancellation (vae_gn_finalize merges the blocks in f64; an f32 emulation of the scheme on 1M
+// values gave relative variance errors of 1e-8 at mean/σ ≤ 17, 3e-7 at 1700, 2e-5 at 17000).
+// Block: C·kpp threads (≤ 1024). x f32 or bf16 (vae_gn_stats_bf16).
+template <typename T>
+__device__ __forceinline__ void gn_stats_body(const T* x, const float* bias, int C, int G, long long P, int ppb,
+                                              float* partial) {
     __shared__ float s_mean[1024], s_m2[1024];
     const int t = threadIdx.x, kpp = blockDim.x / C, c = t % C, j = t / C, cpg = C / G;
     const float b = bias ? bias[c] : 0.f;
@@ -68,7 +75,7 @@ vae_gn_stats(const float* x, const float* bias, int C, int G, long long P, int p
     const long long p_end = p_begin + ppb < P ? p_begin + ppb : P;
     float n = 0.f, mean = 0.f, m2 = 0.f;
     for (long long p = p_begin + j; p < p_end; p += kpp) {
-        const float v = x[p * C + c] + b;
+        const float v = act_f32(x, p * C + c) + b;
         n += 1.f;
         const float d = v - mean;
         mean += d / n;
@@ -88,6 +95,14 @@ vae_gn_stats(const float* x, const float* bias, int C, int G, long long P, int p
         partial[((long long)blockIdx.x * G + g) * 2] = gm;
         partial[((long long)blockIdx.x * G + g) * 2 + 1] = g2;
     }
+}
+extern "C" __global__ void __launch_bounds__(1024)
+vae_gn_stats(const float* x, const float* bias, int C, int G, long long P, int ppb, float* partial) {
+    gn_stats_body(x, bias, C, G, P, ppb, partial);
+}
+extern "C" __global__ void __launch_bounds__(1024)
+vae_gn_stats_bf16(const u16* x, const float* bias, int C, int G, long long P, int ppb, float* partial) {
+    gn_stats_body(x, bias, C, G, P, ppb, partial);
 }
 
 // Merges group blockIdx.x's `chunks` block summaries (vae_gn_stats; block i counted
@@ -123,10 +138,11 @@ vae_gn_finalize(const float* partial, int chunks, int G, long long P, int ppb, i
 }
 
 // out[p, c] = bf16(act(((x[p, c] + bias[c]) − mean[g])·inv[g]·gw[c] + gb[c])), act = SiLU when
-// silu_on. Same block shape as vae_gn_stats; ppb pixels per block.
-extern "C" __global__ void __launch_bounds__(1024)
-vae_gn_apply(const float* x, const float* bias, int C, int G, long long P, int ppb, const float* mean, const float* inv,
-             const float* gw, const float* gb, int silu_on, u16* out) {
+// silu_on. Same block shape as vae_gn_stats; ppb pixels per block. x f32 or bf16 (_bf16).
+template <typename T>
+__device__ __forceinline__ void gn_apply_body(const T* x, const float* bias, int C, int G, long long P, int ppb,
+                                              const float* mean, const float* inv, const float* gw, const float* gb,
+                                              int silu_on, u16* out) {
     const int t = threadIdx.x, kpp = blockDim.x / C, c = t % C, j = t / C, g = c / (C / G);
     // As the CPU kernel: v·a + s with a = inv·w, s = b − mean·inv·w (the conv bias folded in).
     const float a = inv[g] * gw[c];
@@ -134,10 +150,21 @@ vae_gn_apply(const float* x, const float* bias, int C, int G, long long P, int p
     const long long p_begin = (long long)blockIdx.x * ppb;
     const long long p_end = p_begin + ppb < P ? p_begin + ppb : P;
     for (long long p = p_begin + j; p < p_end; p += kpp) {
-        float v = fmaf(x[p * C + c], a, s);
+        float v = fmaf(act_f32(x, p * C + c), a, s);
         if (silu_on) v = silu(v);
         out[p * C + c] = f32_to_bf16(v);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+vae_gn_apply(const float* x, const float* bias, int C, int G, long long P, int ppb, const float* mean, const float* inv,
+             const float* gw, const float* gb, int silu_on, u16* out) {
+    gn_apply_body(x, bias, C, G, P, ppb, mean, inv, gw, gb, silu_on, out);
+}
+extern "C" __global__ void __launch_bounds__(1024)
+vae_gn_apply_bf16(const u16* x, const float* bias, int C, int G, long long P, int ppb, const float* mean,
+                  const float* inv, const float* gw, const float* gb, int silu_on, u16* out) {
+    gn_apply_body(x, bias, C, G, P, ppb, mean, inv, gw, gb, silu_on, out);
 }
 
 // im2col of a 3×3 "same" conv over src [Hs, Ws, C] bf16 (nearest-upsampled ×2 first when
@@ -165,7 +192,8 @@ extern "C" __global__ void vae_im2col3(const u16* src, int C, int Hs, int Ws, in
 
 // The cuDNN conv path's glue (cuda/cudnn.rs): nearest ×2 upsampling of a bf16 NHWC map [Hs, Ws,
 // C] into [2Hs, 2Ws, C] (cuDNN cannot fold it into its input reads as vae_im2col3 does), 8
-// channels (16 bytes) a thread; and bf16 → f32 widening of its output.
+// channels (16 bytes) a thread. The conv's bf16 output goes straight to the _bf16 variants of the
+// kernels that read it (GroupNorm, bias + residual).
 extern "C" __global__ void vae_upsample2_bf16(const u16* src, int C, int Hs, int Ws, u16* dst) {
     const int C8 = C >> 3, W = Ws << 1;
     const long long n = (long long)(Hs << 1) * W * C8;
@@ -176,31 +204,29 @@ extern "C" __global__ void vae_upsample2_bf16(const u16* src, int C, int Hs, int
     }
 }
 
-extern "C" __global__ void vae_widen_bf16(const u16* y, long long n, float* out) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; 8 * i < n; i += (long long)gridDim.x * blockDim.x) {
-        const uint4 v = ((const uint4*)y)[i];
-        const u32 w[4] = {v.x, v.y, v.z, v.w};
-        float4* o = (float4*)(out + 8 * i);
-        o[0] = make_float4(bf16_to_f32((u16)(w[0] & 0xffff)), bf16_to_f32((u16)(w[0] >> 16)),
-                           bf16_to_f32((u16)(w[1] & 0xffff)), bf16_to_f32((u16)(w[1] >> 16)));
-        o[1] = make_float4(bf16_to_f32((u16)(w[2] & 0xffff)), bf16_to_f32((u16)(w[2] >> 16)),
-                           bf16_to_f32((u16)(w[3] & 0xffff)), bf16_to_f32((u16)(w[3] >> 16)));
-    }
-}
-
-// out[p, c] = y[p, c] + bias[c] (+ skip[p, c]); out may alias y or skip. Row-kernel block shape.
-extern "C" __global__ void __launch_bounds__(1024)
-vae_bias_res(const float* y, const float* bias, const float* skip, int C, long long P, int ppb, float* out) {
+// out[p, c] = y[p, c] + bias[c] (+ skip[p, c]); out may alias y (f32) or skip. Row-kernel block
+// shape. y f32 or bf16 (vae_bias_res_bf16: a cuDNN conv's output, widened here).
+template <typename T>
+__device__ __forceinline__ void bias_res_body(const T* y, const float* bias, const float* skip, int C, long long P,
+                                              int ppb, float* out) {
     const int t = threadIdx.x, kpp = blockDim.x / C, c = t % C, j = t / C;
     const float b = bias ? bias[c] : 0.f;
     const long long p_begin = (long long)blockIdx.x * ppb;
     const long long p_end = p_begin + ppb < P ? p_begin + ppb : P;
     for (long long p = p_begin + j; p < p_end; p += kpp) {
         const long long i = p * C + c;
-        float v = y[i] + b;
+        float v = act_f32(y, i) + b;
         if (skip) v += skip[i];
         out[i] = v;
     }
+}
+extern "C" __global__ void __launch_bounds__(1024)
+vae_bias_res(const float* y, const float* bias, const float* skip, int C, long long P, int ppb, float* out) {
+    bias_res_body(y, bias, skip, C, P, ppb, out);
+}
+extern "C" __global__ void __launch_bounds__(1024)
+vae_bias_res_bf16(const u16* y, const float* bias, const float* skip, int C, long long P, int ppb, float* out) {
+    bias_res_body(y, bias, skip, C, P, ppb, out);
 }
 
 // out = bf16(y[p, c] + bias[c]) at [p, c], or at [c, p] when transpose (Vᵀ for the P·V GEMM).

@@ -42,16 +42,15 @@ struct Kernels {
     to_bf16: Func,
     nchw_to_nhwc: Func,
     permute_taps: Func,
-    gn_stats: Func,
+    gn_stats: [Func; 2],
     gn_finalize: Func,
-    gn_apply: Func,
+    gn_apply: [Func; 2],
     im2col3: Func,
-    bias_res: Func,
+    bias_res: [Func; 2],
     bias_bf16: Func,
     softmax_rows: Func,
     conv3_small: Func,
     upsample2: Func,
-    widen: Func,
     _mods: Vec<Module>,
 }
 
@@ -65,18 +64,35 @@ impl Kernels {
             to_bf16: rows.func("to_bf16")?,
             nchw_to_nhwc: vae.func("vae_nchw_to_nhwc_bf16")?,
             permute_taps: vae.func("vae_permute_taps")?,
-            gn_stats: vae.func("vae_gn_stats")?,
+            gn_stats: [vae.func("vae_gn_stats")?, vae.func("vae_gn_stats_bf16")?],
             gn_finalize: vae.func("vae_gn_finalize")?,
-            gn_apply: vae.func("vae_gn_apply")?,
+            gn_apply: [vae.func("vae_gn_apply")?, vae.func("vae_gn_apply_bf16")?],
             im2col3: vae.func("vae_im2col3")?,
-            bias_res: vae.func("vae_bias_res")?,
+            bias_res: [vae.func("vae_bias_res")?, vae.func("vae_bias_res_bf16")?],
             bias_bf16: vae.func("vae_bias_bf16")?,
             softmax_rows: vae.func("vae_softmax_rows")?,
             conv3_small: vae.func("vae_conv3_small")?,
             upsample2: vae.func("vae_upsample2_bf16")?,
-            widen: vae.func("vae_widen_bf16")?,
             _mods: vec![rows, vae],
         })
+    }
+}
+
+/// An activation buffer `[pixels, C]` as a kernel reads it: the decoder's f32 buffers, or the
+/// bf16 output of a cuDNN conv (read by the row kernels' bf16 variants).
+#[derive(Clone, Copy)]
+enum Act {
+    F32(u64),
+    Bf16(u64),
+}
+
+impl Act {
+    /// The pointer and the index of the kernel variant that reads it (`[f32, bf16]` pairs).
+    fn parts(self) -> (u64, usize) {
+        match self {
+            Act::F32(p) => (p, 0),
+            Act::Bf16(p) => (p, 1),
+        }
     }
 }
 
@@ -571,7 +587,7 @@ impl CudaVae {
         )?;
         // Activation buffers: x (the stage's input), t (conv1 output), y (the output).
         let (mut x, t, mut y) = (0usize, 1usize, 2usize);
-        self.conv3(
+        let y0 = self.conv3(
             ws,
             &self.conv_in,
             ws.nb.ptr(),
@@ -581,7 +597,7 @@ impl CudaVae {
             false,
             f(x),
         )?;
-        self.bias_res(f(x), self.conv_in.bias.ptr(), 0, top, p0, f(x))?;
+        self.bias_res(y0, self.conv_in.bias.ptr(), 0, top, p0, f(x))?;
         let (mut hh, mut ww) = (h, w);
         self.resnet(ws, &self.mid[0], hh, ww, f(x), f(t), f(y))?;
         std::mem::swap(&mut x, &mut y);
@@ -600,16 +616,25 @@ impl CudaVae {
                 // Nearest ×2 folded into the im2col: convert the low-res map to bf16 only.
                 let c = u.cout;
                 self.to_bf16(f(x), hh * ww * c, ws.nb.ptr())?;
-                self.conv3(ws, u, ws.nb.ptr(), c, hh, ww, true, f(y))?;
+                let yu = self.conv3(ws, u, ws.nb.ptr(), c, hh, ww, true, f(y))?;
                 hh *= 2;
                 ww *= 2;
-                self.bias_res(f(y), u.bias.ptr(), 0, c, hh * ww, f(y))?;
+                self.bias_res(yu, u.bias.ptr(), 0, c, hh * ww, f(y))?;
                 std::mem::swap(&mut x, &mut y);
             }
         }
         let c0 = g.block_out_channels[0];
         let p = hh * ww;
-        self.group_norm(ws, &self.norm_out, f(x), 0, c0, p, true, ws.nb.ptr())?;
+        self.group_norm(
+            ws,
+            &self.norm_out,
+            Act::F32(f(x)),
+            0,
+            c0,
+            p,
+            true,
+            ws.nb.ptr(),
+        )?;
         let (out_f32, out_rgb, bad) = if rgb {
             let bad = ws.image.ptr() + plan.image as u64;
             self.dev.memset0(bad, 4)?;
@@ -660,20 +685,33 @@ impl CudaVae {
     ) -> DResult<()> {
         let p = h * w;
         let nb = ws.nb.ptr();
-        self.group_norm(ws, &r.norm1, x, 0, r.cin, p, true, nb)?;
-        self.conv3(ws, &r.conv1, nb, r.cin, h, w, false, t)?;
+        self.group_norm(ws, &r.norm1, Act::F32(x), 0, r.cin, p, true, nb)?;
+        let y1 = self.conv3(ws, &r.conv1, nb, r.cin, h, w, false, t)?;
         // conv1's bias is folded into norm2 (statistics and apply).
-        self.group_norm(ws, &r.norm2, t, r.conv1.bias.ptr(), r.cout, p, true, nb)?;
-        self.conv3(ws, &r.conv2, nb, r.cout, h, w, false, out)?;
-        match &r.shortcut {
-            Some(sc) => {
-                // out += bf16(x) · W_scᵀ, then both biases at once.
-                self.to_bf16(x, p * r.cin, nb)?;
-                self.blas
-                    .gemm(true, sc.w.ptr(), nb, out, r.cout, p, r.cin, r.cout, true)?;
-                self.bias_res(out, r.out_bias.ptr(), 0, r.cout, p, out)
-            }
-            None => self.bias_res(out, r.out_bias.ptr(), x, r.cout, p, out),
+        self.group_norm(ws, &r.norm2, y1, r.conv1.bias.ptr(), r.cout, p, true, nb)?;
+        let y2 = self.conv3(ws, &r.conv2, nb, r.cout, h, w, false, out)?;
+        let Some(sc) = &r.shortcut else {
+            return self.bias_res(y2, r.out_bias.ptr(), x, r.cout, p, out);
+        };
+        // The shortcut bf16(x) · W_scᵀ lands in `out`, then both biases at once: accumulated onto
+        // conv2's f32 output there, or written first and added to cuDNN's bf16 output after.
+        self.to_bf16(x, p * r.cin, nb)?;
+        let onto_conv2 = matches!(y2, Act::F32(_));
+        self.blas.gemm(
+            true,
+            sc.w.ptr(),
+            nb,
+            out,
+            r.cout,
+            p,
+            r.cin,
+            r.cout,
+            onto_conv2,
+        )?;
+        if onto_conv2 {
+            self.bias_res(Act::F32(out), r.out_bias.ptr(), 0, r.cout, p, out)
+        } else {
+            self.bias_res(y2, r.out_bias.ptr(), out, r.cout, p, out)
         }
     }
 
@@ -682,7 +720,7 @@ impl CudaVae {
         let bufs = ws.attn.as_ref().expect("attention buffers");
         let (n, c) = (a.n, a.c);
         let nb = ws.nb.ptr();
-        self.group_norm(ws, &at.norm, x, 0, c, n, false, nb)?;
+        self.group_norm(ws, &at.norm, Act::F32(x), 0, c, n, false, nb)?;
         for (lin, dst, transpose) in [
             (&at.q, &bufs.q, false),
             (&at.k, &bufs.k, false),
@@ -753,11 +791,12 @@ impl CudaVae {
         self.to_bf16(bufs.proj.ptr(), n * c, bufs.q.ptr())?;
         self.blas
             .gemm(true, at.out.w.ptr(), bufs.q.ptr(), out, c, n, c, c, false)?;
-        self.bias_res(out, at.out.bias.ptr(), x, c, n, out)
+        self.bias_res(Act::F32(out), at.out.bias.ptr(), x, c, n, out)
     }
 
-    /// 3×3 conv of `src` (bf16 NHWC `[h, w, cin]`, nearest-upsampled ×2 first when `up`) into
-    /// `out` (f32 `[pixels, cout]`, no bias), im2col tile by tile.
+    /// 3×3 conv of `src` (bf16 NHWC `[h, w, cin]`, nearest-upsampled ×2 first when `up`), no
+    /// bias: through cuDNN into the workspace's bf16 conv output where it is in use, else im2col
+    /// tile by tile into `out` (f32 `[pixels, cout]`). Returns where the result is.
     #[allow(clippy::too_many_arguments)]
     fn conv3(
         &self,
@@ -769,11 +808,11 @@ impl CudaVae {
         w: usize,
         up: bool,
         out: u64,
-    ) -> DResult<()> {
+    ) -> DResult<Act> {
         let s = up as usize;
         let pixels = (h << s) * (w << s);
         if let (Some(dnn), Some(bufs)) = (&self.dnn, &ws.dnn) {
-            return self.conv3_cudnn(dnn, bufs, cv, src, cin, h, w, up, out);
+            return self.conv3_cudnn(dnn, bufs, cv, src, cin, h, w, up);
         }
         let k = 9 * cin;
         debug_assert_eq!(cv.cols, k);
@@ -811,11 +850,11 @@ impl CudaVae {
             )?;
             p0 += np;
         }
-        Ok(())
+        Ok(Act::F32(out))
     }
 
-    /// [`Self::conv3`] through cuDNN: the upsampled input made first where `up`, the bf16 output
-    /// widened into `out`.
+    /// [`Self::conv3`] through cuDNN: the upsampled input made first where `up`; the output stays
+    /// bf16 in the workspace (the next conv overwrites it).
     #[allow(clippy::too_many_arguments)]
     fn conv3_cudnn(
         &self,
@@ -827,8 +866,7 @@ impl CudaVae {
         h: usize,
         w: usize,
         up: bool,
-        out: u64,
-    ) -> DResult<()> {
+    ) -> DResult<Act> {
         let s = up as usize;
         let (oh, ow) = (h << s, w << s);
         let x = if up {
@@ -856,23 +894,16 @@ impl CudaVae {
             bufs.y.ptr(),
             bufs.ws.ptr(),
         )?;
-        let n = oh * ow * cv.cout;
-        self.dev.launch(
-            &self.k.widen,
-            grid1(n / 8, 256),
-            (256, 1, 1),
-            0,
-            &[Arg::Ptr(bufs.y.ptr()), Arg::U64(n as u64), Arg::Ptr(out)],
-        )
+        Ok(Act::Bf16(bufs.y.ptr()))
     }
 
-    /// GroupNorm (+ SiLU) of `x + bias` (`bias` 0: none) `[p, c]` f32 → `out` bf16.
+    /// GroupNorm (+ SiLU) of `x + bias` (`bias` 0: none) `[p, c]` → `out` bf16.
     #[allow(clippy::too_many_arguments)]
     fn group_norm(
         &self,
         ws: &Workspace,
         n: &DNorm,
-        x: u64,
+        x: Act,
         bias: u64,
         c: usize,
         p: usize,
@@ -881,8 +912,9 @@ impl CudaVae {
     ) -> DResult<()> {
         let groups = self.geo.norm_groups;
         let st = stats_layout(c, p);
+        let (x, kind) = x.parts();
         self.dev.launch(
-            &self.k.gn_stats,
+            &self.k.gn_stats[kind],
             (st.blocks, 1, 1),
             (st.threads, 1, 1),
             0,
@@ -915,7 +947,7 @@ impl CudaVae {
         )?;
         let l = elementwise_layout(c, p);
         self.dev.launch(
-            &self.k.gn_apply,
+            &self.k.gn_apply[kind],
             (l.blocks, 1, 1),
             (l.threads, 1, 1),
             0,
@@ -936,11 +968,12 @@ impl CudaVae {
         )
     }
 
-    /// out = y + bias (+ skip; 0: none), `[p, c]` f32.
-    fn bias_res(&self, y: u64, bias: u64, skip: u64, c: usize, p: usize, out: u64) -> DResult<()> {
+    /// out = y + bias (+ skip; 0: none), `[p, c]`, out f32.
+    fn bias_res(&self, y: Act, bias: u64, skip: u64, c: usize, p: usize, out: u64) -> DResult<()> {
         let l: RowLayout = elementwise_layout(c, p);
+        let (y, kind) = y.parts();
         self.dev.launch(
-            &self.k.bias_res,
+            &self.k.bias_res[kind],
             (l.blocks, 1, 1),
             (l.threads, 1, 1),
             0,
