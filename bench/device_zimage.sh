@@ -32,7 +32,11 @@ if has e2e && [ ! -f $PACK ]; then
   SYNTH=$!
 fi
 if has vaebench; then
-  CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee $OUT/vae-bench.log | tail -6
+  # The VAE with cuDNN's convs (the default where libcudnn loads) and with im2col + cuBLAS.
+  for conv in cudnn im2col; do
+    echo "== CMF_VAE_CONV=$conv" | tee -a $OUT/vae-bench.log
+    CMF_VAE_CONV=$conv CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee -a $OUT/vae-bench.log | tail -3
+  done
 fi
 if has fp8probe; then
   # FP8 groundwork (branch next-fp8): cuBLASLt e4m3 GEMMs at the DiT's shapes against cuBLAS bf16.
@@ -85,10 +89,14 @@ if has e2e; then
     for run in 1 2; do
       CMF_LOG=debug /usr/bin/time -v $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda \
         --repeat 4 -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
-      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning|uploaded in|^text encoder" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
+      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning|uploaded in|^text encoder|VAE stage|VAE convs" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
       grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
       grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
     done
+    # The im2col VAE's image against the default's (cuDNN where it loads: its bf16 conv outputs).
+    CMF_VAE_CONV=im2col $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda -o $OUT/fox-$s-im2col.png \
+      > $OUT/imagine-$s-im2col.log 2>&1 < /dev/null
+    echo -n "VAE im2col vs default image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-im2col.png
     for f8 in ${FP8:-}; do
       # The FP8 DiT against the bf16 image just made (issue 5: kept only at PSNR >= 35 dB).
       $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 --dit-precision $f8 \
