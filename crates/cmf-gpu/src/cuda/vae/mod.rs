@@ -202,7 +202,8 @@ impl Workspace {
             mean: f32s(plan.groups)?,
             inv: f32s(plan.groups)?,
             latent: f32s(plan.latent)?,
-            image: f32s(plan.image)?,
+            // f32 values, or RGB bytes and the flag after them (≤ 4 · image + 4 bytes).
+            image: dev.alloc(4 * plan.image + 4)?,
             attn,
             dnn: match dnn {
                 Some((up, y, ws)) => Some(DnnBufs {
@@ -251,6 +252,12 @@ impl Output<'_> {
             Output::Rgb8(o) => o.len(),
         }
     }
+}
+
+/// Where `vae_conv3_small` puts its non-finite flag after `image` RGB bytes: 4-byte aligned for
+/// its atomicOr.
+fn rgb8_flag_offset(image: usize) -> usize {
+    image.next_multiple_of(4)
 }
 
 fn shape_refusal(op: &'static str, why: String) -> Refusal {
@@ -492,8 +499,9 @@ impl CudaVae {
         self.ensure_workspace(&plan)?;
         let rgb = matches!(out, Output::Rgb8(_));
         // Read back into staging; `out` only once everything succeeded. RGB mode: the image
-        // bytes, then the kernel's non-finite flag (an i32) right after them.
-        let n = if rgb { plan.image + 4 } else { 4 * plan.image };
+        // bytes, then the kernel's non-finite flag (an i32, at the next multiple of 4).
+        let flag = rgb8_flag_offset(plan.image);
+        let n = if rgb { flag + 4 } else { 4 * plan.image };
         let mut host = std::mem::take(&mut self.host);
         host.resize(n, 0);
         let read = self.run(&plan, z, rgb).and_then(|()| {
@@ -507,7 +515,7 @@ impl CudaVae {
         let finite = match &mut out {
             Output::Rgb8(o) => {
                 o.copy_from_slice(&host[..plan.image]);
-                host[plan.image..n] == [0; 4]
+                host[flag..n] == [0; 4]
             }
             Output::F32(o) => {
                 for (v, b) in o.iter_mut().zip(host.chunks_exact(4)) {
@@ -636,7 +644,7 @@ impl CudaVae {
             ws.nb.ptr(),
         )?;
         let (out_f32, out_rgb, bad) = if rgb {
-            let bad = ws.image.ptr() + plan.image as u64;
+            let bad = ws.image.ptr() + rgb8_flag_offset(plan.image) as u64;
             self.dev.memset0(bad, 4)?;
             (0, ws.image.ptr(), bad)
         } else {
