@@ -156,8 +156,8 @@ struct Workspace {
     dnn: Option<DnnBufs>,
 }
 
-/// The cuDNN conv path's buffers: the upsampled input (bf16), the conv output (bf16, widened to
-/// f32 after) and cuDNN's workspace.
+/// The cuDNN conv path's buffers: the upsampled input (bf16), the conv output (bf16, read by the
+/// next row kernel) and cuDNN's workspace.
 struct DnnBufs {
     up: DBuf,
     y: DBuf,
@@ -504,10 +504,21 @@ impl CudaVae {
         let n = if rgb { flag + 4 } else { 4 * plan.image };
         let mut host = std::mem::take(&mut self.host);
         host.resize(n, 0);
-        let read = self.run(&plan, z, rgb).and_then(|()| {
-            let ws = self.ws.as_ref().expect("workspace ensured");
-            self.dev.download(&mut host[..n], ws.image.ptr())
-        });
+        let mut read = self.run_and_read(&plan, z, rgb, &mut host[..n]);
+        if let (Err(e), true) = (&read, self.dnn.is_some()) {
+            // A cuDNN failure at run time: this decoder goes back to im2col for good, and this
+            // decode runs again (nothing was written to `out`).
+            crate::facade::log::debug(&format!(
+                "VAE convs: im2col after a cuDNN failure ({})",
+                e.0
+            ));
+            self.dnn = None;
+            self.ws = None;
+            read = self
+                .ensure_workspace(&plan)
+                .map_err(|r| DevError(r.to_string()))
+                .and_then(|()| self.run_and_read(&plan, z, rgb, &mut host[..n]));
+        }
         if let Err(e) = read {
             self.host = host;
             return Err(e.refusal(OP_DECODE));
@@ -526,6 +537,13 @@ impl CudaVae {
         };
         self.host = host;
         Ok(finite)
+    }
+
+    /// [`Self::run`], then the image buffer's first `host.len()` bytes read back.
+    fn run_and_read(&self, plan: &VaePlan, z: &[f32], rgb: bool, host: &mut [u8]) -> DResult<()> {
+        self.run(plan, z, rgb)?;
+        let ws = self.ws.as_ref().expect("workspace ensured");
+        self.dev.download(host, ws.image.ptr())
     }
 
     fn ensure_workspace(&mut self, plan: &VaePlan) -> Result<(), Refusal> {
