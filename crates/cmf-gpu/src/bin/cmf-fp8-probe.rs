@@ -111,12 +111,7 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
             })?;
             let mut t_fp8 = [0f32; 2];
             let mut e_fp8 = [0f64; 2];
-            let mut want = vec![0u8; m * n * 2];
-            dev.download(&mut want, out_b.ptr()).map_err(err)?;
-            let want: Vec<f32> = want
-                .chunks_exact(2)
-                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect();
+            let want = dev.download_bf16(out_b.ptr(), m * n).map_err(err)?;
             for (i, fast) in [false, true].into_iter().enumerate() {
                 t_fp8[i] = time(&|| {
                     fp8.gemm(
@@ -131,12 +126,7 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
                     )
                     .map_err(err)
                 })?;
-                let mut got = vec![0u8; m * n * 2];
-                dev.download(&mut got, out_f.ptr()).map_err(err)?;
-                let got: Vec<f32> = got
-                    .chunks_exact(2)
-                    .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                    .collect();
+                let got = dev.download_bf16(out_f.ptr(), m * n).map_err(err)?;
                 e_fp8[i] = rel_err(&got, &want);
             }
             let tf = |ms: f32| 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;

@@ -274,6 +274,16 @@ impl Dev {
         self.download(bytes, src)
     }
 
+    /// `n` bf16 values at `src`, widened to f32 (test hooks and probes read kernel outputs so).
+    pub fn download_bf16(&self, src: u64, n: usize) -> DResult<Vec<f32>> {
+        let mut raw = vec![0u8; 2 * n];
+        self.download(&mut raw, src)?;
+        Ok(raw
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect())
+    }
+
     pub fn sync(&self) -> DResult<()> {
         self.stream
             .synchronize()

@@ -172,25 +172,22 @@ impl TailSplit {
         })
     }
 
-    fn split_from(&self, tiles: usize, key_tiles: usize) -> usize {
-        if self.on {
+    /// The first tile that runs split: the tail split where it pays ([`tail_split_from`]), or,
+    /// with `force` (the test hook's), half of the tiles, as many as the scratch holds.
+    fn split_from(&self, tiles: usize, key_tiles: usize, force: bool) -> usize {
+        if force && key_tiles >= 2 {
+            (tiles / 2).max(tiles.saturating_sub(self.max_pairs))
+        } else if self.on && !force {
             tail_split_from(tiles, key_tiles, self.sms)
         } else {
             tiles
         }
     }
 
-    /// The test hook's: half of the tiles split, as many as the scratch holds.
-    fn forced_split_from(&self, tiles: usize, key_tiles: usize) -> usize {
-        if key_tiles >= 2 {
-            (tiles / 2).max(tiles.saturating_sub(self.max_pairs))
-        } else {
-            tiles
-        }
-    }
-
-    /// The kernel's trailing `split_from, part, pairs` and its 1D grid.
-    fn launch_parts(&self, tiles: usize, split_from: usize) -> ([Arg; 3], u32) {
+    /// The kernel's trailing `split_from, part, pairs` and its 1D grid, for `tiles` work tiles
+    /// of `key_tiles` key tiles each.
+    fn launch_parts(&self, tiles: usize, key_tiles: usize, force: bool) -> ([Arg; 3], u32) {
+        let split_from = self.split_from(tiles, key_tiles, force);
         let args = [
             Arg::I32(split_from as i32),
             Arg::Ptr(self.part.ptr()),
@@ -272,12 +269,7 @@ impl AttnKernel {
         let grid = match (&self.split, self.tma_keys) {
             (Some(sp), Some(keys)) => {
                 let key_tiles = c.len.div_ceil(keys as usize);
-                let from = if c.force_split {
-                    sp.forced_split_from(nq * nh, key_tiles)
-                } else {
-                    sp.split_from(nq * nh, key_tiles)
-                };
-                let (split_args, blocks) = sp.launch_parts(nq * nh, from);
+                let (split_args, blocks) = sp.launch_parts(nq * nh, key_tiles, c.force_split);
                 args.extend(split_args);
                 (blocks, 1, 1)
             }
@@ -415,12 +407,7 @@ impl Attn8 {
             [keys, 128, 1],
         )?;
         let (tiles, key_tiles) = (c.len.div_ceil(128) * c.n_heads, c.len.div_ceil(W8_KEYS));
-        let from = if c.force_split {
-            self.split.forced_split_from(tiles, key_tiles)
-        } else {
-            self.split.split_from(tiles, key_tiles)
-        };
-        let (split_args, blocks) = self.split.launch_parts(tiles, from);
+        let (split_args, blocks) = self.split.launch_parts(tiles, key_tiles, c.force_split);
         let [sa, sb, sc] = split_args;
         dev.launch(
             &self.attn,
@@ -728,12 +715,7 @@ pub fn attention_for_test(
         let q = q16.as_ref().map_or(call.q, |b| b.ptr());
         kernel.launch(dev, &AttnCall { q, ..call })?;
     }
-    let mut raw = vec![0u8; n * 2];
-    dev.download(&mut raw, out.ptr())?;
-    Ok(raw
-        .chunks_exact(2)
-        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-        .collect())
+    dev.download_bf16(out.ptr(), n)
 }
 
 /// One block's GEMM planes and norm weights (f32).
@@ -959,6 +941,16 @@ fn refuse(op: &'static str, why: impl Into<String>) -> Refusal {
 /// The grid of bias_pad_rows: a block per row, grid-stride past 65535 rows.
 fn row_grid(rows: usize) -> (u32, u32, u32) {
     (rows.clamp(1, 65535) as u32, 1, 1)
+}
+
+/// The grid of the per-column kernels over `[rows, n]` (add_bias, ada_finish): 256 columns a
+/// block in x, a row in y, both grid-stride past 65535.
+fn column_grid(n: usize, rows: usize) -> (u32, u32, u32) {
+    (
+        n.div_ceil(256).clamp(1, 65535) as u32,
+        rows.clamp(1, 65535) as u32,
+        1,
+    )
 }
 
 /// Checks the geometry and every weight before anything is uploaded.
@@ -1189,11 +1181,7 @@ impl CudaDit {
     fn add_bias(&self, y: u64, n: usize, rows: usize, bias: &DBuf) -> DResult<()> {
         self.launch(
             &self.k.add_bias,
-            (
-                n.div_ceil(256).clamp(1, 65535) as u32,
-                rows.clamp(1, 65535) as u32,
-                1,
-            ),
+            column_grid(n, rows),
             256,
             0,
             &[
@@ -1648,11 +1636,7 @@ impl CudaDit {
         self.gemm(&self.ada.0, mod_stride, a, p.temb.ptr(), p.modv.ptr(), nb)?;
         self.launch(
             &self.k.ada_finish,
-            (
-                mod_stride.div_ceil(256).clamp(1, 65535) as u32,
-                nb.clamp(1, 65535) as u32,
-                1,
-            ),
+            column_grid(mod_stride, nb),
             256,
             0,
             &[

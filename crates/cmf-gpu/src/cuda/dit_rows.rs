@@ -254,12 +254,7 @@ impl<'d> Hook<'d> {
             Ok(v)
         };
         Ok(match out {
-            RowOut::Bf16(b) => RowsBack::Bf16(
-                down(b, rows * n * 2)?
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
+            RowOut::Bf16(b) => RowsBack::Bf16(self.dev.download_bf16(b, rows * n)?),
             RowOut::E4m3 { q, scale } => {
                 let mut s = vec![0f32; rows];
                 self.dev.download_f32(&mut s, scale)?;
@@ -361,11 +356,7 @@ pub fn residual_norm_for_test(
     };
     residual_norm(dev, &f, &n, (op, wp), gate_slot, Some(next))?;
     let x = if c.x_bf16 {
-        let mut b = vec![0u8; c.x.len() * 2];
-        dev.download(&mut b, n.x)?;
-        b.chunks_exact(2)
-            .map(|p| bf16::from_le_bytes([p[0], p[1]]).to_f32())
-            .collect()
+        dev.download_bf16(n.x, c.x.len())?
     } else {
         let mut x = vec![0f32; c.x.len()];
         dev.download_f32(&mut x, n.x)?;
