@@ -203,6 +203,12 @@ impl AttnKernel {
         self.tma_keys.is_some()
     }
 
+    /// Whether the kernel reads V as bf16 (attn_full_ws: from the q|k|v rows where it can, see
+    /// [`AttnCall::v_ld`]) rather than f16.
+    fn v_bf16(&self) -> bool {
+        self.tma_keys.is_some()
+    }
+
     /// Bytes of one Q value as the kernel reads it.
     fn q_bytes(&self) -> usize {
         if self.q_f16() {
@@ -214,13 +220,16 @@ impl AttnKernel {
 }
 
 /// One item's attention: q `[l, NH, HD]` f32 (f16 where [`AttnKernel::q_f16`]) and k, v
-/// `[NH, l, HD]` f16 at these addresses,
+/// `[NH, l, HD]` f16 (v bf16 where [`AttnKernel::v_bf16`]) at these addresses,
 /// the output as bf16 rows of `out` (`[*, NH · HD]`): row r < np → img_row0 + r, else
 /// cap_row0 + r − np.
 struct AttnCall {
     q: u64,
     k: u64,
     v: u64,
+    /// `Some(ld)`: v is instead the item's first V value in the q|k|v GEMM's rows (bf16, `ld`
+    /// values a row, the keys' rows consecutive: see [`Seg::keys_contiguous`]); attn_full_ws only.
+    v_ld: Option<usize>,
     len: usize,
     n_heads: usize,
     scale: f32,
@@ -250,11 +259,14 @@ impl AttnKernel {
             // Boxes of 64 dims (128 bytes, the swizzle span) × one K/V tile of attn_full_ws
             // × 1 head; keys past len read as zeros.
             let (len, nh) = (c.len as u64, c.n_heads as u64);
-            let map = |base| {
-                tma::f16_3d_swizzled(base, [HD, len, nh], [HD * 2, len * HD * 2], [64, keys, 1])
-            };
-            args.push(Arg::Bytes(map(c.k)?.to_vec()));
-            args.push(Arg::Bytes(map(c.v)?.to_vec()));
+            let map =
+                |base, strides| tma::f16_3d_swizzled(base, [HD, len, nh], strides, [64, keys, 1]);
+            let compact = [HD * 2, len * HD * 2];
+            args.push(Arg::Bytes(map(c.k, compact)?.to_vec()));
+            // V from the GEMM's rows: keys ld values apart, heads HD (the bytes are bf16; the
+            // map's element type only sizes them).
+            let v_strides = c.v_ld.map_or(compact, |ld| [ld as u64 * 2, HD * 2]);
+            args.push(Arg::Bytes(map(c.v, v_strides)?.to_vec()));
             args.push(Arg::Ptr(c.q));
         } else {
             args.extend([
@@ -326,6 +338,9 @@ struct Attn8Call {
     /// Where the output goes as e4m3 rows and per-row scales (the O GEMM's FP8 input), or
     /// `None`: bf16 rows at the [`AttnCall`]'s `out`.
     out_e4m3: Option<(u64, u64)>,
+    /// V as the q|k|v GEMM wrote it: the first V value of X row 0 (bf16) and the row stride in
+    /// values; the [`AttnCall`]'s rows map keys to X rows. `None`: the f16 V at its `v`.
+    v_rows: Option<(u64, usize)>,
 }
 
 impl Attn8 {
@@ -382,7 +397,12 @@ impl Attn8 {
             0,
             &[
                 Arg::Ptr(if e.k_from_f16 { c.k } else { 0 }),
-                Arg::Ptr(c.v),
+                Arg::Ptr(if e.v_rows.is_some() { 0 } else { c.v }),
+                Arg::Ptr(e.v_rows.map_or(0, |(p, _)| p)),
+                Arg::U64(e.v_rows.map_or(0, |(_, ld)| ld as u64)),
+                Arg::I32(c.img_row0 as i32),
+                Arg::I32(c.np as i32),
+                Arg::I32(c.cap_row0 as i32),
                 Arg::I32(c.len as i32),
                 Arg::I32(e.lp as i32),
                 Arg::Ptr(e.amax),
@@ -601,7 +621,8 @@ fn load_attention(
 /// `+split` after `ws`, `ws128`, `ws8` or `ws8q`: half of the tiles split, see [`TailSplit`])
 /// on one item of
 /// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
-/// here, as the DiT stores them). Returns the output `[t, nh · 128]`, read back from bf16.
+/// here, as the DiT stores them; v to bf16 for attn_full_ws, which reads the GEMM's bf16 V).
+/// Returns the output `[t, nh · 128]`, read back from bf16.
 #[doc(hidden)]
 pub fn attention_for_test(
     dev: &Dev,
@@ -633,9 +654,24 @@ pub fn attention_for_test(
             .map(|&a| half::f16::from_f32(a).to_bits())
             .collect()
     };
+    let bf16s = |x: &[f32]| -> Vec<u16> {
+        x.iter()
+            .map(|&a| half::bf16::from_f32(a).to_bits())
+            .collect()
+    };
+    let kernel = match variant {
+        "ws8" | "ws8q" => None,
+        _ => Some(load_attention(
+            dev,
+            HD,
+            attention_variant(dev, HD, variant),
+            &defs,
+        )?),
+    };
     let dq = dev.upload_new(bytes_of(q))?;
     let dk = dev.upload_new(bytes_of(&f16s(k)))?;
-    let dv = dev.upload_new(bytes_of(&f16s(v)))?;
+    let v_bf16 = kernel.as_ref().is_some_and(|k| k.v_bf16());
+    let dv = dev.upload_new(bytes_of(&if v_bf16 { bf16s(v) } else { f16s(v) }))?;
     let out = dev.alloc(n * 2)?;
     // Poison: a row the kernel leaves unwritten reads back as NaN.
     dev.upload(out.ptr(), bytes_of(&vec![0x7fc0u16; n]))?;
@@ -643,6 +679,7 @@ pub fn attention_for_test(
         q: dq.ptr(),
         k: dk.ptr(),
         v: dv.ptr(),
+        v_ld: None,
         len: t,
         n_heads: nh,
         scale: 1.0 / (HD as f32).sqrt(),
@@ -691,6 +728,7 @@ pub fn attention_for_test(
             lp,
             amax: amax_d.ptr(),
             out_e4m3: (variant == "ws8q").then(|| (oq.ptr(), os.ptr())),
+            v_rows: None,
         };
         a8.launch(dev, &call, &e)?;
         if e.out_e4m3.is_some() {
@@ -704,8 +742,7 @@ pub fn attention_for_test(
                 .map(|(i, &b)| super::fp8::e4m3_to_f32(b) * scales[i / row])
                 .collect());
         }
-    } else {
-        let kernel = load_attention(dev, HD, attention_variant(dev, HD, variant), &defs)?;
+    } else if let Some(kernel) = kernel {
         // Q as the kernel reads it: f16 for attn_full_ws (qk_norm_rope writes it so), else f32.
         let q16 = if kernel.q_f16() {
             Some(dev.upload_new(bytes_of(&f16s(q)))?)
@@ -855,6 +892,14 @@ struct Seg {
     cap_row0: usize,
 }
 
+impl Seg {
+    /// Whether the item's keys are consecutive X rows (its caption right after its image, or
+    /// no caption keys): true at batch 1, where attn_full_ws reads V from the GEMM's rows.
+    fn keys_contiguous(&self) -> bool {
+        self.l == self.np || self.cap_row0 == self.img_row0 + self.np
+    }
+}
+
 /// What `prepare` set up.
 struct Prepared {
     ni: usize,
@@ -906,6 +951,9 @@ pub struct CudaDit {
     x_bytes: usize,
     /// Steps run eagerly, not as a graph: `CMF_DIT_GRAPH=0`, or after a capture failed.
     no_graph: bool,
+    /// The activation buffers of the last prepared run, kept by `release` and taken again by
+    /// the next `prepare` of the same row count (a warm image skips ~20 allocations).
+    spare_work: Option<Work>,
 }
 
 /// Whether the residual stream X (and the refined captions) are bf16 rather than f32:
@@ -1118,6 +1166,7 @@ impl CudaDit {
             fp8,
             x_bytes: if x_bf16 { 2 } else { 4 },
             no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
+            spare_work: None,
             blas,
             k,
             dev: dev.clone(),
@@ -1191,6 +1240,13 @@ impl CudaDit {
                 Arg::Ptr(bias.ptr()),
             ],
         )
+    }
+
+    /// Drops the prepared run, keeping its activation buffers for the next (`spare_work`).
+    fn keep_work(&mut self) {
+        if let Some(p) = self.prep.take() {
+            self.spare_work = Some(p.work);
+        }
     }
 
     fn new_work(&self, rows: usize) -> DResult<Work> {
@@ -1312,10 +1368,20 @@ impl CudaDit {
                 }
                 None => (0, 0, 0, 0),
             };
+            // Where V goes. The FP8 attention (attn8_prep) and attn_full_ws read it from the
+            // q|k|v rows, the latter where every item's keys are consecutive rows; otherwise
+            // qk_norm_rope copies it to vc (bf16 for attn_full_ws, f16 for the older kernels).
+            let ws_rows = self.k.attn.v_bf16() && p.segs.iter().all(Seg::keys_contiguous);
+            let v_copy = attn8.is_none() && !ws_rows;
+            let units = if v_copy || attn8.is_some() {
+                3 * nh
+            } else {
+                2 * nh
+            };
             self.launch(
                 &self.k.qk_norm_rope,
                 (
-                    (3 * nh).div_ceil(256 / hd).div_ceil(4) as u32,
+                    units.div_ceil(256 / hd).div_ceil(4) as u32,
                     r.div_ceil(QKR_ROWS) as u32,
                     1,
                 ),
@@ -1333,13 +1399,14 @@ impl CudaDit {
                     Arg::I32(r as i32),
                     Arg::Ptr(w.q.ptr()),
                     Arg::Ptr(w.kc.ptr()),
-                    Arg::Ptr(w.vc.ptr()),
+                    Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
                     Arg::Ptr(amax),
                     Arg::Ptr(q8),
                     Arg::Ptr(qsc),
                     Arg::Ptr(k8),
                     Arg::F32(1.0 / b.k8_scale),
                     Arg::I32(self.k.attn.q_f16() as i32),
+                    Arg::I32(self.k.attn.v_bf16() as i32),
                 ],
             )?;
             self.prof_stop(t, ROWS)?;
@@ -1361,7 +1428,12 @@ impl CudaDit {
                 let call = AttnCall {
                     q: w.q.at(sg.j * d * self.k.attn.q_bytes()),
                     k: w.kc.at(sg.j * d * 2),
-                    v: w.vc.at(sg.j * d * 2),
+                    v: if ws_rows {
+                        w.qkv.at((sg.img_row0 * 3 * d + 2 * d) * 2)
+                    } else {
+                        w.vc.at(sg.j * d * 2)
+                    },
+                    v_ld: ws_rows.then_some(3 * d),
                     len: sg.l,
                     n_heads: nh,
                     scale,
@@ -1384,6 +1456,8 @@ impl CudaDit {
                             lp,
                             amax: a8.amax.at(si * nh * 4),
                             out_e4m3: o_e4m3,
+                            // V straight from the GEMM's rows: qk_norm_rope made no f16 copy.
+                            v_rows: Some((w.qkv.at(2 * d * 2), 3 * d)),
                         };
                         vt_off += lp * d;
                         k8.launch(&self.dev, &call, &e)?;
@@ -1512,7 +1586,7 @@ impl CudaDit {
     }
 
     fn prepare_dev(&mut self, items: &[DitItemSetup], ni: usize) -> DResult<()> {
-        self.prep = None;
+        self.keep_work();
         let g = self.geo.clone();
         let (d, a, pd) = (g.dim, g.adaln_dim, g.patch_dim);
         let half = g.head_dim() / 2;
@@ -1539,7 +1613,10 @@ impl CudaDit {
             cos: dev.upload_new(bytes_of(&cos))?,
             sin: dev.upload_new(bytes_of(&sin))?,
             x: dev.alloc(rows * d * self.x_bytes)?,
-            work: self.new_work(rows)?,
+            work: match self.spare_work.take() {
+                Some(w) if w.rows == rows => w,
+                _ => self.new_work(rows)?,
+            },
             map_main: dev.alloc(rows * MAPW * 4)?,
             map_nr: dev.alloc(nb * np * MAPW * 4)?,
             patches: dev.alloc(nb * ni * pd * 2)?,
@@ -2027,7 +2104,7 @@ impl DitDevice for CudaDit {
     }
 
     fn release(&mut self) {
-        self.prep = None;
+        self.keep_work();
         self.conds.clear();
     }
 

@@ -248,7 +248,9 @@ attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, flo
 
 // ---------------------------------------------------------------------------------------------
 // attn_full_ws: the same contract except for Q, read as f16 (qk_norm_rope writes it so: half the
-// bytes of f32), warp-specialised and ping-ponged (FlashAttention-3's plan,
+// bytes of f32), and V, read as bf16 through its tensor map — the DiT's maps point V straight at
+// the q|k|v GEMM's rows, so V is never copied; P·V runs in bf16 — warp-specialised and
+// ping-ponged (FlashAttention-3's plan,
 // written for this layout). Block: 2 consumer warpgroups (64 query rows each) and 1 producer
 // warpgroup (384 threads; setmaxnreg moves registers from the producer to the consumers: 9
 // warps would leave one SM sub-partition 3 warps of at most 168 registers).
@@ -357,11 +359,11 @@ __device__ __forceinline__ void wgmma_ss_k_major(float* d, u64 adesc, u64 bdesc,
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(adesc), "l"(bdesc), "r"(scale_d));
 }
-// d[64] += a (m64k16, registers) · B (k16n128 at bdesc, MN-major).
-__device__ __forceinline__ void wgmma_rs_mn_major(float* d, const u32* a, u64 bdesc) {
+// d[64] += a (m64k16 bf16, registers) · B (k16n128 bf16 at bdesc, MN-major).
+__device__ __forceinline__ void wgmma_rs_mn_major_bf16(float* d, const u32* a, u64 bdesc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
         "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
@@ -445,15 +447,21 @@ __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, floa
     l0 = l0 * corr0 + a0;
     l1 = l1 * corr1 + a1;
 }
-// The probabilities as f16 A fragments of P·V: k16 step c takes columns 16c .. 16c + 15, i.e.
-// accumulator blocks 2c (a0: row g, a1: row g + 8) and 2c + 1 (a2, a3).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// The probabilities as bf16 A fragments of P·V (V is bf16, as the q|k|v GEMM wrote it; lazy
+// rescaling keeps P ≤ 2^WS_TAU): k16 step c takes columns 16c .. 16c + 15, i.e. accumulator
+// blocks 2c (a0: row g, a1: row g + 8) and 2c + 1 (a2, a3).
 __device__ __forceinline__ void ws_pack_p(const float* s, u32 (*pa)[4]) {
 #pragma unroll
     for (int c = 0; c < WS_KEYS / 16; c++) {
-        pa[c][0] = pack_f16x2(s[8 * c + 0], s[8 * c + 1]);
-        pa[c][1] = pack_f16x2(s[8 * c + 2], s[8 * c + 3]);
-        pa[c][2] = pack_f16x2(s[8 * c + 4], s[8 * c + 5]);
-        pa[c][3] = pack_f16x2(s[8 * c + 6], s[8 * c + 7]);
+        pa[c][0] = pack_bf16x2(s[8 * c + 0], s[8 * c + 1]);
+        pa[c][1] = pack_bf16x2(s[8 * c + 2], s[8 * c + 3]);
+        pa[c][2] = pack_bf16x2(s[8 * c + 4], s[8 * c + 5]);
+        pa[c][3] = pack_bf16x2(s[8 * c + 6], s[8 * c + 7]);
     }
 }
 
@@ -650,7 +658,7 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     auto issue_pv = [&](int tile) {
         const u64 vd = v_desc0 + (u64)((tile % WS_SLOTS) * 2 * WS_TILE >> 4);
 #pragma unroll
-        for (int c = 0; c < WS_KEYS / 16; c++) wgmma_rs_mn_major(o, p[c], vd + (u64)(c * 2048 >> 4));
+        for (int c = 0; c < WS_KEYS / 16; c++) wgmma_rs_mn_major_bf16(o, p[c], vd + (u64)(c * 2048 >> 4));
         wg_commit();
     };
     auto pin = [&]() {

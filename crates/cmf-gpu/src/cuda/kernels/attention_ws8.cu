@@ -144,22 +144,33 @@ __device__ __forceinline__ void ws8_pack_p(const float* s, u32 (*pa)[4]) {
 // order as their bits do).
 __device__ __forceinline__ float amax_scale(const unsigned* amax, int i) { return e4m3_scale(__uint_as_float(amax[i])); }
 
-// V (and, with kc set, K) of one item for attn_full_ws8. vc [NH, L, HD] f16 → vt8 [NH, HD, Lp] =
-// e4m3(v / sv_h), keys permuted by σ within each 32 and zero from L to Lp; v_amax: [NH] bits.
+// V (and, with kc set, K) of one item for attn_full_ws8: → vt8 [NH, HD, Lp] = e4m3(v / sv_h), keys
+// permuted by σ within each 32 and zero from L to Lp; v_amax: [NH] bits. V comes from either
+// - vrows (the DiT): the item's bf16 rows as the q|k|v GEMM wrote them, V's columns (vrows points
+//   at the first) vld values apart; key p is X row p < np ? img_row0 + p : cap_row0 + (p − np)
+//   (the image rows, then the caption's). No copy of V is made before this kernel; or
+// - vc (the test hook's; vrows null): [NH, L, HD] f16.
 // kc (the test hook's; the DiT's qk_norm_rope writes k8 itself): [NH, L, HD] f16 → k8 = e4m3(k ·
 // k_inv). Grid (Lp / 128, NH), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
-attn8_prep(const u16* kc, const u16* vc, int L, int Lp, const unsigned* v_amax, float k_inv, u8* k8, u8* vt8) {
+attn8_prep(const u16* kc, const u16* vc, const u16* vrows, long long vld, int img_row0, int np, int cap_row0,
+           int L, int Lp, const unsigned* v_amax, float k_inv, u8* k8, u8* vt8) {
     __shared__ u16 vs[W8_KEYS][HD + 8];  // + 8: rows 272 B apart, reads of one dim spread over banks
     const int h = blockIdx.y, t0 = blockIdx.x * W8_KEYS, tid = threadIdx.x;
     const float iv = 1.f / amax_scale(v_amax, h);
     const size_t head = (size_t)h * L * HD;
+    const bool v_bf16 = vrows != nullptr;
 #pragma unroll
     for (int i = tid; i < W8_KEYS * HD / 8; i += 256) {
         const int kr = i / (HD / 8), c = i % (HD / 8), key = t0 + kr;
         uint4 vv = make_uint4(0u, 0u, 0u, 0u);
         if (key < L) {
-            vv = *(const uint4*)(vc + head + (size_t)key * HD + c * 8);
+            if (v_bf16) {
+                const long long row = key < np ? img_row0 + key : cap_row0 + (key - np);
+                vv = *(const uint4*)(vrows + row * vld + h * HD + c * 8);
+            } else {
+                vv = *(const uint4*)(vc + head + (size_t)key * HD + c * 8);
+            }
             if (kc) {
                 const uint4 kv = *(const uint4*)(kc + head + (size_t)key * HD + c * 8);
                 const u32 w[4] = {kv.x, kv.y, kv.z, kv.w};
@@ -190,7 +201,7 @@ attn8_prep(const u16* kc, const u16* vc, int L, int Lp, const unsigned* v_amax, 
             for (int e = 0; e < 4; e++) {
                 const int q = 4 * j + e;  // σ within the group (the header's key order)
                 const int key = p0 + 16 * (q >> 4) + 8 * ((q & 3) >> 1) + 2 * ((q & 15) >> 2) + (q & 1);
-                f[e] = f16_to_f32(vs[key][d]) * iv;
+                f[e] = (v_bf16 ? bf16_to_f32(vs[key][d]) : f16_to_f32(vs[key][d])) * iv;
             }
             w[j] = pack_e4m3x4(f[0], f[1], f[2], f[3]);
         }

@@ -261,7 +261,7 @@ __device__ __forceinline__ void st_e4m3x8(u8* p, const float* v, float inv) {
 __device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* nw, float eps, long long J,
                                                   long long L, long long p, int NH, int kind, int h, int li,
                                                   float* q_out, u16* kc, u16* vc, u8* q8, float* q8_scale, u8* k8,
-                                                  float k8_inv, int q_half) {
+                                                  float k8_inv, int q_half, int v_bf16) {
     const u32 w[4] = {in.pr.x, in.pr.y, in.pr.z, in.pr.w};
     const float cs[4] = {in.cs.x, in.cs.y, in.cs.z, in.cs.w}, sn[4] = {in.sn.x, in.sn.y, in.sn.z, in.sn.w};
     float v[8];
@@ -298,8 +298,15 @@ __device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* 
     } else if (kind == 1 && k8) {
         // The FP8 attention's K: e4m3 with the layer's static scale (1 / k8_inv), laid out as kc.
         st_e4m3x8(k8 + kvrow * HD + 8 * li, v, k8_inv);
-    } else if (kind < 3) {
+    } else if (kind == 1 || (kind == 2 && vc && !v_bf16)) {
         st_f16x8((kind == 1 ? kc : vc) + kvrow * HD + 8 * li, v);
+    } else if (kind == 2 && vc) {
+        // The GEMM's bf16 values as they are (they came from bf16: the round trip is exact).
+        *(uint4*)(vc + kvrow * HD + 8 * li) =
+            make_uint4((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
+                       (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16),
+                       (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16),
+                       (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16));
     }
     return kind == 2 ? amax : 0.f;
 }
@@ -311,29 +318,34 @@ __device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, in
     if (kind == 2 && li == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
 }
 
-// q/k RMSNorm + RoPE, f16 K/V. Grid (units / QKR_HPW / 4 rounded up, R / QKR_ROWS rounded up),
+// q/k RMSNorm + RoPE, f16 K/V. Grid (units / QKR_HPW / 4 rounded up — 3·NH units, 2·NH where V is
+// neither copied nor needed for its maxima — R / QKR_ROWS rounded up),
 // 4 warps: warp w of the grid's x takes units QKR_HPW·w .. + QKR_HPW (unit u: kind u / NH — q, k,
 // v — and head u % NH), QKR_LPH lanes a unit, for QKR_ROWS rows. For the FP8 attention
 // (attention_ws8.cu; else null): v_amax, the per-item, per-head V maxima; q8 and q8_scale, Q as
 // e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out; k8, K as e4m3 times
 // k8_inv, in place of kc. K needs no maximum: RMSNorm bounds a head's |k| by √HD · max |norm_k|
 // (RoPE rotates pairs, keeping that bound), so the host passes the scale. q_half: q_out gets f16
-// (saturating, as K) instead of f32 (attn_full_ws reads f16 Q).
+// (saturating, as K) instead of f32 (attn_full_ws reads f16 Q). v_bf16: vc gets V's bf16 values
+// as they are (attn_full_ws's V) instead of f16. vc null: no copy of V (the attention kernels
+// read it from the q|k|v rows); V is read only for the FP8 attention's maxima then.
 // Latency: a warp's rows are serial, so nothing a row needs waits on another load: the rows' map
 // entries come in one load (lane i holds row r0 + i's), the norm weight once, and row i + 1's
 // qkv values and RoPE values are loaded while row i is worked on.
 extern "C" __global__ void __launch_bounds__(128)
 qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
              const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* v_amax,
-             u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half) {
+             u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half, int v_bf16) {
     static_assert(QKR_ROWS <= 32, "qk_norm_rope: a lane holds a row's map entry");
     static_assert(HD % 8 == 0 && QKR_LPH <= 32 && (QKR_LPH & (QKR_LPH - 1)) == 0,
                   "qk_norm_rope: 8 values a lane, a power-of-two group of lanes a head");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Units: q and k heads, and V's only where they are copied or their maxima are needed.
+    const int units = (vc || v_amax) ? 3 * NH : 2 * NH;
     const int w0 = (blockIdx.x * 4 + warp) * QKR_HPW;
-    if (w0 >= 3 * NH) return;  // whole warps only: the reductions need every lane
+    if (w0 >= units) return;  // whole warps only: the reductions need every lane
     const int li = lane % QKR_LPH, u = w0 + lane / QKR_LPH;
-    const int kind = u < 3 * NH ? u / NH : 3, h = u - min(kind, 2) * NH;
+    const int kind = u < units ? u / NH : 3, h = u - min(kind, 2) * NH;
     const long long r0 = (long long)blockIdx.y * QKR_ROWS;
     const int n = (int)min((long long)QKR_ROWS, R - r0);
     int mi[MAPW];
@@ -361,7 +373,7 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
         const float a =
             qk_norm_rope_row(cur, nw, eps, __shfl_sync(FULL_MASK, mi[1], i), __shfl_sync(FULL_MASK, mi[2], i),
                              __shfl_sync(FULL_MASK, mi[3], i), NH, kind, h, li, q_out, kc, vc, q8, q8_scale, k8,
-                             k8_inv, q_half);
+                             k8_inv, q_half, v_bf16);
         amax = fmaxf(amax, a);
         cur = next;
     }
