@@ -86,11 +86,15 @@ impl<'d, 'a> Denoiser<'d, 'a> {
     }
 
     fn setup_device(&self, mut dev: GpuDit) -> Option<GpuDit> {
+        let t0 = std::time::Instant::now();
+        let mut rope_s = 0.0;
         let mut conds: Vec<CondId> = Vec::new();
         let mut ropes = Vec::new();
         for (cap, len) in &self.caps {
             let lp = pad_to((*len).max(1));
+            let tr = std::time::Instant::now();
             let (cos, sin) = self.dit.caption_rope(lp);
+            rope_s += tr.elapsed().as_secs_f64();
             conds.push(
                 dev.condition(
                     cap,
@@ -102,8 +106,11 @@ impl<'d, 'a> Denoiser<'d, 'a> {
                 )
                 .ok()?,
             );
+            let tr = std::time::Instant::now();
             ropes.push(self.dit.joint_rope(self.h, self.w, lp));
+            rope_s += tr.elapsed().as_secs_f64();
         }
+        let t_prep = std::time::Instant::now();
         let items: Vec<DitItemSetup> = conds
             .iter()
             .zip(&ropes)
@@ -113,6 +120,17 @@ impl<'d, 'a> Denoiser<'d, 'a> {
             })
             .collect();
         dev.prepare(&items, (self.h / 2) * (self.w / 2)).ok()?;
+        if cmf_gpu::facade::log::debug_enabled() {
+            let prep = t_prep.elapsed().as_secs_f64();
+            let total = t0.elapsed().as_secs_f64();
+            cmf_gpu::facade::log::debug(&format!(
+                "dit conditioning: RoPE tables {:.1} ms, captions (context refiner) {:.1} ms, \
+                 prepare {:.1} ms",
+                1e3 * rope_s,
+                1e3 * (total - prep - rope_s),
+                1e3 * prep
+            ));
+        }
         Some(dev)
     }
 

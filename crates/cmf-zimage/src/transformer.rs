@@ -24,6 +24,7 @@ use crate::ZimageError;
 use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel, DitPrecision};
 use cmf_kernels::RopeTable;
 use rayon::prelude::*;
+use std::collections::HashMap;
 
 /// Rows are padded to a multiple of this (diffusers `SEQ_MULTI_OF`).
 pub const SEQ_MULTI_OF: usize = 32;
@@ -587,14 +588,7 @@ impl<'a> ZImageDit<'a> {
                     .collect()
             })
             .collect();
-        let pairs = self.cfg.head_dim() / 2;
-        let mut angles = Vec::with_capacity(ids.len() * pairs);
-        for id in ids {
-            for (axis, fr) in freqs.iter().enumerate() {
-                angles.extend(fr.iter().map(|&f| (id[axis] as f64 * f) as f32));
-            }
-        }
-        ops::rope_table(&angles, pairs)
+        axes_rope_table(&freqs, ids, self.cfg.head_dim() / 2)
     }
 
     /// The weights as a device backend takes them (borrowed, nothing decoded).
@@ -661,12 +655,12 @@ impl<'a> ZImageDit<'a> {
     pub fn joint_rope(&self, h: usize, w: usize, lp: usize) -> (Vec<f32>, Vec<f32>) {
         let mut ids = image_ids(h / 2, w / 2, lp);
         ids.extend(caption_ids(lp));
-        flat_rope(&self.rope_table(&ids))
+        self.rope_table(&ids).into_cos_sin()
     }
 
     /// RoPE rows of a caption padded to `lp` rows (the device context refiner).
     pub fn caption_rope(&self, lp: usize) -> (Vec<f32>, Vec<f32>) {
-        flat_rope(&self.rope_table(&caption_ids(lp)))
+        self.rope_table(&caption_ids(lp)).into_cos_sin()
     }
 
     /// The largest caption (padded) and image grid the RoPE tables of this config cover.
@@ -692,13 +686,28 @@ impl<'a> ZImageDit<'a> {
     }
 }
 
-/// A RoPE table as flat cos and sin arrays.
-fn flat_rope(t: &RopeTable) -> (Vec<f32>, Vec<f32>) {
-    let rows = 0..t.rows();
-    (
-        rows.clone().flat_map(|r| t.cos(r).to_vec()).collect(),
-        rows.flat_map(|r| t.sin(r).to_vec()).collect(),
-    )
+/// The RoPE table of rows with ids `ids`: row r is the concatenation over the axes of
+/// cos/sin(f32(id[axis] · freq)) for that axis's frequencies (`pairs` in all). An axis's part of a
+/// row depends on that axis's id alone, and the rows repeat few ids (a 1024² image: one for axis
+/// 0, 64 rows, 64 columns), so each (axis, id) part is computed once: the same values as
+/// computing every row, which took ~10 ms for a 1024² table.
+fn axes_rope_table(freqs: &[Vec<f64>], ids: &[[usize; 3]], pairs: usize) -> RopeTable {
+    let mut parts: HashMap<(usize, usize), RopeTable> = HashMap::new();
+    let (mut cos, mut sin) = (
+        Vec::with_capacity(ids.len() * pairs),
+        Vec::with_capacity(ids.len() * pairs),
+    );
+    for id in ids {
+        for (axis, fr) in freqs.iter().enumerate().filter(|(_, fr)| !fr.is_empty()) {
+            let part = parts.entry((axis, id[axis])).or_insert_with(|| {
+                let angles: Vec<f32> = fr.iter().map(|&f| (id[axis] as f64 * f) as f32).collect();
+                ops::rope_table(&angles, fr.len())
+            });
+            cos.extend_from_slice(part.cos(0));
+            sin.extend_from_slice(part.sin(0));
+        }
+    }
+    RopeTable::from_cos_sin(cos, sin, pairs)
 }
 
 /// RoPE ids of the image tokens: `(cap_padded + 1, row, col)`, pad rows `(0, 0, 0)` (`_pad_with_ids`).
@@ -783,6 +792,37 @@ pub fn unpatchify(tok: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memoised table equals computing every row's angles (what it replaced), bit for bit.
+    #[test]
+    fn axes_rope_table_matches_per_row_angles() {
+        let (theta, dims) = (256f64, [32usize, 48, 48]);
+        let freqs: Vec<Vec<f64>> = dims
+            .iter()
+            .map(|&dim| {
+                (0..dim / 2)
+                    .map(|j| 1.0 / theta.powf((2 * j) as f64 / dim as f64))
+                    .collect()
+            })
+            .collect();
+        let lp = 64;
+        let mut ids = image_ids(12, 20, lp);
+        ids.extend(caption_ids(lp));
+        let pairs = 64;
+        let mut angles = Vec::new();
+        for id in &ids {
+            for (axis, fr) in freqs.iter().enumerate() {
+                angles.extend(fr.iter().map(|&f| (id[axis] as f64 * f) as f32));
+            }
+        }
+        let want = ops::rope_table(&angles, pairs);
+        let got = axes_rope_table(&freqs, &ids, pairs);
+        assert_eq!(got.rows(), ids.len());
+        for r in 0..ids.len() {
+            assert_eq!(got.cos(r), want.cos(r), "cos row {r}");
+            assert_eq!(got.sin(r), want.sin(r), "sin row {r}");
+        }
+    }
 
     #[test]
     fn patchify_round_trip_and_order() {

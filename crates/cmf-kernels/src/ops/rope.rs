@@ -56,6 +56,22 @@ impl RopeTable {
         }
     }
 
+    /// From cos and sin tables `rows × half`, as [`RopeTable::from_angles`] would make them.
+    pub fn from_cos_sin(cos: Vec<f32>, sin: Vec<f32>, half: usize) -> RopeTable {
+        assert!(
+            half > 0 && cos.len() == sin.len() && cos.len().is_multiple_of(half),
+            "RopeTable::from_cos_sin: {} cos and {} sin values are not rows of {half}",
+            cos.len(),
+            sin.len()
+        );
+        RopeTable { half, cos, sin }
+    }
+
+    /// The cos and sin tables, `rows × half` each.
+    pub fn into_cos_sin(self) -> (Vec<f32>, Vec<f32>) {
+        (self.cos, self.sin)
+    }
+
     /// Number of rows (positions).
     pub fn rows(&self) -> usize {
         self.cos.len() / self.half
