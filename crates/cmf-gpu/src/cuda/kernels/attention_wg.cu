@@ -447,11 +447,6 @@ __device__ __forceinline__ void ws_softmax(float* s, int kt, int T, int tg, floa
     l0 = l0 * corr0 + a0;
     l1 = l1 * corr1 + a1;
 }
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 // The probabilities as bf16 A fragments of P·V (V is bf16, as the q|k|v GEMM wrote it; lazy
 // rescaling keeps P ≤ 2^WS_TAU): k16 step c takes columns 16c .. 16c + 15, i.e. accumulator
 // blocks 2c (a0: row g, a1: row g + 8) and 2c + 1 (a2, a3).

@@ -36,6 +36,12 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// The same as bf16x2 (attn_full_ws's P, a wgmma A operand beside bf16 V).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
     uint4 r;
