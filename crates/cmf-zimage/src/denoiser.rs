@@ -135,12 +135,26 @@ impl<'d, 'a> Denoiser<'d, 'a> {
     }
 
     /// The model output for the listed caption items (indices into `caps`) at model time `t`,
-    /// each `[C, h, w]`.
+    /// each `[C, h, w]`, for latents `[C, h, w]`.
     pub fn velocity(&mut self, latents: &[f32], t: f32, items: &[usize]) -> Vec<Vec<f32>> {
-        if let Some(out) = self.device_velocity(latents, t, items) {
+        let c = self.dit.cfg.in_channels;
+        let tokens = patchify(latents, c, self.h, self.w);
+        self.velocity_tokens(&tokens, t, items)
+            .iter()
+            .map(|o| unpatchify(o, c, self.h, self.w))
+            .collect()
+    }
+
+    /// As [`Denoiser::velocity`] with latents and outputs in token order (`patchify`'s): what
+    /// the device takes and gives, so a denoising loop kept in token order moves no data between
+    /// layouts per step (the Euler update and CFG are elementwise).
+    pub fn velocity_tokens(&mut self, tokens: &[f32], t: f32, items: &[usize]) -> Vec<Vec<f32>> {
+        if let Some(out) = self.device_velocity(tokens, t, items) {
             return out;
         }
         self.device = None;
+        let c = self.dit.cfg.in_channels;
+        let latents = unpatchify(tokens, c, self.h, self.w);
         let conds = self.cpu_conds.get_or_insert_with(|| {
             self.caps
                 .iter()
@@ -150,41 +164,39 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         let batch: Vec<DitItem> = items
             .iter()
             .map(|&i| DitItem {
-                latents,
+                latents: &latents,
                 cond: &conds[i],
                 t,
             })
             .collect();
-        self.dit.velocity(&batch, self.h, self.w)
+        self.dit
+            .velocity(&batch, self.h, self.w)
+            .iter()
+            .map(|o| patchify(o, c, self.h, self.w))
+            .collect()
     }
 
     fn device_velocity(
         &mut self,
-        latents: &[f32],
+        tokens: &[f32],
         t: f32,
         items: &[usize],
     ) -> Option<Vec<Vec<f32>>> {
         let dev = self.device.as_mut()?;
         let cfg = &self.dit.cfg;
-        let c = cfg.in_channels;
         let ni = (self.h / 2) * (self.w / 2);
         let pd = cfg.patch_dim();
-        let patches = patchify(latents, c, self.h, self.w);
         let t_emb = self.dit.t_embed(t * cfg.t_scale);
         let step: Vec<DitStepItem> = items
             .iter()
             .map(|&slot| DitStepItem {
                 slot,
-                patches: &patches,
+                patches: tokens,
                 t_emb: &t_emb,
             })
             .collect();
         let mut out = vec![0f32; items.len() * ni * pd];
         dev.step(&step, &mut out).ok()?;
-        Some(
-            out.chunks_exact(ni * pd)
-                .map(|o| unpatchify(o, c, self.h, self.w))
-                .collect(),
-        )
+        Some(out.chunks_exact(ni * pd).map(<[f32]>::to_vec).collect())
     }
 }

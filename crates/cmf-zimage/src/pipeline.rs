@@ -12,7 +12,7 @@ use crate::noise;
 use crate::scheduler::Schedule;
 use crate::tensors::{Loader, TensorSource};
 use crate::text_encoder::{PromptTokens, TextEncoder};
-use crate::transformer::{DitConfig, ZImageDit};
+use crate::transformer::{patchify, unpatchify, DitConfig, ZImageDit};
 use crate::vae::{checked_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
 use cmf_format::CmfModel;
@@ -369,7 +369,7 @@ pub fn generate_with(
 
     // ── initial latents: checked first, a bad file fails before minutes of work ──
     let n_lat = 16 * lh * lw;
-    let mut lat = match &plan.latents {
+    let lat = match &plan.latents {
         Some(p) => noise::read_latents(p, n_lat)?,
         None => noise::gaussian(n_lat, plan.seed),
     };
@@ -474,6 +474,10 @@ pub fn generate_with(
     tm.dit_on_device = denoiser.on_device();
     tm.dit_load = t0.elapsed().as_secs_f64();
     let sched = Schedule::new(plan.steps, plan.shift);
+    // The loop keeps the latents in token order (the DiT's): the Euler update and CFG are
+    // elementwise, so only the first and last step change layouts.
+    let c = dit.cfg.in_channels;
+    let mut tok = patchify(&lat, c, lh, lw);
     for i in 0..plan.steps {
         let ts = Instant::now();
         let cs = cpu_seconds();
@@ -482,13 +486,13 @@ pub fn generate_with(
         let cfg_now = plan.cfg() && !(plan.cfg_truncation <= 1.0 && t > plan.cfg_truncation);
         let items: &[usize] = if cfg_now { &[0, 1] } else { &[0] };
         debug_assert!(items.len() <= n_caps);
-        let mut outs = denoiser.velocity(&lat, t, items);
+        let mut outs = denoiser.velocity_tokens(&tok, t, items);
         tm.dit_on_device &= denoiser.on_device();
         let mut pred = outs.swap_remove(0);
         if cfg_now {
             cfg_combine(&mut pred, &outs[0], plan.guidance, plan.cfg_normalization);
         }
-        sched.step(i, &mut lat, &pred);
+        sched.step(i, &mut tok, &pred);
         let secs = ts.elapsed().as_secs_f64();
         tm.steps.push(secs);
         tm.steps_cpu.push(cpu_seconds() - cs);
@@ -499,6 +503,7 @@ pub fn generate_with(
             cfg: cfg_now,
         });
     }
+    let lat = unpatchify(&tok, c, lh, lw);
     tm.dit_fp8_planes = denoiser.fp8_planes();
     resident.dit = denoiser.into_device();
     drop(dit);
