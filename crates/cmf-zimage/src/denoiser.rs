@@ -186,7 +186,9 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         let cfg = &self.dit.cfg;
         let ni = (self.h / 2) * (self.w / 2);
         let pd = cfg.patch_dim();
+        let t0 = std::time::Instant::now();
         let t_emb = self.dit.t_embed(t * cfg.t_scale);
+        let t_embed_s = t0.elapsed().as_secs_f64();
         let step: Vec<DitStepItem> = items
             .iter()
             .map(|&slot| DitStepItem {
@@ -196,7 +198,20 @@ impl<'d, 'a> Denoiser<'d, 'a> {
             })
             .collect();
         let mut out = vec![0f32; items.len() * ni * pd];
+        let t1 = std::time::Instant::now();
         dev.step(&step, &mut out).ok()?;
-        Some(out.chunks_exact(ni * pd).map(<[f32]>::to_vec).collect())
+        let step_s = t1.elapsed().as_secs_f64();
+        let outs = out.chunks_exact(ni * pd).map(<[f32]>::to_vec).collect();
+        if cmf_gpu::facade::log::debug_enabled() {
+            // Where a step's wall time goes besides the device's own work (the device step
+            // includes its host conversions, uploads and readback).
+            cmf_gpu::facade::log::debug(&format!(
+                "dit step: timestep MLP {:.2} ms, device step {:.2} ms, other {:.2} ms",
+                1e3 * t_embed_s,
+                1e3 * step_s,
+                1e3 * (t0.elapsed().as_secs_f64() - t_embed_s - step_s)
+            ));
+        }
+        Some(outs)
     }
 }
