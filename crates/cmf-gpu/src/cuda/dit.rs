@@ -1645,6 +1645,10 @@ impl CudaDit {
             dev.upload(p.map_main.ptr(), bytes_of(&lay.main))?;
             dev.upload(p.map_nr.ptr(), bytes_of(&lay.nr))?;
         }
+        // Where a step's wall time goes, at debug verbosity: host conversions, uploads, the
+        // device's own time (events around the launch) and the readback.
+        let timing = crate::facade::log::debug_enabled();
+        let w0 = std::time::Instant::now();
         // Host inputs: patches and t-embeddings as bf16 GEMM operands.
         let to_bf16 = |v: &mut Vec<u16>, xs: &[f32]| {
             v.extend(xs.iter().map(|&x| bf16::from_f32(x).to_bits()))
@@ -1658,9 +1662,11 @@ impl CudaDit {
             let silu: Vec<f32> = it.t_emb.iter().map(|&x| x / (1.0 + (-x).exp())).collect();
             to_bf16(&mut sb, &silu);
         }
+        let convert_s = w0.elapsed().as_secs_f64();
         dev.upload(p.patches.ptr(), bytes_of(&pb))?;
         dev.upload(p.temb.ptr(), bytes_of(&tb))?;
         dev.upload(p.temb_silu.ptr(), bytes_of(&sb))?;
+        let upload_s = w0.elapsed().as_secs_f64() - convert_s;
 
         // The device work: replayed as a graph captured for this set of active items, on the
         // second step in a row with it (the first runs eagerly, which also sets up what capture
@@ -1688,12 +1694,35 @@ impl CudaDit {
             }
         }
         let p = self.prep.as_ref().expect("checked");
+        let timer = if timing { Some(Timer::new()?) } else { None };
+        if let Some(t) = &timer {
+            t.start(&dev)?;
+        }
+        let l0 = std::time::Instant::now();
+        let replay = matches!(&p.graph, Some((a, _)) if graphs && !self.no_graph && *a == active);
         match &p.graph {
             Some((a, gr)) if graphs && !self.no_graph && *a == active => gr.launch()?,
             _ => self.enqueue_step(p, &lay, &active)?,
         }
+        let launch_s = l0.elapsed().as_secs_f64();
+        let gpu_ms = match &timer {
+            Some(t) => t.stop_ms(&dev)?,
+            None => 0.0,
+        };
+        let r0 = std::time::Instant::now();
         out.resize(nb * ni * pd, 0.0);
         dev.download_f32(out, p.out.ptr())?;
+        if timing {
+            crate::facade::log::debug(&format!(
+                "dit device step ({}): convert {:.2} ms, upload {:.2} ms, launch {:.2} ms, device {:.2} ms, readback {:.2} ms",
+                if replay { "graph" } else { "eager" },
+                1e3 * convert_s,
+                1e3 * upload_s,
+                1e3 * launch_s,
+                gpu_ms,
+                1e3 * r0.elapsed().as_secs_f64()
+            ));
+        }
         self.prep.as_mut().expect("checked").maps_for = active;
         Ok(())
     }
