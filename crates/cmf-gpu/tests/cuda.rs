@@ -169,7 +169,8 @@ fn missing_device_is_an_error_not_a_panic() {
 #[test]
 fn matvec_matches_reference_for_every_codec() {
     let Some(b) = backend() else { return };
-    let (dev, ck) = (b.device(), b.kernels());
+    let ck = b.kernels().expect("the shared kernels load");
+    let (dev, ck) = (b.device(), &*ck);
     let mut rng = Rng::new(1);
     eprintln!(
         "{:<9} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11} {:>11}",

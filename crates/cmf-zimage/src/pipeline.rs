@@ -387,48 +387,62 @@ pub fn generate_with(
     {
         resident.dit = None;
     }
-    let preload_wanted =
-        gpu.is_active() && resident.dit.is_none() && !cmf_gpu::facade::in_cpu_scope();
-    let (cap, ncap, preloaded) = std::thread::scope(|s| -> Result<_, ZimageError> {
-        let preload = preload_wanted.then(|| {
-            s.spawn(|| {
-                let dit = pack.dit().ok()?;
-                gpu.load_dit(&dit.device_model(plan.dit_precision)).ok()
-            })
-        });
-        let te = pack.text_encoder()?;
-        let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
-        let neg = if plan.cfg() {
-            Some(te.tokenize(&plan.negative_prompt, plan.max_tokens)?)
-        } else {
-            None
-        };
-        events(Event::Tokenized {
-            positive: pos.clone(),
-            negative: neg.clone(),
-            max_tokens: plan.max_tokens,
-        });
-        let mut dev = match resident.te.take() {
-            Some(d) => Some(d),
-            None => te.on_device(gpu, plan.max_tokens),
-        };
-        let (feats, on_dev) = te.encode_with(&mut dev, &pos.ids)?;
-        tm.te_on_device = on_dev;
-        let cap = (feats, pos.ids.len());
-        let ncap = match &neg {
-            Some(n) => {
-                let (feats, on_dev) = te.encode_with(&mut dev, &n.ids)?;
-                tm.te_on_device &= on_dev;
-                Some((feats, n.ids.len()))
-            }
-            None => None,
-        };
-        resident.te = dev;
-        let preloaded = preload.and_then(|h| h.join().ok().flatten());
-        Ok((cap, ncap, preloaded))
-    })?;
+    let on_gpu = gpu.is_active() && !cmf_gpu::facade::in_cpu_scope();
+    let preload_dit = on_gpu && resident.dit.is_none();
+    // The VAE too (its kernels, cuDNN handle and weights: ~0.3 s of a first run that would
+    // otherwise wait between the last step and the decode).
+    let preload_vae = on_gpu && resident.vae.is_none();
+    let (cap, ncap, (preloaded, preloaded_vae)) =
+        std::thread::scope(|s| -> Result<_, ZimageError> {
+            let preload = (preload_dit || preload_vae).then(|| {
+                s.spawn(|| {
+                    let dit = preload_dit
+                        .then(|| pack.dit().ok())
+                        .flatten()
+                        .and_then(|dit| gpu.load_dit(&dit.device_model(plan.dit_precision)).ok());
+                    let vae = preload_vae
+                        .then(|| pack.vae().ok())
+                        .flatten()
+                        .and_then(|vae| gpu.load_vae(&vae.gpu_model()).ok());
+                    (dit, vae)
+                })
+            });
+            let te = pack.text_encoder()?;
+            let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
+            let neg = if plan.cfg() {
+                Some(te.tokenize(&plan.negative_prompt, plan.max_tokens)?)
+            } else {
+                None
+            };
+            events(Event::Tokenized {
+                positive: pos.clone(),
+                negative: neg.clone(),
+                max_tokens: plan.max_tokens,
+            });
+            let mut dev = match resident.te.take() {
+                Some(d) => Some(d),
+                None => te.on_device(gpu, plan.max_tokens),
+            };
+            let (feats, on_dev) = te.encode_with(&mut dev, &pos.ids)?;
+            tm.te_on_device = on_dev;
+            let cap = (feats, pos.ids.len());
+            let ncap = match &neg {
+                Some(n) => {
+                    let (feats, on_dev) = te.encode_with(&mut dev, &n.ids)?;
+                    tm.te_on_device &= on_dev;
+                    Some((feats, n.ids.len()))
+                }
+                None => None,
+            };
+            resident.te = dev;
+            let preloaded = preload.and_then(|h| h.join().ok()).unwrap_or((None, None));
+            Ok((cap, ncap, preloaded))
+        })?;
     if preloaded.is_some() {
         resident.dit = preloaded;
+    }
+    if preloaded_vae.is_some() {
+        resident.vae = preloaded_vae;
     }
     release(pack, "te.");
     tm.text_encoder = t0.elapsed().as_secs_f64();

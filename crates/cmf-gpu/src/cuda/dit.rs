@@ -26,8 +26,8 @@ use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, Timer};
 use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
-    fa2_smem, ws8_smem, ws_smem, Func, Module, ATTENTION, ATTENTION_WG, DIT, ROWOPS, WG_SMEM,
-    WS8_SLOTS, WS_KEYS,
+    compile_parallel, fa2_smem, ws8_smem, ws_smem, Func, Job, Module, ATTENTION, ATTENTION_WG, DIT,
+    ROWOPS, WG_SMEM, WS8_SLOTS, WS_KEYS,
 };
 use super::tma;
 use super::weights::{DequantTo, DevCodec, DevWeight};
@@ -76,10 +76,22 @@ impl Kernels {
         ];
         let mut dit_defs = defs.clone();
         dit_defs.push(("X_BF16", (x_bf16 as u8).to_string()));
-        let dit = Module::load(dev, "dit", DIT, &dit_defs)?;
-        let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
-        let attn = load_attention(dev, hd, attention_variant(dev, hd, &choice), &defs)?;
+        let variant = attention_variant(dev, hd, &choice);
+        // Every module compiles at once (a first run on a machine), then each loads.
+        let arch = dev.arch();
+        let mut jobs = vec![
+            Job::new("dit", DIT, &dit_defs, &arch),
+            Job::new("rowops", ROWOPS, &defs, &arch),
+            attention_job(dev, &variant, &defs),
+        ];
+        if attn8.is_some() {
+            jobs.extend(Attn8::job(dev, hd, &defs).map(|(j, _)| j));
+        }
+        compile_parallel(&jobs);
+        let dit = Module::load_job(dev, &jobs[0])?;
+        let rows = Module::load_job(dev, &jobs[1])?;
+        let attn = load_attention(dev, hd, variant, &defs)?;
         let attn8 = match attn8 {
             Some(min_keys) => Attn8::load(dev, hd, &defs, min_keys)?,
             None => None,
@@ -348,12 +360,30 @@ impl Attn8 {
     fn load(
         dev: &Dev,
         hd: usize,
-        defs: &[(&str, String)],
+        defs: &[(&'static str, String)],
         min_keys: usize,
     ) -> DResult<Option<Attn8>> {
-        let Some(arch) = dev.arch_specific().filter(|_| hd == 128) else {
+        let Some((job, slots)) = Self::job(dev, hd, defs) else {
             return Ok(None);
         };
+        let m = Module::load_job(dev, &job)?;
+        let attn = m.func("attn_full_ws8")?;
+        let smem = ws8_smem(slots);
+        attn.allow_smem(smem)?;
+        Ok(Some(Attn8 {
+            prep: m.func("attn8_prep")?,
+            attn,
+            smem,
+            min_keys,
+            quant_q: m.func("q_rows_e4m3")?,
+            split: TailSplit::new(dev)?,
+            _m: m,
+        }))
+    }
+
+    /// The module of the FP8 attention and its K/V slots; None where it cannot run.
+    fn job(dev: &Dev, hd: usize, defs: &[(&'static str, String)]) -> Option<(Job, usize)> {
+        let arch = dev.arch_specific().filter(|_| hd == 128)?;
         // Experiment switches (A/B runs): CMF_DIT_WS8_SLOTS=2..6, CMF_DIT_WS8_PINGPONG=1,
         // CMF_DIT_WS8_TAU=0..8 (lazy rescaling's threshold; 0: eager), CMF_DIT_WS8_ONES=0 (row
         // sums on the FP32 pipe instead of a ones column of P·V).
@@ -372,19 +402,7 @@ impl Attn8 {
         }
         env_define(&mut defs, "CMF_DIT_WS8_TAU", "W8_TAU", 0..=8);
         env_define(&mut defs, "CMF_DIT_WS8_ONES", "W8_ONES", 0..=1);
-        let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, &defs, &arch)?;
-        let attn = m.func("attn_full_ws8")?;
-        let smem = ws8_smem(slots);
-        attn.allow_smem(smem)?;
-        Ok(Some(Attn8 {
-            prep: m.func("attn8_prep")?,
-            attn,
-            smem,
-            min_keys,
-            quant_q: m.func("q_rows_e4m3")?,
-            split: TailSplit::new(dev)?,
-            _m: m,
-        }))
+        Some((Job::new("attention_wg", ATTENTION_WG, &defs, &arch), slots))
     }
 
     fn launch(&self, dev: &Dev, c: &AttnCall, e: &Attn8Call) -> DResult<()> {
@@ -550,28 +568,10 @@ fn env_define(
     }
 }
 
-/// Compiles (or takes from the cache) one attention variant and allows its shared memory.
-fn load_attention(
-    dev: &Dev,
-    hd: usize,
-    variant: AttnVariant,
-    defs: &[(&str, String)],
-) -> DResult<AttnKernel> {
-    let tma_keys = match variant {
-        AttnVariant::WarpSpecialized(_, keys) => Some(keys as u32),
-        _ => None,
-    };
-    let (m, f, shape) = match variant {
-        AttnVariant::Wgmma(entry, arch) => {
-            let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, defs, &arch)?;
-            let f = m.func(entry)?;
-            let shape = AttnShape {
-                threads: 256,
-                rows: 128,
-                smem: WG_SMEM,
-            };
-            (m, f, shape)
-        }
+/// The module one attention variant lives in.
+fn attention_job(dev: &Dev, variant: &AttnVariant, defs: &[(&'static str, String)]) -> Job {
+    match variant {
+        AttnVariant::Wgmma(_, arch) => Job::new("attention_wg", ATTENTION_WG, defs, arch),
         AttnVariant::WarpSpecialized(arch, keys) => {
             // Experiment switches: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will;
             // CMF_DIT_WS_TAU=0..8 sets the lazy rescaling's threshold (0: eager).
@@ -581,24 +581,48 @@ fn load_attention(
                 defs.push(("WS_PINGPONG", "0".to_string()));
             }
             env_define(&mut defs, "CMF_DIT_WS_TAU", "WS_TAU", 0..=8);
-            let m = Module::load_for(dev, "attention_wg", ATTENTION_WG, &defs, &arch)?;
-            let f = m.func("attn_full_ws")?;
+            Job::new("attention_wg", ATTENTION_WG, &defs, arch)
+        }
+        AttnVariant::MmaSync(..) => Job::new("attention", ATTENTION, defs, &dev.arch()),
+    }
+}
+
+/// Compiles (or takes from the cache) one attention variant and allows its shared memory.
+fn load_attention(
+    dev: &Dev,
+    hd: usize,
+    variant: AttnVariant,
+    defs: &[(&'static str, String)],
+) -> DResult<AttnKernel> {
+    let tma_keys = match variant {
+        AttnVariant::WarpSpecialized(_, keys) => Some(keys as u32),
+        _ => None,
+    };
+    let m = Module::load_job(dev, &attention_job(dev, &variant, defs))?;
+    let (f, shape) = match variant {
+        AttnVariant::Wgmma(entry, _) => {
+            let shape = AttnShape {
+                threads: 256,
+                rows: 128,
+                smem: WG_SMEM,
+            };
+            (m.func(entry)?, shape)
+        }
+        AttnVariant::WarpSpecialized(_, keys) => {
             let shape = AttnShape {
                 threads: 384,
                 rows: 128,
                 smem: ws_smem(keys),
             };
-            (m, f, shape)
+            (m.func("attn_full_ws")?, shape)
         }
         AttnVariant::MmaSync(entry, warps) => {
-            let m = Module::load(dev, "attention", ATTENTION, defs)?;
-            let f = m.func(entry)?;
             let shape = AttnShape {
                 threads: 32 * warps,
                 rows: 16 * warps as usize,
                 smem: fa2_smem(hd),
             };
-            (m, f, shape)
+            (m.func(entry)?, shape)
         }
     };
     f.allow_smem(shape.smem)?;

@@ -2,8 +2,10 @@
 //! compilation into modules, and typed handles to the functions.
 //!
 //! `matvec.cu` and `sample.cu` are the same for every model and compiled once per backend;
-//! `rowops.cu` and `attention.cu` are compiled per model geometry (head dim, GQA group, KV
-//! precision are compile-time constants there) and cached on disk like the others.
+//! `rowops.cu`, `attention.cu` and `attention_decode.cu` are compiled per model geometry (head
+//! dim, GQA group, KV precision are compile-time constants there) and cached on disk like the
+//! others. A loader compiles its modules in parallel ([`compile_parallel`]); a first run on a
+//! machine waits for the slowest module, not for their sum.
 
 use super::device::{Ctx, DResult, Dev, DevError};
 use super::nvrtc;
@@ -22,7 +24,12 @@ pub const ATTENTION: &str = concat!(
     include_str!("kernels/kv.cuh"),
     include_str!("kernels/rope.cuh"),
     include_str!("kernels/attention_frag.cuh"),
-    include_str!("kernels/attention.cu"),
+    include_str!("kernels/attention.cu")
+);
+/// The decode attention: a module of its own so that it compiles beside the prefill one.
+pub const ATTENTION_DECODE: &str = concat!(
+    include_str!("kernels/kv.cuh"),
+    include_str!("kernels/rope.cuh"),
     include_str!("kernels/attention_decode.cu")
 );
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
@@ -64,16 +71,22 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, model(128, 4, false)),
         ("rowops", ROWOPS, model(64, 2, true)),
         ("attention", ATTENTION, model(128, 4, false)),
-        ("attention", ATTENTION, {
+        ("attention_decode", ATTENTION_DECODE, model(128, 4, false)),
+        ("attention_decode", ATTENTION_DECODE, {
             let mut d = model(128, 2, false);
             d.push(("DEC_EARLY_WAIT", "1".to_string()));
             d
         }),
         ("attention", ATTENTION, model(128, 2, true)),
+        ("attention_decode", ATTENTION_DECODE, model(128, 2, true)),
         ("attention", ATTENTION, model(64, 1, false)),
+        ("attention_decode", ATTENTION_DECODE, model(64, 1, false)),
         ("attention", ATTENTION, model(256, 8, false)),
+        ("attention_decode", ATTENTION_DECODE, model(256, 8, false)),
         ("attention", ATTENTION, model(16, 2, true)),
+        ("attention_decode", ATTENTION_DECODE, model(16, 2, true)),
         ("attention", ATTENTION, model(16, 2, false)),
+        ("attention_decode", ATTENTION_DECODE, model(16, 2, false)),
         ("rowops", ROWOPS, model(16, 2, true)),
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
@@ -152,6 +165,62 @@ pub fn full_source(src: &str) -> String {
     format!("{COMMON}\n{src}")
 }
 
+/// One module to compile: a source with its defines, for an NVRTC target.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub name: &'static str,
+    pub src: &'static str,
+    pub defines: Vec<(&'static str, String)>,
+    pub arch: String,
+}
+
+impl Job {
+    pub fn new(
+        name: &'static str,
+        src: &'static str,
+        defines: &[(&'static str, String)],
+        arch: &str,
+    ) -> Job {
+        Job {
+            name,
+            src,
+            defines: defines.to_vec(),
+            arch: arch.to_string(),
+        }
+    }
+}
+
+/// Compiles every job not yet in the disk cache, one thread each, and returns when all are
+/// done. Errors are left for [`Module::load_job`] to report (it finds the same failure).
+/// Why: a first run on a machine compiles ~10 modules of 0.1–4 s each; in parallel the wait
+/// is the longest one instead of their sum.
+pub fn compile_parallel(jobs: &[Job]) {
+    if jobs.len() < 2 {
+        return;
+    }
+    std::thread::scope(|s| {
+        for j in jobs {
+            s.spawn(move || {
+                let _ = nvrtc::compile(j.name, &full_source(j.src), &j.arch, &j.defines);
+            });
+        }
+    });
+}
+
+/// Starts compiling `jobs` in the background (to the disk cache and the process's shared
+/// results), so that the loaders that need them later find them done or in progress.
+pub fn prefetch(jobs: Vec<Job>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cmf-nvrtc-prefetch".into())
+        .spawn(move || compile_parallel(&jobs));
+    if let Err(e) = spawned {
+        crate::facade::log::debug(&format!("kernel prefetch not started: {e}"));
+    }
+}
+
 /// A loaded module (kept alive by its functions).
 pub struct Module {
     module: Arc<CudaModule>,
@@ -167,6 +236,17 @@ impl Module {
         defines: &[(&str, String)],
     ) -> DResult<Module> {
         Self::load_for(dev, name, src, defines, &dev.arch())
+    }
+
+    /// Loads one job's module.
+    pub fn load_job(dev: &Dev, j: &Job) -> DResult<Module> {
+        Self::load_for(dev, j.name, j.src, &j.defines, &j.arch)
+    }
+
+    /// Compiles `jobs` in parallel, then loads them in order.
+    pub fn load_all(dev: &Dev, jobs: &[Job]) -> DResult<Vec<Module>> {
+        compile_parallel(jobs);
+        jobs.iter().map(|j| Self::load_job(dev, j)).collect()
     }
 
     /// [`Module::load`] for an explicit NVRTC target (`sm_90a` for the wgmma kernels).
@@ -337,19 +417,30 @@ impl MatvecConfig {
 }
 
 impl CommonKernels {
-    pub fn load(dev: &Dev) -> DResult<CommonKernels> {
-        let mv_config = MatvecConfig::from_env();
-        let mv = Module::load(dev, "matvec", MATVEC, &mv_config.defines())?;
-        let small = match std::env::var("CMF_GPU_MV_SMALL").as_deref() {
-            Ok("0") => None,
-            _ => Some(Module::load(
-                dev,
+    /// The modules: matvec in the configured shape, sample, and the small-matrix matvec unless
+    /// `CMF_GPU_MV_SMALL=0`.
+    pub fn jobs(dev: &Dev) -> Vec<Job> {
+        let arch = dev.arch();
+        let mut jobs = vec![
+            Job::new("matvec", MATVEC, &MatvecConfig::from_env().defines(), &arch),
+            Job::new("sample", SAMPLE, &[], &arch),
+        ];
+        if std::env::var("CMF_GPU_MV_SMALL").as_deref() != Ok("0") {
+            jobs.push(Job::new(
                 "matvec",
                 MATVEC,
                 &MatvecConfig::SMALL.defines(),
-            )?),
-        };
-        let sample = Module::load(dev, "sample", SAMPLE, &[])?;
+                &arch,
+            ));
+        }
+        jobs
+    }
+
+    pub fn load(dev: &Dev) -> DResult<CommonKernels> {
+        let mv_config = MatvecConfig::from_env();
+        let mut mods = Module::load_all(dev, &Self::jobs(dev))?.into_iter();
+        let (mv, sample) = (mods.next().expect("jobs"), mods.next().expect("jobs"));
+        let small = mods.next();
         let funcs = |m: &Module| -> DResult<[Func; 5]> {
             Ok([
                 m.func("mv_q8")?,
@@ -430,13 +521,14 @@ pub struct ModelKernels {
 }
 
 impl ModelKernels {
-    pub fn load(
+    /// The modules for one geometry: rowops, the prefill attention and the decode attention.
+    pub fn jobs(
         dev: &Dev,
         head_dim: usize,
         group: usize,
         kv_f32: bool,
         dec: DecodeAttnConfig,
-    ) -> DResult<ModelKernels> {
+    ) -> Vec<Job> {
         let defs = vec![
             ("DEC_MIN_CHUNK", dec.min_chunk.to_string()),
             ("DEC_ONE_BLOCK", dec.one_block.to_string()),
@@ -445,8 +537,25 @@ impl ModelKernels {
             ("GQA", group.to_string()),
             ("KV_F32", (kv_f32 as u8).to_string()),
         ];
-        let rows = Module::load(dev, "rowops", ROWOPS, &defs)?;
-        let attn = Module::load(dev, "attention", ATTENTION, &defs)?;
+        let arch = dev.arch();
+        vec![
+            Job::new("rowops", ROWOPS, &defs, &arch),
+            Job::new("attention", ATTENTION, &defs, &arch),
+            Job::new("attention_decode", ATTENTION_DECODE, &defs, &arch),
+        ]
+    }
+
+    pub fn load(
+        dev: &Dev,
+        head_dim: usize,
+        group: usize,
+        kv_f32: bool,
+        dec: DecodeAttnConfig,
+    ) -> DResult<ModelKernels> {
+        let [rows, attn, dec_attn]: [Module; 3] =
+            Module::load_all(dev, &Self::jobs(dev, head_dim, group, kv_f32, dec))?
+                .try_into()
+                .map_err(|_| DevError("model kernels: three modules expected".into()))?;
         let tc = !kv_f32 && head_dim <= 128 && head_dim % 16 == 0;
         let mma = if tc {
             Some(attn.func("attn_prefill_mma")?)
@@ -467,12 +576,12 @@ impl ModelKernels {
             swiglu_rows: rows.func("swiglu_rows")?,
             dequant_rows: rows.func("dequant_rows")?,
             rope_qk_kv: rows.func("rope_qk_kv")?,
-            attn_decode: attn.func("attn_decode")?,
-            attn_decode_short: attn.func("attn_decode_short")?,
+            attn_decode: dec_attn.func("attn_decode")?,
+            attn_decode_short: dec_attn.func("attn_decode_short")?,
             attn_prefill_simple: attn.func("attn_prefill_simple")?,
             attn_prefill_mma: mma,
             attn_prefill_fa2: fa2,
-            _mods: vec![rows, attn],
+            _mods: vec![rows, attn, dec_attn],
         };
         Ok(k)
     }

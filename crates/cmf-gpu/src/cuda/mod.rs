@@ -26,26 +26,28 @@ use crate::facade::{Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placeme
 use crate::llm::{LlmModel, LlmOptions};
 use device::Dev;
 use kernels::CommonKernels;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct CudaBackend {
     dev: Arc<Dev>,
-    ck: Arc<CommonKernels>,
+    /// The shared LLM kernels (matvec, sampling), loaded on first use: a process that runs no
+    /// LLM never waits for them, and one that does compiles them beside its model's kernels.
+    ck: Mutex<Option<Arc<CommonKernels>>>,
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal` and compiles (or loads from the cache) the shared kernels.
-    /// Every failure is an `Err` with the reason, never a panic: no driver library, no
-    /// device, no NVRTC, a compile or load error.
+    /// Opens device `ordinal` and starts compiling the shared kernels in the background (a
+    /// first run on a machine; later runs find them in the disk cache). Every failure is an
+    /// `Err` with the reason, never a panic: no driver library, no device, no NVRTC.
     pub fn open(ordinal: usize) -> Result<CudaBackend, String> {
         let dev = Dev::open(ordinal)?;
         if !nvrtc::available() {
             return Err("libnvrtc (the CUDA runtime compiler) is not installed".into());
         }
-        let ck = CommonKernels::load(&dev).map_err(|e| e.0)?;
+        kernels::prefetch(CommonKernels::jobs(&dev));
         Ok(CudaBackend {
             dev: Arc::new(dev),
-            ck: Arc::new(ck),
+            ck: Mutex::new(None),
         })
     }
 
@@ -53,8 +55,15 @@ impl CudaBackend {
         &self.dev
     }
 
-    pub fn kernels(&self) -> &Arc<CommonKernels> {
-        &self.ck
+    /// The shared kernels, compiled (or taken from the cache) and loaded on the first call.
+    pub fn kernels(&self) -> Result<Arc<CommonKernels>, device::DevError> {
+        let mut ck = self.ck.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = ck.as_ref() {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(CommonKernels::load(&self.dev)?);
+        *ck = Some(k.clone());
+        Ok(k)
     }
 
     /// Loads a model as a concrete [`llm::CudaLlm`] (benchmarks and tests that want its extras).
@@ -65,7 +74,11 @@ impl CudaBackend {
         placement: &Placement,
     ) -> Result<llm::CudaLlm, Refusal> {
         model.validate()?;
-        llm::CudaLlm::load(self.dev.clone(), self.ck.clone(), model, opts, placement)
+        // The model's kernels compile while the shared ones finish (a first run's wait is the
+        // longer of the two, not their sum).
+        kernels::prefetch(llm::kernel_jobs(&self.dev, model, opts)?);
+        let ck = self.kernels().map_err(|e| e.refusal("llm.load"))?;
+        llm::CudaLlm::load(self.dev.clone(), ck, model, opts, placement)
     }
 }
 
@@ -95,13 +108,7 @@ impl Backend for CudaBackend {
         opts: &LlmOptions,
         placement: &Placement,
     ) -> Result<Box<dyn LlmDevice>, Refusal> {
-        Ok(Box::new(llm::CudaLlm::load(
-            self.dev.clone(),
-            self.ck.clone(),
-            model,
-            opts,
-            placement,
-        )?))
+        Ok(Box::new(self.load_cuda_llm(model, opts, placement)?))
     }
 
     fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {

@@ -4,10 +4,16 @@
 //! Cache: `$XDG_CACHE_HOME/cmf/cubin/` (else `~/.cache/cmf/cubin/`), one file per
 //! `{name}-{key}.cubin`, key = FNV-1a-64 over (source, options, arch, NVRTC version). A stale or
 //! corrupt file is simply recompiled: the module load fails and the entry is rewritten.
+//!
+//! Concurrency: threads may compile different sources at once (a first run compiles its modules
+//! in parallel, kernels.rs `compile_parallel` / `prefetch`); two requests for the same key in one
+//! process share one compilation (the second waits for the first's result).
 
 use cudarc::nvrtc::sys as nv;
+use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether libnvrtc can be loaded (never panics).
 pub fn available() -> bool {
@@ -96,17 +102,48 @@ pub fn compile(
             }
         }
     }
-    let (cubin, log) = compile_uncached(name, src, &opts)?;
-    if let Some(p) = &path {
-        if let Err(e) = crate::facade::write_atomic(p, &cubin) {
-            crate::facade::log::debug(&format!("cannot cache {}: {e}", p.display()));
-        }
+    if verbose {
+        let (cubin, log) = compile_uncached(name, src, &opts)?;
+        return Ok(Compiled {
+            cubin,
+            log,
+            from_cache: false,
+        });
     }
+    // One compilation per key and process: a request that finds one running waits for it.
+    let slot = in_flight(key);
+    let done = slot.get_or_init(|| {
+        let t0 = std::time::Instant::now();
+        let (cubin, log) = compile_uncached(name, src, &opts)?;
+        crate::facade::log::debug(&format!(
+            "nvrtc: compiled {name} ({joined}) in {:.2} s",
+            t0.elapsed().as_secs_f64()
+        ));
+        if let Some(p) = &path {
+            if let Err(e) = crate::facade::write_atomic(p, &cubin) {
+                crate::facade::log::debug(&format!("cannot cache {}: {e}", p.display()));
+            }
+        }
+        Ok(Arc::new((cubin, log)))
+    });
+    let (cubin, log) = done.as_ref().map_err(Clone::clone)?.as_ref();
     Ok(Compiled {
-        cubin,
-        log,
+        cubin: cubin.clone(),
+        log: log.clone(),
         from_cache: false,
     })
+}
+
+/// A compilation's result, shared by every request for its key.
+type Slot = Arc<OnceLock<Result<Arc<(Vec<u8>, String)>, String>>>;
+
+/// The process's compilations by key (kept: a cubin is at most a few MB, and a later request
+/// where the disk cache is unwritable then needs no second compile).
+fn in_flight(key: u64) -> Slot {
+    static SLOTS: OnceLock<Mutex<HashMap<u64, Slot>>> = OnceLock::new();
+    let map = SLOTS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(key).or_default().clone()
 }
 
 /// Drops a cached image (after the driver rejected it).

@@ -12,15 +12,6 @@
 // Layouts: q [T, NH, HD] f32; caches [NKV, S_max, HD]; out [T, NH, HD] f32.
 // Reference: llm/reference.rs `layer` (scores · attn_scale, softmax, weighted V).
 
-#ifndef HD
-#define HD 128
-#endif
-#ifndef GQA
-#define GQA 1
-#endif
-// Dims per lane; lanes with lane·EPL ≥ HD idle (HD = 16 uses half a warp).
-#define EPL ((HD + 31) / 32)
-#define LANE_OK(lane) ((lane) * EPL < HD)
 
 // EPL consecutive elements of a cache row (lane's share) as f32: one vector load where EPL fits
 // one, else element by element.

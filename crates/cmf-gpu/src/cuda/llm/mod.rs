@@ -18,7 +18,7 @@ mod workspace;
 
 use super::blas::Blas;
 use super::device::{DBuf, DResult, Dev, DevError, Graph};
-use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
+use super::kernels::{CommonKernels, DecodeAttnConfig, Job, ModelKernels};
 use super::weights::{self, DevCodec, DevWeight};
 use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
 use crate::llm::{
@@ -336,6 +336,28 @@ fn upload_opt(dev: &Dev, v: Option<&[f32]>) -> DResult<Option<DBuf>> {
     v.map(|v| upload_f32(dev, v)).transpose()
 }
 
+/// The decode attention's compile-time choices for `model` under plan `p`.
+fn decode_attn_config(model: &LlmModel, p: &Plan) -> DecodeAttnConfig {
+    DecodeAttnConfig {
+        min_chunk: dec_min_chunk(),
+        one_block: p.one_block,
+        early_wait: decode_early_wait(model.layers.first().map_or(0, layer_weight_bytes)),
+    }
+}
+
+/// The modules [`CudaLlm::load`] compiles for `model` (what a caller may start compiling early).
+pub fn kernel_jobs(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Vec<Job>, Refusal> {
+    let p = plan(dev, model, opts)?;
+    let s = &model.spec;
+    Ok(ModelKernels::jobs(
+        dev,
+        s.head_dim,
+        s.num_heads / s.num_kv_heads,
+        p.kv_f32,
+        decode_attn_config(model, &p),
+    ))
+}
+
 impl CudaLlm {
     pub fn load(
         dev: Arc<Dev>,
@@ -352,11 +374,7 @@ impl CudaLlm {
             s.head_dim,
             s.num_heads / s.num_kv_heads,
             p.kv_f32,
-            DecodeAttnConfig {
-                min_chunk: dec_min_chunk(),
-                one_block: p.one_block,
-                early_wait: decode_early_wait(model.layers.first().map_or(0, layer_weight_bytes)),
-            },
+            decode_attn_config(model, &p),
         )
         .map_err(err)?;
         let smem = decode_smem_bytes(

@@ -22,7 +22,7 @@ pub mod plan;
 use super::blas::Blas;
 use super::cudnn::Cudnn;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError};
-use super::kernels::{Func, Module, ROWOPS, VAE};
+use super::kernels::{Func, Job, Module, ROWOPS, VAE};
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
 use crate::facade::{Refusal, RefusalReason};
@@ -57,8 +57,16 @@ struct Kernels {
 impl Kernels {
     fn load(dev: &Dev) -> DResult<Kernels> {
         // rowops with its default defines: only the geometry-free kernels are used here.
-        let rows = Module::load(dev, "rowops", ROWOPS, &[])?;
-        let vae = Module::load(dev, "vae", VAE, &[])?;
+        let arch = dev.arch();
+        let [rows, vae]: [Module; 2] = Module::load_all(
+            dev,
+            &[
+                Job::new("rowops", ROWOPS, &[], &arch),
+                Job::new("vae", VAE, &[], &arch),
+            ],
+        )?
+        .try_into()
+        .map_err(|_| DevError("VAE kernels: two modules expected".into()))?;
         Ok(Kernels {
             dequant_rows: rows.func("dequant_rows")?,
             to_bf16: rows.func("to_bf16")?,
