@@ -242,12 +242,18 @@ __device__ __forceinline__ float head_max(float v) {
     return v;
 }
 
-// Eight floats as f16 (saturating) / e4m3 (times inv) at p.
+// Eight floats as f16 (saturating) / bf16 / e4m3 (times inv) at p.
 __device__ __forceinline__ void st_f16x8(u16* p, const float* v) {
     *(uint4*)p = make_uint4((u32)to_f16_sat(v[0]) | ((u32)to_f16_sat(v[1]) << 16),
                             (u32)to_f16_sat(v[2]) | ((u32)to_f16_sat(v[3]) << 16),
                             (u32)to_f16_sat(v[4]) | ((u32)to_f16_sat(v[5]) << 16),
                             (u32)to_f16_sat(v[6]) | ((u32)to_f16_sat(v[7]) << 16));
+}
+__device__ __forceinline__ void st_bf16x8(u16* p, const float* v) {
+    *(uint4*)p = make_uint4((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
+                            (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16),
+                            (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16),
+                            (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16));
 }
 __device__ __forceinline__ void st_e4m3x8(u8* p, const float* v, float inv) {
     *(uint2*)p = make_uint2((u32)pack_e4m3x2(v[0] * inv, v[1] * inv) | ((u32)pack_e4m3x2(v[2] * inv, v[3] * inv) << 16),
@@ -298,15 +304,13 @@ __device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* 
     } else if (kind == 1 && k8) {
         // The FP8 attention's K: e4m3 with the layer's static scale (1 / k8_inv), laid out as kc.
         st_e4m3x8(k8 + kvrow * HD + 8 * li, v, k8_inv);
-    } else if (kind == 1 || (kind == 2 && vc && !v_bf16)) {
-        st_f16x8((kind == 1 ? kc : vc) + kvrow * HD + 8 * li, v);
+    } else if (kind == 1) {
+        st_f16x8(kc + kvrow * HD + 8 * li, v);
     } else if (kind == 2 && vc) {
-        // The GEMM's bf16 values as they are (they came from bf16: the round trip is exact).
-        *(uint4*)(vc + kvrow * HD + 8 * li) =
-            make_uint4((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
-                       (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16),
-                       (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16),
-                       (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16));
+        // attn_full_ws's V keeps the GEMM's bf16 values (they came from bf16: the round trip is
+        // exact); the older kernels read f16.
+        if (v_bf16) st_bf16x8(vc + kvrow * HD + 8 * li, v);
+        else st_f16x8(vc + kvrow * HD + 8 * li, v);
     }
     return kind == 2 ? amax : 0.f;
 }
