@@ -551,10 +551,19 @@ __device__ __forceinline__ bool ws_merge_halves(float* o, float& m0, float& m1, 
     const float n0 = fmaxf(m0, p0), n1 = fmaxf(m1, p1);
     const float a0 = fast_exp2((m0 - n0) * k0), b0 = fast_exp2((p0 - n0) * k0);
     const float a1 = fast_exp2((m1 - n1) * k1), b1 = fast_exp2((p1 - n1) * k1);
+    // Half 0's term first whichever half folds (one fused multiply-add of half 0's value onto
+    // half 1's product): the sum is then the same bits whichever half finished second, so an
+    // image does not depend on the order two blocks finish in (it did: two runs of one binary
+    // were 48.9 dB apart).
+    const bool h0 = w.half == 0;
+    auto fold = [h0](float mine, float ca, float theirs, float cb) {
+        return h0 ? fmaf(mine, ca, theirs * cb) : fmaf(theirs, cb, mine * ca);
+    };
 #pragma unroll
-    for (int i = 0; i < N; i++) o[i] = o[i] * ((i & 2) ? a1 : a0) + __ldcg(other + i * 256) * ((i & 2) ? b1 : b0);
-    l0 = l0 * a0 + __ldcg(other + (N + 2) * 256) * b0;
-    l1 = l1 * a1 + __ldcg(other + (N + 3) * 256) * b1;
+    for (int i = 0; i < N; i++)
+        o[i] = fold(o[i], (i & 2) ? a1 : a0, __ldcg(other + i * 256), (i & 2) ? b1 : b0);
+    l0 = fold(l0, a0, __ldcg(other + (N + 2) * 256), b0);
+    l1 = fold(l1, a1, __ldcg(other + (N + 3) * 256), b1);
     m0 = n0;
     m1 = n1;
     if (ctid == 0) pairs[w.pair] = 0u;
