@@ -316,6 +316,60 @@ fn fp8_attention_step_stays_close_to_cpu() {
     assert_eq!(planes, 4 * 4, "FP8 planes of the random DiT");
 }
 
+/// The device's velocities for `caps` (lengths), every item in one batch, as `compare` sets
+/// them up (None without a device).
+fn device_velocity(
+    src: &MemTensors,
+    cfg: &DitConfig,
+    caps: &[usize],
+    h: usize,
+    w: usize,
+    seed: u64,
+) -> Option<Vec<Vec<f32>>> {
+    let gpu = device()?;
+    let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
+    let mut rng = Rng(seed);
+    let cf = cfg.cap_feat_dim;
+    let cap_feats: Vec<(Vec<f32>, usize)> =
+        caps.iter().map(|&l| (rng.vec(l * cf, 2.0), l)).collect();
+    let lat = rng.vec(16 * h * w, 1.5);
+    let mut den = Denoiser::new(&dit, &gpu, cap_feats, h, w);
+    let items: Vec<usize> = (0..caps.len()).collect();
+    let v = den.velocity(&lat, 0.37, &items);
+    assert!(den.on_device(), "the step fell back to the CPU");
+    Some(v)
+}
+
+/// attn_full_ws making Q from the q|k|v rows gives the same bits as qk_norm_rope writing it
+/// (`CMF_DIT_Q_ROWS=0`), and a step repeats bit for bit: the tail split's halves (every tile
+/// is split at this size) fold in a fixed order whichever finishes first.
+#[test]
+fn q_from_rows_is_bitwise_qk_norm_rope_and_steps_repeat() {
+    let _env = serial();
+    let (src, cfg) = random_dit_hd128();
+    for (caps, h, w) in [(&[77usize, 5][..], 32, 32), (&[33][..], 20, 28)] {
+        let Some(a) = device_velocity(&src, &cfg, caps, h, w, 4) else {
+            return;
+        };
+        let again = device_velocity(&src, &cfg, caps, h, w, 4).unwrap();
+        let b = {
+            let _q = EnvVar::set("CMF_DIT_Q_ROWS", "0");
+            device_velocity(&src, &cfg, caps, h, w, 4).unwrap()
+        };
+        let bits =
+            |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+        assert!(
+            bits(&a) == bits(&again),
+            "caps {caps:?}: two runs of one step differ"
+        );
+        assert!(
+            bits(&a) == bits(&b),
+            "caps {caps:?}: Q from the rows differs from qk_norm_rope's"
+        );
+        eprintln!("caps {caps:?}: {} values, bit-identical", bits(&a).len());
+    }
+}
+
 /// A refusal after the first device step: that step's output buffer is untouched, the CPU
 /// computes it (bit-identical to the CPU path) and the rest of the run stays on the CPU.
 #[test]

@@ -251,6 +251,22 @@ struct AttnCall {
     out: u64,
     /// The test hook's: split half of the tiles whatever the round (see [`TailSplit`]).
     force_split: bool,
+    /// attn_full_ws only: `q` is instead the q|k|v GEMM's rows, which the kernel normalises and
+    /// rotates itself as it loads Q (qk_norm_rope then skips Q).
+    q_rows: Option<QRows>,
+}
+
+/// What attn_full_ws needs to make Q from the q|k|v rows (its `WsQRows`): the rows' stride in
+/// values, the q norm weight and eps, the RoPE tables and the row map (each X row's table row
+/// is its map entry's last field).
+#[derive(Clone, Copy)]
+struct QRows {
+    ld: usize,
+    norm: u64,
+    eps: f32,
+    cos: u64,
+    sin: u64,
+    map: u64,
 }
 
 impl AttnKernel {
@@ -281,6 +297,7 @@ impl AttnKernel {
             args.push(Arg::Bytes(map(c.v, v_strides)?.to_vec()));
             args.push(Arg::Ptr(c.q));
         } else {
+            debug_assert!(c.q_rows.is_none(), "Q from the rows: attn_full_ws only");
             args.extend([
                 Arg::Ptr(c.q),
                 Arg::Ptr(c.k),
@@ -295,6 +312,17 @@ impl AttnKernel {
                 let key_tiles = c.len.div_ceil(keys as usize);
                 let (split_args, blocks) = sp.launch_parts(nq * nh, key_tiles, c.force_split);
                 args.extend(split_args);
+                let qr = c.q_rows;
+                args.extend([
+                    Arg::I32(qr.map_or(0, |r| r.ld as i32)),
+                    Arg::Ptr(qr.map_or(0, |r| r.norm)),
+                    Arg::F32(qr.map_or(0.0, |r| r.eps)),
+                    Arg::Ptr(qr.map_or(0, |r| r.cos)),
+                    Arg::Ptr(qr.map_or(0, |r| r.sin)),
+                    // The map's rope_row field: the fifth int of each MAPW-int entry.
+                    Arg::Ptr(qr.map_or(0, |r| r.map + 4 * 4)),
+                    Arg::I32(dit_rows::MAPW as i32),
+                ]);
                 (blocks, 1, 1)
             }
             _ => (nq as u32, nh as u32, 1),
@@ -712,6 +740,7 @@ pub fn attention_for_test(
         cap_row0: 0,
         out: out.ptr(),
         force_split,
+        q_rows: None,
     };
     if variant == "ws8" || variant == "ws8q" {
         let a8 = Attn8::load(dev, HD, &defs, 0)?
@@ -975,6 +1004,9 @@ pub struct CudaDit {
     x_bytes: usize,
     /// Steps run eagerly, not as a graph: `CMF_DIT_GRAPH=0`, or after a capture failed.
     no_graph: bool,
+    /// attn_full_ws makes Q from the q|k|v rows (`CMF_DIT_Q_ROWS=0`: qk_norm_rope writes it, as
+    /// before; the bits are the same either way).
+    q_from_rows: bool,
     /// The activation buffers of the last prepared run, kept by `release` and taken again by
     /// the next `prepare` of the same row count (a warm image skips ~20 allocations).
     spare_work: Option<Work>,
@@ -1190,6 +1222,7 @@ impl CudaDit {
             fp8,
             x_bytes: if x_bf16 { 2 } else { 4 },
             no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
+            q_from_rows: std::env::var("CMF_DIT_Q_ROWS").as_deref() != Ok("0"),
             spare_work: None,
             blas,
             k,
@@ -1397,11 +1430,21 @@ impl CudaDit {
             // qk_norm_rope copies it to vc (bf16 for attn_full_ws, f16 for the older kernels).
             let ws_rows = self.k.attn.v_bf16() && p.segs.iter().all(Seg::keys_contiguous);
             let v_copy = attn8.is_none() && !ws_rows;
+            // attn_full_ws makes Q itself from the rows (not the FP8 attention: it reads e4m3 Q).
+            let q_rows =
+                (self.q_from_rows && self.k.attn.q_f16() && attn8.is_none()).then_some(QRows {
+                    ld: 3 * d,
+                    norm: b.norm_q.ptr(),
+                    eps: g.qk_eps,
+                    cos: p.cos,
+                    sin: p.sin,
+                    map: p.map,
+                });
             let units = if v_copy || attn8.is_some() {
                 3 * nh
             } else {
                 2 * nh
-            };
+            } - if q_rows.is_some() { nh } else { 0 };
             self.launch(
                 &self.k.qk_norm_rope,
                 (
@@ -1431,6 +1474,7 @@ impl CudaDit {
                     Arg::F32(1.0 / b.k8_scale),
                     Arg::I32(self.k.attn.q_f16() as i32),
                     Arg::I32(self.k.attn.v_bf16() as i32),
+                    Arg::I32(q_rows.is_some() as i32),
                 ],
             )?;
             self.prof_stop(t, ROWS)?;
@@ -1450,7 +1494,10 @@ impl CudaDit {
             let mut vt_off = 0;
             for (si, sg) in p.segs.iter().enumerate() {
                 let call = AttnCall {
-                    q: w.q.at(sg.j * d * self.k.attn.q_bytes()),
+                    q: match q_rows {
+                        Some(_) => w.qkv.ptr(),
+                        None => w.q.at(sg.j * d * self.k.attn.q_bytes()),
+                    },
                     k: w.kc.at(sg.j * d * 2),
                     v: if ws_rows {
                         w.qkv.at((sg.img_row0 * 3 * d + 2 * d) * 2)
@@ -1466,6 +1513,7 @@ impl CudaDit {
                     cap_row0: sg.cap_row0,
                     out: w.hb.ptr(),
                     force_split: false,
+                    q_rows,
                 };
                 match attn8 {
                     Some((k8, a8)) => {

@@ -35,6 +35,7 @@ pub const ATTENTION_DECODE: &str = concat!(
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
 pub const ATTENTION_WG: &str = concat!(
     include_str!("kernels/e4m3.cuh"),
+    include_str!("kernels/qknorm.cuh"),
     include_str!("kernels/attention_frag.cuh"),
     include_str!("kernels/attention_wg.cu"),
     include_str!("kernels/attention_ws8.cu")
@@ -43,6 +44,7 @@ pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 /// The DiT's row kernels (with the e4m3 encoder: some write FP8 GEMM inputs).
 pub const DIT: &str = concat!(
     include_str!("kernels/e4m3.cuh"),
+    include_str!("kernels/qknorm.cuh"),
     include_str!("kernels/dit.cu")
 );
 pub const VAE: &str = include_str!("kernels/vae.cu");

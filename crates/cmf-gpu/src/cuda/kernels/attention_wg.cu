@@ -570,10 +570,60 @@ __device__ __forceinline__ bool ws_merge_halves(float* o, float& m0, float& m1, 
     return true;
 }
 
+// Where attn_full_ws finds Q when it makes it itself (norm non-null): the q|k|v GEMM's bf16 rows
+// (q at X row xr, head h: q + xr · ld + h · HD), the q norm weight and eps, the RoPE cos/sin
+// tables [rows, HD / 2] and each X row's table row (rope_row[xr · rope_stride]). norm null: q is
+// the f16 [T, NH, HD] that qk_norm_rope wrote.
+struct WsQRows {
+    int ld;
+    const float* norm;
+    float eps;
+    const float* cosb;
+    const float* sinb;
+    const int* rope_row;
+    int rope_stride;
+};
+
+__device__ __forceinline__ void ws_st_q(u32 at, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(at), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// A consumer warpgroup's 64 Q rows (joint positions r0 ..) made from the q|k|v rows: RMSNorm +
+// RoPE exactly as qk_norm_rope does them (qknorm.cuh), so it need not write Q and this kernel
+// need not read it back (64 MB a layer at 1024²). Thread t of the warpgroup takes chunk t % 16 of
+// rows t / 16 + 8i: a row's 16 chunks are 16 consecutive lanes, the head's lane group of qknorm.cuh.
+__device__ __forceinline__ void ws_q_from_rows(const u16* q, const WsQRows& qr, u32 qs, int r0, int T, int h,
+                                               int img_row0, int np, int cap_row0, int tid) {
+    const int c8 = tid & 15;
+    float nw[8];
+    *(float4*)nw = *(const float4*)(qr.norm + 8 * c8);
+    *(float4*)(nw + 4) = *(const float4*)(qr.norm + 8 * c8 + 4);
+#pragma unroll 2
+    for (int row = (tid & 127) >> 4; row < 64; row += 8) {
+        const int r = r0 + row;
+        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+        float cs[4] = {0.f, 0.f, 0.f, 0.f}, sn[4] = {0.f, 0.f, 0.f, 0.f};
+        if (r < T) {
+            const long long xr = r < np ? img_row0 + r : cap_row0 + (r - np);
+            raw = *(const uint4*)(q + xr * qr.ld + h * HD + 8 * c8);
+            const long long rr = qr.rope_row[xr * qr.rope_stride];
+            *(float4*)cs = *(const float4*)(qr.cosb + rr * (HD / 2) + 4 * c8);
+            *(float4*)sn = *(const float4*)(qr.sinb + rr * (HD / 2) + 4 * c8);
+        }
+        float v[8];
+        qkn_unpack_bf16x8(raw, v);
+        qkn_norm_rope8(v, nw, qr.eps, cs, sn, true);
+        ws_st_q(qs + sw_chunk(row, c8, 64), qkn_pack_f16x8(v));
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u16* q, int T,
              float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b, int split_from, float* part,
-             unsigned* pairs) {
+             unsigned* pairs, int q_ld, const float* q_norm, float q_eps, const float* q_cos, const float* q_sin,
+             const int* q_rope_row, int q_rope_stride) {
+    const WsQRows qr = {q_ld, q_norm, q_eps, q_cos, q_sin, q_rope_row, q_rope_stride};
     extern __shared__ __align__(128) u8 wsm[];
     __shared__ int merge_flag;
     // The warp index through a shuffle: ptxas then knows the role branches below are uniform per
@@ -624,15 +674,15 @@ attn_full_ws(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc
     const float sl2 = scale * 1.4426950408889634f;
     // This warpgroup's 64 Q rows as f16, swizzled as a K-major A operand (rows at or past T: 0).
     const u32 qs = q_sm + wgi * (WS_Q_BYTES / 2);
-    for (int i = tid & 127; i < 64 * (HD / 8); i += 128) {
-        const int row = i >> 4, c8 = i & 15;
-        const int r = work.qt * WG_ROWS + wgi * 64 + row;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < T) v = *(const uint4*)(q + ((size_t)r * NH + h) * HD + c8 * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + sw_chunk(row, c8, 64)), "r"(v.x),
-                     "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
-    }
+    if (qr.norm) ws_q_from_rows(q, qr, qs, work.qt * WG_ROWS + wgi * 64, T, h, img_row0, np, cap_row0, tid);
+    else
+        for (int i = tid & 127; i < 64 * (HD / 8); i += 128) {
+            const int row = i >> 4, c8 = i & 15;
+            const int r = work.qt * WG_ROWS + wgi * 64 + row;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (r < T) v = *(const uint4*)(q + ((size_t)r * NH + h) * HD + c8 * 8);
+            ws_st_q(qs + sw_chunk(row, c8, 64), v);
+        }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores → wgmma reads
     named_sync(3 + wgi, 128);
 

@@ -53,7 +53,6 @@ typedef float xt;
 // Scales a residual row pointer for row_vec4's alignment test (a 4-group of bf16 is 8 bytes).
 #define X_ALIGN (X_BF16 ? 2 : 1)
 
-__device__ __forceinline__ u16 to_f16_sat(float v) { return f32_to_f16(fminf(fmaxf(v, -F16_MAX), F16_MAX)); }
 
 // Group g (V values, common.cuh) of an output row: bf16 to out_b (the row), or (out_q set) into
 // the e4m3 stash, folding |v| into amax.
@@ -230,12 +229,7 @@ __device__ __forceinline__ void qk_load_row(const u16* qkv, long long r, int NH,
     o.sn = rope ? *(const float4*)(sinb + rr * (HD / 2) + 4 * li) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// Sum and max over a head's QKR_LPH lanes (aligned groups of the warp; every lane calls these).
-__device__ __forceinline__ float head_sum(float v) {
-#pragma unroll
-    for (int o = QKR_LPH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
-}
+// Max over a head's QKR_LPH lanes (aligned groups of the warp; every lane calls it).
 __device__ __forceinline__ float head_max(float v) {
 #pragma unroll
     for (int o = QKR_LPH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
@@ -243,12 +237,7 @@ __device__ __forceinline__ float head_max(float v) {
 }
 
 // Eight floats as f16 (saturating) / bf16 / e4m3 (times inv) at p.
-__device__ __forceinline__ void st_f16x8(u16* p, const float* v) {
-    *(uint4*)p = make_uint4((u32)to_f16_sat(v[0]) | ((u32)to_f16_sat(v[1]) << 16),
-                            (u32)to_f16_sat(v[2]) | ((u32)to_f16_sat(v[3]) << 16),
-                            (u32)to_f16_sat(v[4]) | ((u32)to_f16_sat(v[5]) << 16),
-                            (u32)to_f16_sat(v[6]) | ((u32)to_f16_sat(v[7]) << 16));
-}
+__device__ __forceinline__ void st_f16x8(u16* p, const float* v) { *(uint4*)p = qkn_pack_f16x8(v); }
 __device__ __forceinline__ void st_bf16x8(u16* p, const float* v) {
     *(uint4*)p = make_uint4((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
                             (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16),
@@ -268,25 +257,10 @@ __device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* 
                                                   long long L, long long p, int NH, int kind, int h, int li,
                                                   float* q_out, u16* kc, u16* vc, u8* q8, float* q8_scale, u8* k8,
                                                   float k8_inv, int q_half, int v_bf16) {
-    const u32 w[4] = {in.pr.x, in.pr.y, in.pr.z, in.pr.w};
     const float cs[4] = {in.cs.x, in.cs.y, in.cs.z, in.cs.w}, sn[4] = {in.sn.x, in.sn.y, in.sn.z, in.sn.w};
     float v[8];
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        v[2 * k] = bf16_to_f32((u16)(w[k] & 0xffff));
-        v[2 * k + 1] = bf16_to_f32((u16)(w[k] >> 16));
-        ss += v[2 * k] * v[2 * k] + v[2 * k + 1] * v[2 * k + 1];
-    }
-    const float inv = rsqrtf(head_sum(ss) / (float)HD + eps);
-    if (kind < 2) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float a = v[2 * k] * inv * nw[2 * k], b = v[2 * k + 1] * inv * nw[2 * k + 1];
-            v[2 * k] = a * cs[k] - b * sn[k];
-            v[2 * k + 1] = a * sn[k] + b * cs[k];
-        }
-    }
+    qkn_unpack_bf16x8(in.pr, v);
+    qkn_norm_rope8(v, nw, eps, cs, sn, kind < 2);
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(v[k]));
@@ -323,9 +297,10 @@ __device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, in
 }
 
 // q/k RMSNorm + RoPE, f16 K/V. Grid (units / QKR_HPW / 4 rounded up — 3·NH units, 2·NH where V is
-// neither copied nor needed for its maxima — R / QKR_ROWS rounded up),
+// neither copied nor needed for its maxima, NH fewer with q_skip — R / QKR_ROWS rounded up),
 // 4 warps: warp w of the grid's x takes units QKR_HPW·w .. + QKR_HPW (unit u: kind u / NH — q, k,
-// v — and head u % NH), QKR_LPH lanes a unit, for QKR_ROWS rows. For the FP8 attention
+// v — and head u % NH; with q_skip they start at NH: attn_full_ws normalises and rotates Q itself
+// as it loads it from the q|k|v rows), QKR_LPH lanes a unit, for QKR_ROWS rows. For the FP8 attention
 // (attention_ws8.cu; else null): v_amax, the per-item, per-head V maxima; q8 and q8_scale, Q as
 // e4m3 rows [R, NH, HD] with a scale per row and head, in place of q_out; k8, K as e4m3 times
 // k8_inv, in place of kc. K needs no maximum: RMSNorm bounds a head's |k| by √HD · max |norm_k|
@@ -339,14 +314,15 @@ __device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, in
 extern "C" __global__ void __launch_bounds__(128)
 qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps, const float* cosb,
              const float* sinb, const int* map, int NH, int R, float* q_out, u16* kc, u16* vc, unsigned* v_amax,
-             u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half, int v_bf16) {
+             u8* q8, float* q8_scale, u8* k8, float k8_inv, int q_half, int v_bf16, int q_skip) {
     static_assert(QKR_ROWS <= 32, "qk_norm_rope: a lane holds a row's map entry");
     static_assert(HD % 8 == 0 && QKR_LPH <= 32 && (QKR_LPH & (QKR_LPH - 1)) == 0,
                   "qk_norm_rope: 8 values a lane, a power-of-two group of lanes a head");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Units: q and k heads, and V's only where they are copied or their maxima are needed.
+    // Units: q heads (unless the attention makes Q from the rows itself: q_skip), k heads, and V's
+    // only where they are copied or their maxima are needed.
     const int units = (vc || v_amax) ? 3 * NH : 2 * NH;
-    const int w0 = (blockIdx.x * 4 + warp) * QKR_HPW;
+    const int w0 = (q_skip ? NH : 0) + (blockIdx.x * 4 + warp) * QKR_HPW;
     if (w0 >= units) return;  // whole warps only: the reductions need every lane
     const int li = lane % QKR_LPH, u = w0 + lane / QKR_LPH;
     const int kind = u < units ? u / NH : 3, h = u - min(kind, 2) * NH;
