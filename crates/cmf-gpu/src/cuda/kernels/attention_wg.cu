@@ -595,26 +595,36 @@ __device__ __forceinline__ void ws_st_q(u32 at, uint4 v) {
 // rows t / 16 + 8i: a row's 16 chunks are 16 consecutive lanes, the head's lane group of qknorm.cuh.
 __device__ __forceinline__ void ws_q_from_rows(const u16* q, const WsQRows& qr, u32 qs, int r0, int T, int h,
                                                int img_row0, int np, int cap_row0, int tid) {
-    const int c8 = tid & 15;
+    const int c8 = tid & 15, row0 = (tid & 127) >> 4;
     float nw[8];
     *(float4*)nw = *(const float4*)(qr.norm + 8 * c8);
     *(float4*)(nw + 4) = *(const float4*)(qr.norm + 8 * c8 + 4);
-#pragma unroll 2
-    for (int row = (tid & 127) >> 4; row < 64; row += 8) {
-        const int r = r0 + row;
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        float cs[4] = {0.f, 0.f, 0.f, 0.f}, sn[4] = {0.f, 0.f, 0.f, 0.f};
-        if (r < T) {
-            const long long xr = r < np ? img_row0 + r : cap_row0 + (r - np);
-            raw = *(const uint4*)(q + xr * qr.ld + h * HD + 8 * c8);
-            const long long rr = qr.rope_row[xr * qr.rope_stride];
-            *(float4*)cs = *(const float4*)(qr.cosb + rr * (HD / 2) + 4 * c8);
-            *(float4*)sn = *(const float4*)(qr.sinb + rr * (HD / 2) + 4 * c8);
-        }
+    // Every load is issued before any value is used (the rows' X rows and table rows first,
+    // then their values and angles): one round trip of latency instead of a chain per row.
+    long long xr[8];
+    int rr[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + row0 + 8 * i;
+        xr[i] = r >= T ? -1 : r < np ? img_row0 + r : cap_row0 + (r - np);
+        rr[i] = xr[i] < 0 ? 0 : qr.rope_row[xr[i] * qr.rope_stride];
+    }
+    uint4 raw[8];
+    float4 cs[8], sn[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const bool in = xr[i] >= 0;
+        raw[i] = in ? *(const uint4*)(q + xr[i] * qr.ld + h * HD + 8 * c8) : make_uint4(0u, 0u, 0u, 0u);
+        cs[i] = in ? *(const float4*)(qr.cosb + (long long)rr[i] * (HD / 2) + 4 * c8) : make_float4(0.f, 0.f, 0.f, 0.f);
+        sn[i] = in ? *(const float4*)(qr.sinb + (long long)rr[i] * (HD / 2) + 4 * c8) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
         float v[8];
-        qkn_unpack_bf16x8(raw, v);
-        qkn_norm_rope8(v, nw, qr.eps, cs, sn, true);
-        ws_st_q(qs + sw_chunk(row, c8, 64), qkn_pack_f16x8(v));
+        const float c[4] = {cs[i].x, cs[i].y, cs[i].z, cs[i].w}, sv[4] = {sn[i].x, sn[i].y, sn[i].z, sn[i].w};
+        qkn_unpack_bf16x8(raw[i], v);
+        qkn_norm_rope8(v, nw, qr.eps, c, sv, true);
+        ws_st_q(qs + sw_chunk(row0 + 8 * i, c8, 64), qkn_pack_f16x8(v));
     }
 }
 
