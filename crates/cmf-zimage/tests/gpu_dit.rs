@@ -340,33 +340,39 @@ fn device_velocity(
     Some(v)
 }
 
-/// attn_full_ws making Q from the q|k|v rows gives the same bits as qk_norm_rope writing it
-/// (`CMF_DIT_Q_ROWS=0`), and a step repeats bit for bit: the tail split's halves (every tile
-/// is split at this size) fold in a fixed order whichever finishes first.
+/// attn_full_ws (and attn_full_ws8, the FP8 attention: `CMF_DIT_ATTN8=1`) making Q from the
+/// q|k|v rows gives the same bits as qk_norm_rope writing it (`CMF_DIT_Q_ROWS=0`), and a step
+/// repeats bit for bit: the tail split's halves (every tile is split at this size) fold in a
+/// fixed order whichever finishes first.
 #[test]
 fn q_from_rows_is_bitwise_qk_norm_rope_and_steps_repeat() {
     let _env = serial();
     let (src, cfg) = random_dit_hd128();
-    for (caps, h, w) in [(&[77usize, 5][..], 32, 32), (&[33][..], 20, 28)] {
-        let Some(a) = device_velocity(&src, &cfg, caps, h, w, 4) else {
-            return;
-        };
-        let again = device_velocity(&src, &cfg, caps, h, w, 4).unwrap();
-        let b = {
-            let _q = EnvVar::set("CMF_DIT_Q_ROWS", "0");
-            device_velocity(&src, &cfg, caps, h, w, 4).unwrap()
-        };
-        let bits =
-            |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
-        assert!(
-            bits(&a) == bits(&again),
-            "caps {caps:?}: two runs of one step differ"
-        );
-        assert!(
-            bits(&a) == bits(&b),
-            "caps {caps:?}: Q from the rows differs from qk_norm_rope's"
-        );
-        eprintln!("caps {caps:?}: {} values, bit-identical", bits(&a).len());
+    let cases = [(&[77usize, 5][..], 32, 32), (&[33][..], 20, 28)];
+    for attn8 in [false, true] {
+        let _a8 = EnvVar::set("CMF_DIT_ATTN8", if attn8 { "1" } else { "0" });
+        for &(caps, h, w) in &cases {
+            let Some(a) = device_velocity(&src, &cfg, caps, h, w, 4) else {
+                return;
+            };
+            let again = device_velocity(&src, &cfg, caps, h, w, 4).unwrap();
+            let b = {
+                let _q = EnvVar::set("CMF_DIT_Q_ROWS", "0");
+                device_velocity(&src, &cfg, caps, h, w, 4).unwrap()
+            };
+            let bits =
+                |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+            let what = format!("FP8 attention {attn8}, caps {caps:?}");
+            assert!(
+                bits(&a) == bits(&again),
+                "{what}: two runs of one step differ"
+            );
+            assert!(
+                bits(&a) == bits(&b),
+                "{what}: Q from the rows differs from qk_norm_rope's"
+            );
+            eprintln!("{what}: {} values, bit-identical", bits(&a).len());
+        }
     }
 }
 

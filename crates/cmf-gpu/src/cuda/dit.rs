@@ -269,6 +269,22 @@ struct QRows {
     map: u64,
 }
 
+impl QRows {
+    /// The kernels' trailing arguments (`q_ld` .. `q_rope_stride`); zeros (q_norm null) for none.
+    fn args(qr: Option<QRows>) -> [Arg; 7] {
+        [
+            Arg::I32(qr.map_or(0, |r| r.ld as i32)),
+            Arg::Ptr(qr.map_or(0, |r| r.norm)),
+            Arg::F32(qr.map_or(0.0, |r| r.eps)),
+            Arg::Ptr(qr.map_or(0, |r| r.cos)),
+            Arg::Ptr(qr.map_or(0, |r| r.sin)),
+            // The map's rope_row field: the fifth int of each MAPW-int entry.
+            Arg::Ptr(qr.map_or(0, |r| r.map + 4 * 4)),
+            Arg::I32(dit_rows::MAPW as i32),
+        ]
+    }
+}
+
 impl AttnKernel {
     fn launch(&self, dev: &Dev, c: &AttnCall) -> DResult<()> {
         const HD: u64 = 128;
@@ -312,17 +328,7 @@ impl AttnKernel {
                 let key_tiles = c.len.div_ceil(keys as usize);
                 let (split_args, blocks) = sp.launch_parts(nq * nh, key_tiles, c.force_split);
                 args.extend(split_args);
-                let qr = c.q_rows;
-                args.extend([
-                    Arg::I32(qr.map_or(0, |r| r.ld as i32)),
-                    Arg::Ptr(qr.map_or(0, |r| r.norm)),
-                    Arg::F32(qr.map_or(0.0, |r| r.eps)),
-                    Arg::Ptr(qr.map_or(0, |r| r.cos)),
-                    Arg::Ptr(qr.map_or(0, |r| r.sin)),
-                    // The map's rope_row field: the fifth int of each MAPW-int entry.
-                    Arg::Ptr(qr.map_or(0, |r| r.map + 4 * 4)),
-                    Arg::I32(dit_rows::MAPW as i32),
-                ]);
+                args.extend(QRows::args(c.q_rows));
                 (blocks, 1, 1)
             }
             _ => (nq as u32, nh as u32, 1),
@@ -475,6 +481,7 @@ impl Attn8 {
         let (tiles, key_tiles) = (c.len.div_ceil(128) * c.n_heads, c.len.div_ceil(W8_KEYS));
         let (split_args, blocks) = self.split.launch_parts(tiles, key_tiles, c.force_split);
         let [sa, sb, sc] = split_args;
+        let [qa, qb, qc, qd, qe, qf, qg] = QRows::args(c.q_rows);
         dev.launch(
             &self.attn,
             (blocks, 1, 1),
@@ -499,6 +506,15 @@ impl Attn8 {
                 sa,
                 sb,
                 sc,
+                // Q from the q|k|v rows (c.q is then their base), or the e4m3 q8 above.
+                Arg::Ptr(if c.q_rows.is_some() { c.q } else { 0 }),
+                qa,
+                qb,
+                qc,
+                qd,
+                qe,
+                qf,
+                qg,
             ],
         )
     }
@@ -1430,9 +1446,10 @@ impl CudaDit {
             // qk_norm_rope copies it to vc (bf16 for attn_full_ws, f16 for the older kernels).
             let ws_rows = self.k.attn.v_bf16() && p.segs.iter().all(Seg::keys_contiguous);
             let v_copy = attn8.is_none() && !ws_rows;
-            // attn_full_ws makes Q itself from the rows (not the FP8 attention: it reads e4m3 Q).
+            // The attention makes Q itself from the rows: attn_full_ws (f16) and attn_full_ws8
+            // (e4m3 with a scale per row and head, as qk_norm_rope encodes it).
             let q_rows =
-                (self.q_from_rows && self.k.attn.q_f16() && attn8.is_none()).then_some(QRows {
+                (self.q_from_rows && (attn8.is_some() || self.k.attn.q_f16())).then_some(QRows {
                     ld: 3 * d,
                     norm: b.norm_q.ptr(),
                     eps: g.qk_eps,

@@ -239,15 +239,87 @@ __device__ __forceinline__ void ws8_store_e4m3(const float* o, float i0, float i
 }
 
 // Same contract as attn_full_ws (output bf16 at the item's X rows), with Q as e4m3 rows q8
-// [T, NH, HD] and their scales qsc [T, NH] (qk_norm_rope), and K and V as e4m3 (qk_norm_rope,
+// [T, NH, HD] and their scales qsc [T, NH] (qk_norm_rope; or, q_norm set, made here from the
+// q|k|v rows q_rows: ws8_q_from_rows), and K and V as e4m3 (qk_norm_rope,
 // attn8_prep): tk a map of k8 (boxes of 128 dims × 128 keys) with the scale k_scale, tv of vt8
 // (128 keys × 128 dims) with the item's [NH] V maxima v_amax. out_q set: the output as e4m3 rows
 // (with out_s, see ws8_store_e4m3) instead of bf16 out_b.
+// attn_full_ws8's Q made from the q|k|v rows (WsQRows, attention_wg.cu): RMSNorm + RoPE as
+// qknorm.cuh does them, then e4m3 with a scale per row as qk_norm_rope encodes it, so the bytes
+// and scales are the ones qk_norm_rope would write. Eight threads a row (16 values each, the
+// load below's layout): a lane's two 8-value halves are chunks 2c and 2c + 1 of qknorm.cuh's
+// 16, and the head's sum follows qkn_head_sum's tree (chunks xor 8, 4, 2 are lanes xor 4, 2, 1;
+// xor 1 adds the lane's two halves).
+__device__ __forceinline__ void ws8_q_from_rows(const u16* q, const WsQRows& qr, u32 qs, float* qscale, int r0, int T,
+                                                int h, int img_row0, int np, int cap_row0, int tid) {
+    const int c = tid & 7, row0 = (tid & 127) >> 3;
+    float nw[16];
+#pragma unroll
+    for (int k = 0; k < 4; k++) *(float4*)(nw + 4 * k) = *(const float4*)(qr.norm + 16 * c + 4 * k);
+    long long xr[4];
+    int rr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = r0 + row0 + 16 * i;
+        xr[i] = r >= T ? -1 : r < np ? img_row0 + r : cap_row0 + (r - np);
+        rr[i] = xr[i] < 0 ? 0 : qr.rope_row[xr[i] * qr.rope_stride];
+    }
+    uint4 raw[4][2];
+    float4 cs[4][2], sn[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const bool in = xr[i] >= 0;
+            const long long t = (long long)rr[i] * (HD / 2) + 8 * c + 4 * e;
+            raw[i][e] = in ? *(const uint4*)(q + xr[i] * qr.ld + h * HD + 16 * c + 8 * e) : make_uint4(0u, 0u, 0u, 0u);
+            cs[i][e] = in ? *(const float4*)(qr.cosb + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+            sn[i][e] = in ? *(const float4*)(qr.sinb + t) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v[16];
+        qkn_unpack_bf16x8(raw[i][0], v);
+        qkn_unpack_bf16x8(raw[i][1], v + 8);
+        float a = qkn_sumsq8(v), b = qkn_sumsq8(v + 8);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) {
+            a += __shfl_xor_sync(FULL_MASK, a, o);
+            b += __shfl_xor_sync(FULL_MASK, b, o);
+        }
+        const float inv = rsqrtf((a + b) / (float)HD + qr.eps);
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float c4[4] = {cs[i][e].x, cs[i][e].y, cs[i][e].z, cs[i][e].w};
+            const float s4[4] = {sn[i][e].x, sn[i][e].y, sn[i][e].z, sn[i][e].w};
+            qkn_apply8(v + 8 * e, inv, nw + 8 * e, c4, s4);
+        }
+        float amax = 0.f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
+        const float sc = e4m3_scale(amax), is = 1.f / sc;
+        u32 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = (u32)pack_e4m3x2(v[4 * k] * is, v[4 * k + 1] * is) |
+                   ((u32)pack_e4m3x2(v[4 * k + 2] * is, v[4 * k + 3] * is) << 16);
+        const int row = row0 + 16 * i;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + row * 128 + ((c ^ (row & 7)) << 4)),
+                     "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                     : "memory");
+        if (c == 0) qscale[row] = sc;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)
 attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDesc tv, const u8* q8,
               const float* qsc, int T, float scale, int NH, int img_row0, int np, int cap_row0, u16* out_b,
               const unsigned* v_amax, float k_scale, u8* out_q, float* out_s, int split_from, float* part,
-              unsigned* pairs) {
+              unsigned* pairs, const u16* q_rows, int q_ld, const float* q_norm, float q_eps, const float* q_cos,
+              const float* q_sin, const int* q_rope_row, int q_rope_stride) {
+    const WsQRows qr = {q_ld, q_norm, q_eps, q_cos, q_sin, q_rope_row, q_rope_stride};
     extern __shared__ __align__(128) u8 wsm[];
     __shared__ int merge_flag;
     const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(FULL_MASK, tid >> 5, 0);
@@ -298,7 +370,10 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
     // This warpgroup's 64 Q rows (e4m3, 128 B each), swizzled as a K-major A operand, and their
     // scales (rows at or past T: zeros, scale 1). Eight threads a row, 16 bytes each.
     const u32 qs = q_sm + wgi * (W8_Q_BYTES / 2);
-    for (int pass = 0; pass < 4; pass++) {
+    if (qr.norm)
+        ws8_q_from_rows(q_rows, qr, qs, qscale + wgi * 64, work.qt * WG_ROWS + wgi * 64, T, h, img_row0, np, cap_row0,
+                        tid);
+    else for (int pass = 0; pass < 4; pass++) {
         const int row = pass * 16 + ((tid & 127) >> 3), c = tid & 7;
         const int r = work.qt * WG_ROWS + wgi * 64 + row;
         uint4 w = make_uint4(0u, 0u, 0u, 0u);

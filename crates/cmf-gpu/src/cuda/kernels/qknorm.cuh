@@ -24,22 +24,31 @@ __device__ __forceinline__ void qkn_unpack_bf16x8(uint4 w, float* v) {
     }
 }
 
-// v (this lane's 8 values of a head) ← RoPE(rmsnorm(v) · nw) with the cos cs and sin sn of its 4
-// pairs, where apply; every lane takes part in the head's sum either way (warps may mix heads
-// that are normed and heads that are not).
-__device__ __forceinline__ void qkn_norm_rope8(float* v, const float* nw, float eps, const float* cs, const float* sn,
-                                               bool apply) {
+// Σ v² of a lane's 8 values, in the order every caller sums them.
+__device__ __forceinline__ float qkn_sumsq8(const float* v) {
     float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < 4; k++) ss += v[2 * k] * v[2 * k] + v[2 * k + 1] * v[2 * k + 1];
-    const float inv = rsqrtf(qkn_head_sum(ss) / (float)HD + eps);
-    if (!apply) return;
+    return ss;
+}
+
+// v ← RoPE(v · inv · nw) for a lane's 8 values (4 pairs: cos cs, sin sn).
+__device__ __forceinline__ void qkn_apply8(float* v, float inv, const float* nw, const float* cs, const float* sn) {
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const float a = v[2 * k] * inv * nw[2 * k], b = v[2 * k + 1] * inv * nw[2 * k + 1];
         v[2 * k] = a * cs[k] - b * sn[k];
         v[2 * k + 1] = a * sn[k] + b * cs[k];
     }
+}
+
+// v (this lane's 8 values of a head) ← RoPE(rmsnorm(v) · nw) with the cos cs and sin sn of its 4
+// pairs, where apply; every lane takes part in the head's sum either way (warps may mix heads
+// that are normed and heads that are not).
+__device__ __forceinline__ void qkn_norm_rope8(float* v, const float* nw, float eps, const float* cs, const float* sn,
+                                               bool apply) {
+    const float inv = rsqrtf(qkn_head_sum(qkn_sumsq8(v)) / (float)HD + eps);
+    if (apply) qkn_apply8(v, inv, nw, cs, sn);
 }
 
 // f16, saturating at ±65504 (an outlier saturates instead of becoming inf).
