@@ -200,6 +200,20 @@ fn random_dit_hd128() -> (MemTensors, DitConfig) {
     (m, cfg)
 }
 
+/// Random caption features for `caps` (lengths) and an `h × w` latent of 16 channels.
+fn random_inputs(
+    cfg: &DitConfig,
+    caps: &[usize],
+    h: usize,
+    w: usize,
+    seed: u64,
+) -> (Vec<(Vec<f32>, usize)>, Vec<f32>) {
+    let mut rng = Rng(seed);
+    let cf = cfg.cap_feat_dim;
+    let cap_feats = caps.iter().map(|&l| (rng.vec(l * cf, 2.0), l)).collect();
+    (cap_feats, rng.vec(16 * h * w, 1.5))
+}
+
 /// Device vs CPU velocity for `caps` (lengths) and an `h × w` latent; both the whole batch and
 /// (when two items) the second item alone (the CFG-truncation subset).
 fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize, seed: u64) {
@@ -219,11 +233,7 @@ fn compare_within(
 ) -> usize {
     let Some(gpu) = device() else { return 0 };
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
-    let mut rng = Rng(seed);
-    let cf = cfg.cap_feat_dim;
-    let cap_feats: Vec<(Vec<f32>, usize)> =
-        caps.iter().map(|&l| (rng.vec(l * cf, 2.0), l)).collect();
-    let lat = rng.vec(16 * h * w, 1.5);
+    let (cap_feats, lat) = random_inputs(cfg, caps, h, w, seed);
     let t = 0.37;
     let mut den = Denoiser::new(&dit, &gpu, cap_feats.clone(), h, w);
     assert!(
@@ -328,11 +338,7 @@ fn device_velocity(
 ) -> Option<Vec<Vec<f32>>> {
     let gpu = device()?;
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
-    let mut rng = Rng(seed);
-    let cf = cfg.cap_feat_dim;
-    let cap_feats: Vec<(Vec<f32>, usize)> =
-        caps.iter().map(|&l| (rng.vec(l * cf, 2.0), l)).collect();
-    let lat = rng.vec(16 * h * w, 1.5);
+    let (cap_feats, lat) = random_inputs(cfg, caps, h, w, seed);
     let mut den = Denoiser::new(&dit, &gpu, cap_feats, h, w);
     let items: Vec<usize> = (0..caps.len()).collect();
     let v = den.velocity(&lat, 0.37, &items);

@@ -589,6 +589,19 @@ __device__ __forceinline__ void ws_st_q(u32 at, uint4 v) {
                  : "memory");
 }
 
+// The X rows (−1 past T) and RoPE table rows of joint positions r, r + STEP, … (N of them): where
+// a Q-from-rows prologue reads its rows' values and angles.
+template <int N, int STEP>
+__device__ __forceinline__ void ws_q_rows_at(const WsQRows& qr, int r, int T, int img_row0, int np, int cap_row0,
+                                             long long* xr, int* rr) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const int ri = r + STEP * i;
+        xr[i] = ri >= T ? -1 : ri < np ? img_row0 + ri : cap_row0 + (ri - np);
+        rr[i] = xr[i] < 0 ? 0 : qr.rope_row[xr[i] * qr.rope_stride];
+    }
+}
+
 // A consumer warpgroup's 64 Q rows (joint positions r0 ..) made from the q|k|v rows: RMSNorm +
 // RoPE exactly as qk_norm_rope does them (qknorm.cuh), so it need not write Q and this kernel
 // need not read it back (64 MB a layer at 1024²). Thread t of the warpgroup takes chunk t % 16 of
@@ -603,12 +616,7 @@ __device__ __forceinline__ void ws_q_from_rows(const u16* q, const WsQRows& qr, 
     // then their values and angles): one round trip of latency instead of a chain per row.
     long long xr[8];
     int rr[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int r = r0 + row0 + 8 * i;
-        xr[i] = r >= T ? -1 : r < np ? img_row0 + r : cap_row0 + (r - np);
-        rr[i] = xr[i] < 0 ? 0 : qr.rope_row[xr[i] * qr.rope_stride];
-    }
+    ws_q_rows_at<8, 8>(qr, r0 + row0, T, img_row0, np, cap_row0, xr, rr);
     uint4 raw[8];
     float4 cs[8], sn[8];
 #pragma unroll

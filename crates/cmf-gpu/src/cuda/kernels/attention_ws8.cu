@@ -258,12 +258,7 @@ __device__ __forceinline__ void ws8_q_from_rows(const u16* q, const WsQRows& qr,
     for (int k = 0; k < 4; k++) *(float4*)(nw + 4 * k) = *(const float4*)(qr.norm + 16 * c + 4 * k);
     long long xr[4];
     int rr[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = r0 + row0 + 16 * i;
-        xr[i] = r >= T ? -1 : r < np ? img_row0 + r : cap_row0 + (r - np);
-        rr[i] = xr[i] < 0 ? 0 : qr.rope_row[xr[i] * qr.rope_stride];
-    }
+    ws_q_rows_at<4, 16>(qr, r0 + row0, T, img_row0, np, cap_row0, xr, rr);
     uint4 raw[4][2];
     float4 cs[4][2], sn[4][2];
 #pragma unroll
