@@ -297,9 +297,7 @@ __device__ __forceinline__ void ws8_q_from_rows(const u16* q, const WsQRows& qr,
         const float sc = e4m3_scale(amax), is = 1.f / sc;
         u32 w[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            w[k] = (u32)pack_e4m3x2(v[4 * k] * is, v[4 * k + 1] * is) |
-                   ((u32)pack_e4m3x2(v[4 * k + 2] * is, v[4 * k + 3] * is) << 16);
+        for (int k = 0; k < 4; k++) w[k] = pack_e4m3x4(v + 4 * k, is);
         const int row = row0 + 16 * i;
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qs + row * 128 + ((c ^ (row & 7)) << 4)),
                      "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])

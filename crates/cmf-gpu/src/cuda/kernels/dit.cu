@@ -245,8 +245,7 @@ __device__ __forceinline__ void st_bf16x8(u16* p, const float* v) {
                             (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16));
 }
 __device__ __forceinline__ void st_e4m3x8(u8* p, const float* v, float inv) {
-    *(uint2*)p = make_uint2((u32)pack_e4m3x2(v[0] * inv, v[1] * inv) | ((u32)pack_e4m3x2(v[2] * inv, v[3] * inv) << 16),
-                            (u32)pack_e4m3x2(v[4] * inv, v[5] * inv) | ((u32)pack_e4m3x2(v[6] * inv, v[7] * inv) << 16));
+    *(uint2*)p = make_uint2(pack_e4m3x4(v, inv), pack_e4m3x4(v + 4, inv));
 }
 
 // One lane's 8 values of one row's unit (kind, head h; the item's rows start at J, L of them, this

@@ -36,11 +36,16 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
 #endif
 }
 
+// Four floats v[0..3] · inv -> four e4m3 bytes (v[0] in the low byte).
+__device__ __forceinline__ u32 pack_e4m3x4(const float* v, float inv) {
+    return (u32)pack_e4m3x2(v[0] * inv, v[1] * inv) | ((u32)pack_e4m3x2(v[2] * inv, v[3] * inv) << 16);
+}
+
 // A group of V values (common.cuh) as e4m3 bytes of v · inv at p.
 template <int V>
 __device__ __forceinline__ void st_e4m3(u8* p, const Vf<V>& a, float inv) {
     if constexpr (V == 4)
-        *(u32*)p = (u32)pack_e4m3x2(a.v[0] * inv, a.v[1] * inv) | ((u32)pack_e4m3x2(a.v[2] * inv, a.v[3] * inv) << 16);
+        *(u32*)p = pack_e4m3x4(a.v, inv);
     else
         *p = (u8)pack_e4m3x2(a.v[0] * inv, 0.f);
 }
