@@ -112,8 +112,17 @@ pub fn write_tensor(
     let tensor_err = |m: String| ConvertError::tensor(source, name, m);
     let Some(parts) = part_sizes(dtype, cols).filter(|_| n_rows > 1) else {
         // Whole tensor at once (1-D, single row, or a codec with cross-row statistics).
+        // The rows still come in parallel chunks (q8_2f's column field needs them all first).
         let mut values = vec![0f32; n_rows * cols];
-        rows(0, n_rows, &mut values).map_err(tensor_err)?;
+        let rows_per_chunk = (CHUNK_ELEMENTS / cols.max(1)).clamp(1, n_rows.max(1));
+        values
+            .par_chunks_mut((rows_per_chunk * cols).max(1))
+            .enumerate()
+            .try_for_each(|(c, out)| {
+                let r0 = c * rows_per_chunk;
+                rows(r0, r0 + out.len() / cols.max(1), out)
+            })
+            .map_err(tensor_err)?;
         let bytes = codec::encode(dtype, shape, &values)
             .map_err(|e| tensor_err(format!("encoding as {dtype}: {e}")))?;
         let (err_sq, ref_sq) = if measure_error {

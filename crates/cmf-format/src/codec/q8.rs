@@ -14,6 +14,7 @@
 
 use super::float::f16_at;
 use super::{f16_scale, f32_to_f16, for_each_unit, CodecError};
+use rayon::prelude::*;
 
 /// The error for a row or group whose scale overflows f16: names its largest element.
 pub(crate) fn scale_overflow(values: &[f32], first: usize, limit: &'static str) -> CodecError {
@@ -80,19 +81,27 @@ pub(crate) fn encode_2f(
     if rows == 0 {
         return Ok(()); // no rows, no column field (see Dtype::expected_nbytes)
     }
-    let mut totals = vec![0f64; cols];
-    if cols > 0 {
-        let mut block_sum = vec![0f64; cols];
-        for block in values.chunks(COL_BLOCK_ROWS * cols) {
-            block_sum.iter_mut().for_each(|a| *a = 0.0);
-            for row in block.chunks(cols) {
-                for (a, &v) in block_sum.iter_mut().zip(row) {
-                    *a += v as f64 * v as f64;
+    // Block sums in parallel; added into the totals in block order, as the reference does.
+    let block_sums: Vec<Vec<f64>> = if cols == 0 {
+        Vec::new()
+    } else {
+        values
+            .par_chunks(COL_BLOCK_ROWS * cols)
+            .map(|block| {
+                let mut sum = vec![0f64; cols];
+                for row in block.chunks(cols) {
+                    for (a, &v) in sum.iter_mut().zip(row) {
+                        *a += v as f64 * v as f64;
+                    }
                 }
-            }
-            for (t, a) in totals.iter_mut().zip(&block_sum) {
-                *t += *a;
-            }
+                sum
+            })
+            .collect()
+    };
+    let mut totals = vec![0f64; cols];
+    for block_sum in &block_sums {
+        for (t, a) in totals.iter_mut().zip(block_sum) {
+            *t += *a;
         }
     }
     let col: Vec<f32> = totals
@@ -102,8 +111,11 @@ pub(crate) fn encode_2f(
     if col.iter().any(|c| !c.is_finite()) {
         return Err(scale_overflow(values, 0, "q8_2f: column RMS ≤ 65504"));
     }
-    let mut scales = Vec::with_capacity(rows * 2);
-    for r in 0..rows {
+    // Rows are independent once the column field is known: quantised in parallel, in place.
+    let base = out.len();
+    out.resize(base + rows * cols + rows * 2, 0);
+    let (codes, scales) = out[base..].split_at_mut(rows * cols);
+    let quantize = |r: usize, codes: &mut [u8], scale: &mut [u8]| -> Result<(), CodecError> {
         let row = &values[r * cols..(r + 1) * cols];
         let absmax = row
             .iter()
@@ -113,14 +125,28 @@ pub(crate) fn encode_2f(
         if !s.is_finite() {
             return Err(scale_overflow(row, r * cols, "q8_2f: |w/col| ≤ 65504·127"));
         }
-        out.extend(
-            row.iter()
-                .zip(&col)
-                .map(|(v, c)| ((v / c) / s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8),
-        );
-        scales.extend_from_slice(&f32_to_f16(s).to_le_bytes());
+        for ((o, v), c) in codes.iter_mut().zip(row).zip(&col) {
+            *o = ((v / c) / s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+        }
+        scale.copy_from_slice(&f32_to_f16(s).to_le_bytes());
+        Ok(())
+    };
+    if cols == 0 {
+        // No codes: every row's scale comes from an all-zero absmax.
+        for (r, scale) in scales.chunks_mut(2).enumerate() {
+            quantize(r, &mut [], scale)?;
+        }
+    } else {
+        codes
+            .par_chunks_mut(cols)
+            .zip(scales.par_chunks_mut(2))
+            .enumerate()
+            // The first failing row in row order, as a sequential encoder would report it.
+            .map(|(r, (c, s))| quantize(r, c, s).map_err(|e| (r, e)))
+            .filter_map(Result::err)
+            .min_by_key(|(r, _)| *r)
+            .map_or(Ok(()), |(_, e)| Err(e))?;
     }
-    out.extend_from_slice(&scales);
     for &c in &col {
         out.extend_from_slice(&f32_to_f16(c).to_le_bytes());
     }
