@@ -35,6 +35,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    cmf_gpu::facade::log::mark_start();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -396,14 +396,21 @@ pub fn generate_with(
         std::thread::scope(|s| -> Result<_, ZimageError> {
             let preload = (preload_dit || preload_vae).then(|| {
                 s.spawn(|| {
-                    let dit = preload_dit
-                        .then(|| pack.dit().ok())
-                        .flatten()
-                        .and_then(|dit| gpu.load_dit(&dit.device_model(plan.dit_precision)).ok());
-                    let vae = preload_vae
-                        .then(|| pack.vae().ok())
-                        .flatten()
-                        .and_then(|vae| gpu.load_vae(&vae.gpu_model()).ok());
+                    // A failure here is not an error: the stage loads (or refuses) again later.
+                    let mut dit = None;
+                    if preload_dit {
+                        if let Ok(m) = pack.dit() {
+                            dit = gpu.load_dit(&m.device_model(plan.dit_precision)).ok();
+                        }
+                        log_stage("preload: DiT done");
+                    }
+                    let mut vae = None;
+                    if preload_vae {
+                        if let Ok(m) = pack.vae() {
+                            vae = gpu.load_vae(&m.gpu_model()).ok();
+                        }
+                        log_stage("preload: VAE done");
+                    }
                     (dit, vae)
                 })
             });
@@ -435,6 +442,7 @@ pub fn generate_with(
                 None => None,
             };
             resident.te = dev;
+            log_stage("text encoder: features ready");
             let preloaded = preload.and_then(|h| h.join().ok()).unwrap_or((None, None));
             Ok((cap, ncap, preloaded))
         })?;
@@ -625,6 +633,11 @@ pub fn cfg_combine(pos: &mut [f32], neg: &[f32], g: f32, norm_clip: f32) {
             pos.iter_mut().for_each(|p| *p *= f);
         }
     }
+}
+
+/// A timeline mark at debug verbosity (the log's clock runs from process start).
+fn log_stage(what: &str) {
+    cmf_gpu::facade::log::debug(what);
 }
 
 /// Drops the resident pages of the tensors under `prefix`: the next stage does not need them.

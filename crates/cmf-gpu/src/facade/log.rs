@@ -2,9 +2,20 @@
 //!
 //! Verbosity comes from `CMF_LOG` (`debug` or `trace` turn it on; read once) or from
 //! [`set_debug`], which the CLI calls for `-v`. No logging framework: the engine has none, and
-//! the facade logs a handful of lines per process at most.
+//! the facade logs a handful of lines per process at most. Each line carries the seconds since
+//! [`mark_start`] (the CLI calls it first thing; else the first line's time), so a cold run's
+//! timeline can be read from the log.
 
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// Sets the zero of the debug lines' clock (the first call wins).
+pub fn mark_start() {
+    START.get_or_init(Instant::now);
+}
 
 const UNSET: u8 = 0;
 const OFF: u8 = 1;
@@ -36,9 +47,10 @@ pub fn debug_enabled() -> bool {
     }
 }
 
-/// Writes `cmf-gpu: {msg}` to stderr at debug verbosity.
+/// Writes `cmf-gpu: [seconds] {msg}` to stderr at debug verbosity.
 pub fn debug(msg: &str) {
     if debug_enabled() {
-        eprintln!("cmf-gpu: {msg}");
+        let t = START.get_or_init(Instant::now).elapsed().as_secs_f64();
+        eprintln!("cmf-gpu: [{t:7.3} s] {msg}");
     }
 }
