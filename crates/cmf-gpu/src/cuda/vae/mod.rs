@@ -504,7 +504,9 @@ impl CudaVae {
             .ctx
             .bind_to_thread()
             .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_DECODE))?;
+        let t0 = std::time::Instant::now();
         self.ensure_workspace(&plan)?;
+        let workspace_s = t0.elapsed().as_secs_f64();
         let rgb = matches!(out, Output::Rgb8(_));
         // Read back into staging; `out` only once everything succeeded. RGB mode: the image
         // bytes, then the kernel's non-finite flag (an i32, at the next multiple of 4).
@@ -530,6 +532,13 @@ impl CudaVae {
         if let Err(e) = read {
             self.host = host;
             return Err(e.refusal(OP_DECODE));
+        }
+        if crate::facade::log::debug_enabled() {
+            crate::facade::log::debug(&format!(
+                "vae decode {h}x{w}: workspace and cuDNN plans {:.1} ms, run and readback {:.1} ms",
+                1e3 * workspace_s,
+                1e3 * (t0.elapsed().as_secs_f64() - workspace_s)
+            ));
         }
         let finite = match &mut out {
             Output::Rgb8(o) => {
