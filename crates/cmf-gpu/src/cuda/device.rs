@@ -455,6 +455,22 @@ impl Timer {
         unsafe { dr::event::record(self.start, dev.stream.cu_stream()) }
             .ctx(|| "cuEventRecord".into())
     }
+    /// Records the end (see [`Timer::elapsed_ms`]).
+    pub fn stop(&self, dev: &Dev) -> DResult<()> {
+        // SAFETY: the event and stream are live.
+        unsafe { dr::event::record(self.end, dev.stream.cu_stream()) }
+            .ctx(|| "cuEventRecord".into())
+    }
+
+    /// Waits for the end record and returns milliseconds between the two records.
+    pub fn elapsed_ms(&self) -> DResult<f32> {
+        // SAFETY: the events are live and both recorded.
+        unsafe {
+            dr::event::synchronize(self.end).ctx(|| "cuEventSynchronize".into())?;
+            dr::event::elapsed(self.start, self.end).ctx(|| "cuEventElapsedTime".into())
+        }
+    }
+
     /// Records the end and returns milliseconds between the two records.
     pub fn stop_ms(&self, dev: &Dev) -> DResult<f32> {
         // SAFETY: the events and stream are live.

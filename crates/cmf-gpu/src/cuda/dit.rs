@@ -1757,18 +1757,35 @@ impl CudaDit {
         dev.upload(p.temb_silu.ptr(), bytes_of(&sb))?;
         let upload_s = w0.elapsed().as_secs_f64() - convert_s;
 
-        // The device work: replayed as a graph captured for this set of active items, on the
-        // second step in a row with it (the first runs eagerly, which also sets up what capture
-        // may not: cuBLAS's and cuBLASLt's state, the FP8 plans); eager when profiling, with
+        // The device work: replayed as a graph captured for this set of active items. The first
+        // step with a set runs eagerly (which also sets up what capture may not: cuBLAS's and
+        // cuBLASLt's state, the FP8 plans) and the graph is captured right after it is enqueued,
+        // while the GPU runs it, so the capture costs no device time. Eager when profiling, with
         // CMF_DIT_GRAPH=0, or after a capture failed.
         let graphs = self.prof.is_none() && !self.no_graph;
-        let have = p.graph.as_ref().is_some_and(|(a, _)| *a == active);
-        if graphs && !have && p.maps_for == active {
+        let p = self.prep.as_ref().expect("checked");
+        let timer = if timing { Some(Timer::new()?) } else { None };
+        if let Some(t) = &timer {
+            t.start(&dev)?;
+        }
+        let l0 = std::time::Instant::now();
+        let replay = matches!(&p.graph, Some((a, _)) if graphs && *a == active);
+        match &p.graph {
+            Some((a, gr)) if graphs && *a == active => gr.launch()?,
+            _ => self.enqueue_step(p, &lay, &active)?,
+        }
+        let launch_s = l0.elapsed().as_secs_f64();
+        if let Some(t) = &timer {
+            t.stop(&dev)?;
+        }
+        let c0 = std::time::Instant::now();
+        if graphs && !replay {
             match dev.capture(|| self.enqueue_step(p, &lay, &active)) {
                 Ok(gr) => {
                     crate::facade::log::debug(&format!(
-                        "dit: step graph captured for {} item(s)",
-                        active.len()
+                        "dit: step graph captured for {} item(s) in {:.2} ms, beside the eager step",
+                        active.len(),
+                        1e3 * c0.elapsed().as_secs_f64()
                     ));
                     self.prep.as_mut().expect("checked").graph = Some((active.clone(), gr));
                 }
@@ -1783,19 +1800,8 @@ impl CudaDit {
             }
         }
         let p = self.prep.as_ref().expect("checked");
-        let timer = if timing { Some(Timer::new()?) } else { None };
-        if let Some(t) = &timer {
-            t.start(&dev)?;
-        }
-        let l0 = std::time::Instant::now();
-        let replay = matches!(&p.graph, Some((a, _)) if graphs && !self.no_graph && *a == active);
-        match &p.graph {
-            Some((a, gr)) if graphs && !self.no_graph && *a == active => gr.launch()?,
-            _ => self.enqueue_step(p, &lay, &active)?,
-        }
-        let launch_s = l0.elapsed().as_secs_f64();
         let gpu_ms = match &timer {
-            Some(t) => t.stop_ms(&dev)?,
+            Some(t) => t.elapsed_ms()?,
             None => 0.0,
         };
         let r0 = std::time::Instant::now();
