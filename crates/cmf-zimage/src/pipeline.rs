@@ -409,6 +409,11 @@ pub fn generate_with(
                         if let Ok(m) = pack.vae() {
                             vae = gpu.load_vae(&m.gpu_model()).ok();
                         }
+                        if let Some(v) = &mut vae {
+                            // Its first-use set-up too, off the critical path (an Err only
+                            // means the decode does it).
+                            let _ = v.prepare(lh, lw);
+                        }
                         log_stage("preload: VAE done");
                     }
                     (dit, vae)

@@ -137,6 +137,10 @@ impl crate::facade::VaeDevice for vae::CudaVae {
     ) -> Result<bool, Refusal> {
         vae::CudaVae::decode_rgb8(self, z, h, w, out)
     }
+
+    fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
+        vae::CudaVae::prepare(self, h, w)
+    }
 }
 
 #[cfg(test)]

@@ -73,6 +73,12 @@ pub trait VaeDevice: Send {
             RefusalReason::UnsupportedShape("8-bit output (this backend decodes to f32)".into()),
         ))
     }
+    /// Gets ready to decode latents of `h × w` (buffers, plans, first-use set-up) so that the
+    /// first `decode` at that size costs what the later ones do. Writes no output; an `Err`
+    /// only means the decode will do that work itself. Nothing to do by default.
+    fn prepare(&mut self, _h: usize, _w: usize) -> Result<(), Refusal> {
+        Ok(())
+    }
 }
 
 /// A DiT resident on a device: the per-prompt `condition` / `prepare` and the per-step `step`

@@ -381,6 +381,12 @@ impl GpuVae {
         self.gate.check("vae.decode")?;
         self.dev.decode_rgb8(z, h, w, out).map_err(Refusal::logged)
     }
+
+    /// See [`VaeDevice::prepare`].
+    pub fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
+        self.gate.check("vae.prepare")?;
+        self.dev.prepare(h, w).map_err(Refusal::logged)
+    }
 }
 
 /// A DiT loaded through the facade; every entry point passes the gate first. Whole steps run
