@@ -328,6 +328,29 @@ fn device_decoder_refuses_bad_shapes_without_touching_the_output() {
     assert!(out.iter().any(|&v| v != 7.0));
 }
 
+/// `prepare` (the pipeline's preload: workspace, plans and a warm-up decode of zeros) changes
+/// nothing a later decode returns, at the prepared size or another, and refuses a size the
+/// decoder cannot plan.
+#[test]
+fn prepare_leaves_decodes_unchanged() {
+    let Some(be) = backend() else { return };
+    let cfg = config(&[32, 64], 1, 8);
+    let mut g = Gen::new(Codecs::Bf16, false, 11);
+    g.decoder(&cfg);
+    let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
+    let (h, w) = (6, 5);
+    let z = Rng::new(8).vec(16 * h * w, 1.5);
+    let mut plain = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let want = device_decode(&mut plain, &z, h, w);
+    let mut prepared = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    assert!(prepared.prepare(0, 5).is_err());
+    prepared.prepare(h, w).unwrap();
+    assert_eq!(device_decode(&mut prepared, &z, h, w), want);
+    // Prepared for a larger size, decoding a smaller one.
+    prepared.prepare(2 * h, 2 * w).unwrap();
+    assert_eq!(device_decode(&mut prepared, &z, h, w), want);
+}
+
 /// The device's 8-bit output (what the pipeline reads back) is exactly the host conversion
 /// (`to_rgb8`) of the device's f32 image: both come from the same conv_out sums. A NaN in the
 /// latent is reported as not finite.
