@@ -374,8 +374,8 @@ pub fn generate_with(
         None => noise::gaussian(n_lat, plan.seed),
     };
 
-    // ── text encoder, with the DiT uploading beside it (preload) ──
-    // The upload runs on a second thread while the encoder runs here; both share the device's
+    // ── text encoder, with the DiT and VAE loading beside it (preload) ──
+    // The uploads run on other threads while the encoder runs here; all share the device's
     // stream, so their work interleaves in order. A cpu_scope on this thread means no device.
     let t0 = Instant::now();
     let c0 = cpu_seconds();
@@ -394,29 +394,24 @@ pub fn generate_with(
     let preload_vae = on_gpu && resident.vae.is_none();
     let (cap, ncap, (preloaded, preloaded_vae)) =
         std::thread::scope(|s| -> Result<_, ZimageError> {
-            let preload = (preload_dit || preload_vae).then(|| {
+            // Two threads beside the encoder: the DiT's upload is the long one; the VAE's load
+            // and first-use set-up (cuDNN plans, a warm-up decode) run beside it. A failure here
+            // is not an error: the stage loads (or refuses) again when it runs.
+            let dit_thread = preload_dit.then(|| {
                 s.spawn(|| {
-                    // A failure here is not an error: the stage loads (or refuses) again later.
-                    let mut dit = None;
-                    if preload_dit {
-                        if let Ok(m) = pack.dit() {
-                            dit = gpu.load_dit(&m.device_model(plan.dit_precision)).ok();
-                        }
-                        log_stage("preload: DiT done");
-                    }
-                    let mut vae = None;
-                    if preload_vae {
-                        if let Ok(m) = pack.vae() {
-                            vae = gpu.load_vae(&m.gpu_model()).ok();
-                        }
-                        if let Some(v) = &mut vae {
-                            // Its first-use set-up too, off the critical path (an Err only
-                            // means the decode does it).
-                            let _ = v.prepare(lh, lw);
-                        }
-                        log_stage("preload: VAE done");
-                    }
-                    (dit, vae)
+                    let m = pack.dit().ok()?;
+                    let mut d = gpu.load_dit(&m.device_model(plan.dit_precision)).ok()?;
+                    Denoiser::warm_up(&mut d, &m);
+                    log_stage("preload: DiT done");
+                    Some(d)
+                })
+            });
+            let vae_thread = preload_vae.then(|| {
+                s.spawn(|| {
+                    let mut v = gpu.load_vae(&pack.vae().ok()?.gpu_model()).ok()?;
+                    let _ = v.prepare(lh, lw);
+                    log_stage("preload: VAE done");
+                    Some(v)
                 })
             });
             let te = pack.text_encoder()?;
@@ -426,6 +421,7 @@ pub fn generate_with(
             } else {
                 None
             };
+            log_stage("text encoder: tokenized");
             events(Event::Tokenized {
                 positive: pos.clone(),
                 negative: neg.clone(),
@@ -448,8 +444,9 @@ pub fn generate_with(
             };
             resident.te = dev;
             log_stage("text encoder: features ready");
-            let preloaded = preload.and_then(|h| h.join().ok()).unwrap_or((None, None));
-            Ok((cap, ncap, preloaded))
+            let dit = dit_thread.and_then(|h| h.join().ok()).flatten();
+            let vae = vae_thread.and_then(|h| h.join().ok()).flatten();
+            Ok((cap, ncap, (dit, vae)))
         })?;
     if preloaded.is_some() {
         resident.dit = preloaded;
@@ -467,6 +464,7 @@ pub fn generate_with(
     // ── DiT ──
     let t0 = Instant::now();
     let dit = pack.dit()?;
+    log_stage("dit: model view ready");
     if cap.0.len() != cap.1 * dit.cfg.cap_feat_dim {
         return Err(ZimageError::Tensor {
             origin: pack.model.origin(),
