@@ -11,7 +11,7 @@ use crate::denoiser::Denoiser;
 use crate::noise;
 use crate::scheduler::Schedule;
 use crate::tensors::{Loader, TensorSource};
-use crate::text_encoder::{PromptTokens, TextEncoder};
+use crate::text_encoder::{parse_tokenizer, PromptTokens, TextEncoder};
 use crate::transformer::{patchify, unpatchify, DitConfig, ZImageDit};
 use crate::vae::{checked_rgb8, Tensor3, VaeConfig, VaeDecoder};
 use crate::ZimageError;
@@ -20,6 +20,7 @@ use cmf_gpu::dit::DitPrecision;
 use cmf_gpu::{Gpu, GpuDit, GpuVae};
 use cmf_llm::gpu::GpuEncoder;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// `header.arch.arch_name` of a Z-Image pack.
@@ -146,15 +147,13 @@ impl ZimagePack {
             .tokenizer_config
             .as_ref()
             .and_then(|t| t.chat_template.clone());
-        let te = TextEncoder::load(
+        TextEncoder::load(
             &self.model,
             &cfg,
             self.model.vocab().unwrap_or_default(),
             template,
             self.tokenizer.get().cloned(),
-        )?;
-        let _ = self.tokenizer.set(te.tokenizer());
-        Ok(te)
+        )
     }
 
     pub fn dit(&self) -> Result<ZImageDit<'_>, ZimageError> {
@@ -392,18 +391,24 @@ pub fn generate_with(
     // The VAE too (its kernels, cuDNN handle and weights: ~0.3 s of a first run that would
     // otherwise wait between the last step and the decode).
     let preload_vae = on_gpu && resident.vae.is_none();
-    let (cap, ncap, (preloaded, preloaded_vae)) =
+    let (cap, ncap, (preloaded_view, preloaded_vae)) =
         std::thread::scope(|s| -> Result<_, ZimageError> {
             // Two threads beside the encoder: the DiT's upload is the long one; the VAE's load
             // and first-use set-up (cuDNN plans, a warm-up decode) run beside it. A failure here
             // is not an error: the stage loads (or refuses) again when it runs.
             let dit_thread = preload_dit.then(|| {
                 s.spawn(|| {
+                    // The model view goes back too: the DiT stage need not build it again.
                     let m = pack.dit().ok()?;
-                    let mut d = gpu.load_dit(&m.device_model(plan.dit_precision)).ok()?;
-                    Denoiser::warm_up(&mut d, &m);
+                    let d = gpu
+                        .load_dit(&m.device_model(plan.dit_precision))
+                        .ok()
+                        .map(|mut d| {
+                            Denoiser::warm_up(&mut d, &m);
+                            d
+                        });
                     log_stage("preload: DiT done");
-                    Some(d)
+                    Some((m, d))
                 })
             });
             let vae_thread = preload_vae.then(|| {
@@ -415,6 +420,24 @@ pub fn generate_with(
                 })
             });
             let te = pack.text_encoder()?;
+            // A first run's tokenizer parses (~0.5 s) on its own thread while the encoder's
+            // layers upload here.
+            let parsing = (!te.has_tokenizer()).then(|| {
+                let (vocab, origin) = (te.vocab(), pack.model.origin());
+                s.spawn(move || parse_tokenizer(vocab, &origin).map(Arc::new))
+            });
+            let mut dev = match resident.te.take() {
+                Some(d) => Some(d),
+                None => te.on_device(gpu, plan.max_tokens),
+            };
+            if let Some(h) = parsing {
+                // A panicked parse leaves the tokenizer to parse on first use.
+                if let Ok(parsed) = h.join() {
+                    let t = parsed?;
+                    te.set_tokenizer(t.clone());
+                    let _ = pack.tokenizer.set(t);
+                }
+            }
             let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
             let neg = if plan.cfg() {
                 Some(te.tokenize(&plan.negative_prompt, plan.max_tokens)?)
@@ -427,10 +450,6 @@ pub fn generate_with(
                 negative: neg.clone(),
                 max_tokens: plan.max_tokens,
             });
-            let mut dev = match resident.te.take() {
-                Some(d) => Some(d),
-                None => te.on_device(gpu, plan.max_tokens),
-            };
             let (feats, on_dev) = te.encode_with(&mut dev, &pos.ids)?;
             tm.te_on_device = on_dev;
             let cap = (feats, pos.ids.len());
@@ -444,17 +463,23 @@ pub fn generate_with(
             };
             resident.te = dev;
             log_stage("text encoder: features ready");
+            // Its pages go while the preload finishes (the device holds its layers now).
+            release(pack, "te.");
+            log_stage("text encoder: pages released");
             let dit = dit_thread.and_then(|h| h.join().ok()).flatten();
             let vae = vae_thread.and_then(|h| h.join().ok()).flatten();
             Ok((cap, ncap, (dit, vae)))
         })?;
+    let (preloaded_view, preloaded) = match preloaded_view {
+        Some((view, dev)) => (Some(view), dev),
+        None => (None, None),
+    };
     if preloaded.is_some() {
         resident.dit = preloaded;
     }
     if preloaded_vae.is_some() {
         resident.vae = preloaded_vae;
     }
-    release(pack, "te.");
     tm.text_encoder = t0.elapsed().as_secs_f64();
     tm.text_encoder_cpu = cpu_seconds() - c0;
     events(Event::TextEncoded {
@@ -463,7 +488,10 @@ pub fn generate_with(
 
     // ── DiT ──
     let t0 = Instant::now();
-    let dit = pack.dit()?;
+    let dit = match preloaded_view {
+        Some(view) => view,
+        None => pack.dit()?,
+    };
     log_stage("dit: model view ready");
     if cap.0.len() != cap.1 * dit.cfg.cap_feat_dim {
         return Err(ZimageError::Tensor {

@@ -15,7 +15,7 @@
 use crate::tensors::TensorSource;
 use crate::ZimageError;
 use cmf_llm::{Model, ModelConfig};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The Qwen3 template's output for one user message with a generation prompt and thinking on;
 /// used when the pack stores no template (packs from the reference CLI store none).
@@ -59,7 +59,10 @@ impl<'a> cmf_llm::TensorSource<'a> for PackSource<'a> {
 
 pub struct TextEncoder<'a> {
     model: Model<'a>,
-    tokenizer: Arc<tokenizers::Tokenizer>,
+    /// Parsed on first use (or handed over with [`TextEncoder::set_tokenizer`]): parsing the
+    /// 11 MB Qwen3 tokenizer.json takes ~0.5 s, which the pipeline overlaps with the upload.
+    tokenizer: OnceLock<Arc<tokenizers::Tokenizer>>,
+    vocab: &'a [u8],
     template: Option<String>,
     /// `hidden_states[tap]` is the caption (the number of decoder layers to run).
     tap: usize,
@@ -69,12 +72,12 @@ pub struct TextEncoder<'a> {
 impl<'a> TextEncoder<'a> {
     /// `config` is `te.config_json`, `vocab` the tokenizer.json bytes, `template` the Jinja chat
     /// template if the pack has one.
-    /// `cached`: the tokenizer parsed by an earlier load of the same pack (parsing the
-    /// 11 MB Qwen3 tokenizer.json takes a good part of a second).
+    /// `cached`: the tokenizer parsed by an earlier load of the same pack; without it the
+    /// vocab is parsed on first use.
     pub fn load(
         src: &'a dyn TensorSource,
         config: &serde_json::Value,
-        vocab: &[u8],
+        vocab: &'a [u8],
         template: Option<String>,
         cached: Option<Arc<tokenizers::Tokenizer>>,
     ) -> Result<TextEncoder<'a>, ZimageError> {
@@ -120,22 +123,42 @@ impl<'a> TextEncoder<'a> {
                     why: e.to_string(),
                 }
             })?;
-        let tokenizer = match cached {
-            Some(t) => t,
-            None => Arc::new(parse_tokenizer(vocab, &origin)?),
-        };
+        let tokenizer = OnceLock::new();
+        if let Some(t) = cached {
+            let _ = tokenizer.set(t);
+        }
         Ok(TextEncoder {
             model,
             tokenizer,
+            vocab,
             template,
             tap,
             origin,
         })
     }
 
-    /// The parsed tokenizer (to hand to the next load).
-    pub fn tokenizer(&self) -> Arc<tokenizers::Tokenizer> {
-        self.tokenizer.clone()
+    /// The parsed tokenizer (parsing the vocab now if nobody has yet).
+    pub fn tokenizer(&self) -> Result<Arc<tokenizers::Tokenizer>, ZimageError> {
+        if let Some(t) = self.tokenizer.get() {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(parse_tokenizer(self.vocab, &self.origin)?);
+        Ok(self.tokenizer.get_or_init(|| t).clone())
+    }
+
+    /// Whether the tokenizer is parsed (or was handed over).
+    pub fn has_tokenizer(&self) -> bool {
+        self.tokenizer.get().is_some()
+    }
+
+    /// Hands over a tokenizer parsed elsewhere from the same vocab (ignored if one is set).
+    pub fn set_tokenizer(&self, t: Arc<tokenizers::Tokenizer>) {
+        let _ = self.tokenizer.set(t);
+    }
+
+    /// The vocab bytes (tokenizer.json), to parse on another thread.
+    pub fn vocab(&self) -> &'a [u8] {
+        self.vocab
     }
 
     /// Width of the caption features (the encoder's hidden size).
@@ -158,7 +181,7 @@ impl<'a> TextEncoder<'a> {
     pub fn tokenize(&self, prompt: &str, max_tokens: usize) -> Result<PromptTokens, ZimageError> {
         let text = self.templated(prompt)?;
         let enc = self
-            .tokenizer
+            .tokenizer()?
             .encode(text, true)
             .map_err(|e| ZimageError::Tokenizer {
                 origin: self.origin.clone(),
