@@ -156,6 +156,53 @@ fn run_matvec(
     y
 }
 
+/// Uploads return before their DMA finishes (pinned staging, a ring of two 32 MiB buffers):
+/// many back-to-back uploads of mixed sizes (tiny plain ones, small staged ones, pieces that
+/// wrap the ring, one larger than both buffers), each source dropped (and its memory reused)
+/// as soon as `upload` returns, must all land intact; an upload inside a graph capture is an
+/// error, not a silently captured copy.
+#[test]
+fn staged_uploads_land_intact_without_waits() {
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    let sizes = [
+        3usize,
+        5000,
+        4096,
+        (1 << 20) + 7,
+        20 << 20,
+        (31 << 20) + 5,
+        777,
+        (70 << 20) + 3,
+        12 << 10,
+        (9 << 20) + 1,
+    ];
+    let fill = |i: usize, n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|j| ((j as u64 * 2654435761 + i as u64 * 97) >> 7) as u8)
+            .collect()
+    };
+    let bufs: Vec<_> = sizes.iter().map(|&n| dev.alloc(n).unwrap()).collect();
+    for round in 0..2 {
+        for (i, (buf, &n)) in bufs.iter().zip(&sizes).enumerate() {
+            let src = fill(i + 10 * round, n);
+            dev.upload(buf.ptr(), &src).unwrap();
+            // The next source reuses this allocation's memory at once.
+            drop(src);
+        }
+        for (i, (buf, &n)) in bufs.iter().zip(&sizes).enumerate() {
+            let mut got = vec![0u8; n];
+            dev.download(&mut got, buf.ptr()).unwrap();
+            assert!(
+                got == fill(i + 10 * round, n),
+                "round {round}, upload {i} ({n} bytes)"
+            );
+        }
+    }
+    let err = dev.capture(|| dev.upload(bufs[1].ptr(), &fill(0, sizes[1])));
+    assert!(err.is_err(), "an upload inside a capture must be refused");
+}
+
 #[test]
 fn missing_device_is_an_error_not_a_panic() {
     // On a machine without the driver this must return Err; with one, Ok. Never a panic.

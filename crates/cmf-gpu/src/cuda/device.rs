@@ -204,11 +204,23 @@ impl Dev {
             .ctx(|| format!("copying {bytes} bytes on the device"))
     }
 
-    /// Host → device, synchronous with respect to the host buffer; counted as uploaded.
-    /// Large copies go through pinned staging buffers (staging.rs).
+    /// Host → device in stream order; `src` may be dropped once this returns. Counted as
+    /// uploaded. Copies of at least [`STAGED_MIN`] bytes go through pinned staging buffers and
+    /// return before their DMA finishes (staging.rs); smaller ones are waited for. Refused
+    /// inside a graph capture (a captured copy would read the staging buffer at replay).
     pub fn upload(&self, dst: u64, src: &[u8]) -> DResult<()> {
         if src.is_empty() {
             return Ok(());
+        }
+        let capturing = self
+            .stream
+            .capture_status()
+            .map_err(|e| DevError(format!("cuStreamIsCapturing: {e:?}")))?;
+        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(DevError(format!(
+                "an upload of {} bytes inside a graph capture",
+                src.len()
+            )));
         }
         if src.len() >= STAGED_MIN && self.upload_staged(dst, src)? {
             self.stats.add_uploaded(src.len() as u64);

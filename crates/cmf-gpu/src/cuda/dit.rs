@@ -2092,10 +2092,10 @@ impl Uploader<'_> {
             } else if w.cols % 32 != 0 {
                 self.dev.upload(dst, &host_bf16(w))?;
             } else {
+                // The temporary codec planes are freed in stream order (after the kernel),
+                // so the next weight's upload overlaps this one's.
                 let tmp = DevWeight::upload(self.dev, w)?;
                 tmp.dequant(self.dev, &self.k.dequant, 0, w.rows, DequantTo::Bf16(dst))?;
-                // The temporary codec planes are freed on drop: wait for the kernel first.
-                self.dev.sync()?;
             }
             r0 += w.rows;
         }

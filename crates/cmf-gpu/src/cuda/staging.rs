@@ -1,26 +1,37 @@
-//! Large host → device copies through pinned staging buffers.
+//! Host → device copies through pinned staging buffers.
 //!
 //! A copy from pageable memory (a memory-mapped model file) runs at a fraction of the link's
-//! rate: the driver stages it itself, one thread faults the source pages in, and nothing
-//! overlaps. Here a chunk is copied into one of two pinned buffers by several threads (which
-//! also spreads the page faults) while the DMA engine sends the other buffer. Used for every
-//! upload of at least [`STAGED_MIN`] bytes; when pinned memory cannot be had, the caller falls
+//! rate: the driver stages it itself, one thread faults the source pages in, nothing overlaps,
+//! and it may wait for the stream's earlier work first. Here the bytes are copied into two
+//! pinned buffers used as a ring (large pieces by several threads, which also spreads the page
+//! faults) and sent from there by the DMA engine, asynchronously: an upload returns once its
+//! bytes sit in pinned memory, so the next one's host copy overlaps this one's DMA, and a
+//! model's many weights stream without a wait between them. A buffer is reused only after its
+//! last DMA finished (one event per buffer). When pinned memory cannot be had, the caller falls
 //! back to the plain copy.
 
 use super::device::{Ctx, DResult};
 use cudarc::driver::{result as dr, sys};
 use std::ffi::c_void;
 
-/// Uploads at least this large go through the staging buffers.
-pub const STAGED_MIN: usize = 4 << 20;
+/// Uploads at least this large go through the staging buffers; smaller ones (a decode step's
+/// token ids and the like) keep the plain copy and its wait.
+pub const STAGED_MIN: usize = 4 << 10;
 /// Bytes per staging buffer (two of them).
 const CHUNK: usize = 32 << 20;
+/// Pieces at least this large are copied into pinned memory by several threads.
+const PARALLEL_MIN: usize = 4 << 20;
 
-/// Two pinned host buffers and the events that say when their last DMA finished.
+/// Two pinned host buffers used as a ring, and the events that say when the last DMA from
+/// each finished.
 pub struct Staging {
     bufs: [*mut u8; 2],
     done: [sys::CUevent; 2],
-    used: [bool; 2],
+    /// Whether `done[b]` was recorded since the buffer was last waited for.
+    pending: [bool; 2],
+    /// The buffer being filled and the first free byte in it.
+    cur: usize,
+    off: usize,
 }
 
 // SAFETY: the pointers are pinned host allocations owned by this value; the Dev keeps it behind
@@ -33,7 +44,9 @@ impl Staging {
         let mut s = Staging {
             bufs: [std::ptr::null_mut(); 2],
             done: [std::ptr::null_mut(); 2],
-            used: [false; 2],
+            pending: [false; 2],
+            cur: 0,
+            off: 0,
         };
         for b in 0..2 {
             // SAFETY: a fresh pinned allocation, freed in Drop.
@@ -46,33 +59,42 @@ impl Staging {
         Ok(s)
     }
 
-    /// Copies `src` to device address `dst` on `stream` and waits for it.
+    /// Queues the copy of `src` to device address `dst` on `stream`. Returns once `src` has
+    /// been copied into pinned memory (the caller may drop it); the DMA completes in stream
+    /// order, before any work queued after it on `stream`.
     pub fn upload(&mut self, stream: sys::CUstream, dst: u64, src: &[u8]) -> DResult<()> {
-        for (i, chunk) in src.chunks(CHUNK).enumerate() {
-            let b = i % 2;
-            if self.used[b] {
-                // SAFETY: recorded below on this stream; not destroyed until Drop.
+        let mut done = 0;
+        while done < src.len() {
+            if self.off == CHUNK {
+                self.cur ^= 1;
+                self.off = 0;
+            }
+            let b = self.cur;
+            if self.off == 0 && std::mem::take(&mut self.pending[b]) {
+                // SAFETY: recorded below on the stream; not destroyed until Drop.
                 unsafe { dr::event::synchronize(self.done[b]) }
                     .ctx(|| "waiting for a staging buffer".into())?;
             }
-            // SAFETY: bufs[b] holds CHUNK bytes and no DMA reads it now (waited above).
-            let pinned = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], chunk.len()) };
-            parallel_copy(chunk, pinned);
-            // SAFETY: dst + offset has room (the caller sized the buffer for src); the pinned
-            // source stays untouched until the event recorded next has fired.
+            let n = (CHUNK - self.off).min(src.len() - done);
+            let piece = &src[done..done + n];
+            // SAFETY: bufs[b] holds CHUNK bytes; off..off + n is past every byte a pending DMA
+            // of this buffer reads (the ring only restarts a buffer after waiting for it).
+            let pinned = unsafe { std::slice::from_raw_parts_mut(self.bufs[b].add(self.off), n) };
+            if n >= PARALLEL_MIN {
+                parallel_copy(piece, pinned);
+            } else {
+                pinned.copy_from_slice(piece);
+            }
+            // SAFETY: dst + done has room (the caller sized the buffer for src); the pinned
+            // bytes stay untouched until the event recorded next has fired.
             unsafe {
-                dr::memcpy_htod_async(dst + (i * CHUNK) as u64, &*pinned, stream)
-                    .ctx(|| format!("uploading {} bytes (staged)", chunk.len()))?;
+                dr::memcpy_htod_async(dst + done as u64, &*pinned, stream)
+                    .ctx(|| format!("uploading {n} bytes (staged)"))?;
                 dr::event::record(self.done[b], stream).ctx(|| "cuEventRecord".into())?;
             }
-            self.used[b] = true;
-        }
-        for b in 0..2 {
-            if std::mem::take(&mut self.used[b]) {
-                // SAFETY: as above.
-                unsafe { dr::event::synchronize(self.done[b]) }
-                    .ctx(|| "waiting for a staging buffer".into())?;
-            }
+            self.pending[b] = true;
+            self.off += n;
+            done += n;
         }
         Ok(())
     }
@@ -81,8 +103,11 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         for b in 0..2 {
-            // SAFETY: created in new(); every DMA was waited for before upload() returned.
+            // SAFETY: created in new(); a buffer is freed only after its last DMA finished.
             unsafe {
+                if self.pending[b] {
+                    let _ = dr::event::synchronize(self.done[b]);
+                }
                 if !self.bufs[b].is_null() {
                     let _ = dr::free_host(self.bufs[b] as *mut c_void);
                 }
