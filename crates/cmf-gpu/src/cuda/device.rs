@@ -96,7 +96,9 @@ pub struct Dev {
     pub total_bytes: u64,
     /// Pinned buffers for large uploads, made on first use (None after a failed attempt is
     /// retried; uploads fall back to the plain copy meanwhile).
-    staging: std::sync::Mutex<Option<Staging>>,
+    /// Idle staging buffer sets: each uploading thread takes one (a new one if none is idle),
+    /// so concurrent loaders (the text encoder, the DiT, the VAE) copy in parallel.
+    staging: std::sync::Mutex<Vec<Staging>>,
 }
 
 impl Dev {
@@ -142,7 +144,7 @@ impl Dev {
             cc,
             sm_count,
             total_bytes,
-            staging: std::sync::Mutex::new(None),
+            staging: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -238,20 +240,24 @@ impl Dev {
     /// Uploads through the staging buffers; false when pinned memory cannot be had (the
     /// caller copies the plain way).
     fn upload_staged(&self, dst: u64, src: &[u8]) -> DResult<bool> {
-        let mut guard = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            match Staging::new() {
-                Ok(s) => *guard = Some(s),
+        let idle = self.staging.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut staging = match idle {
+            Some(s) => s,
+            None => match Staging::new() {
+                Ok(s) => s,
                 Err(e) => {
                     crate::facade::log::debug(&format!("plain uploads: {}", e.0));
                     return Ok(false);
                 }
-            }
-        }
-        let staging = guard.as_mut().expect("made above");
+            },
+        };
         // The copies are queued on our stream, behind any work that still reads `dst`.
-        staging.upload(self.stream.cu_stream(), dst, src)?;
-        Ok(true)
+        let r = staging.upload(self.stream.cu_stream(), dst, src);
+        self.staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(staging);
+        r.map(|()| true)
     }
 
     /// Uploads `src` into a new buffer.
