@@ -10,6 +10,8 @@
 use crate::transformer::{pad_to, patchify, unpatchify, Conditioning, DitItem, ZImageDit};
 use cmf_gpu::dit::{CondId, DitItemSetup, DitPrecision, DitStepItem, RopeRows};
 use cmf_gpu::{Gpu, GpuDit};
+use rayon::prelude::*;
+use std::borrow::Cow;
 
 pub struct Denoiser<'d, 'a> {
     dit: &'d ZImageDit<'a>,
@@ -20,6 +22,9 @@ pub struct Denoiser<'d, 'a> {
     w: usize,
     device: Option<GpuDit>,
     cpu_conds: Option<Vec<Conditioning>>,
+    /// Timestep embeddings made ahead for the device steps, by the bits of `t`
+    /// ([`Denoiser::precompute_t_embeds`]).
+    t_embeds: Vec<(u32, Vec<f32>)>,
 }
 
 impl<'d, 'a> Denoiser<'d, 'a> {
@@ -54,6 +59,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
             w,
             device: None,
             cpu_conds: None,
+            t_embeds: Vec::new(),
         };
         if gpu.is_active() {
             let dev = match resident {
@@ -85,6 +91,32 @@ impl<'d, 'a> Denoiser<'d, 'a> {
             },
         );
         dev.release();
+    }
+
+    /// Makes the timestep embeddings of the model times `ts` in parallel, ahead of the device
+    /// steps that take them (the host MLP took 0.35–0.57 ms a step while the device idled).
+    /// The CPU path computes its own; a time not listed is computed when its step comes.
+    pub fn precompute_t_embeds(&mut self, ts: &[f32]) {
+        if self.device.is_none() {
+            return;
+        }
+        let (dit, scale) = (self.dit, self.dit.cfg.t_scale);
+        self.t_embeds = ts
+            .par_iter()
+            .map(|&t| (t.to_bits(), dit.t_embed(t * scale)))
+            .collect();
+    }
+
+    /// The timestep embedding a device step at model time `t` takes: made ahead, or now.
+    pub fn t_embedding(&self, t: f32) -> Cow<'_, [f32]> {
+        Self::t_embedding_in(&self.t_embeds, self.dit, t)
+    }
+
+    fn t_embedding_in<'e>(made: &'e [(u32, Vec<f32>)], dit: &ZImageDit, t: f32) -> Cow<'e, [f32]> {
+        match made.iter().find(|(bits, _)| *bits == t.to_bits()) {
+            Some((_, e)) => Cow::Borrowed(e),
+            None => Cow::Owned(dit.t_embed(t * dit.cfg.t_scale)),
+        }
     }
 
     /// The resident model, for the next run (None when the run ended on the CPU).
@@ -206,7 +238,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         let ni = (self.h / 2) * (self.w / 2);
         let pd = cfg.patch_dim();
         let t0 = std::time::Instant::now();
-        let t_emb = self.dit.t_embed(t * cfg.t_scale);
+        let t_emb = Self::t_embedding_in(&self.t_embeds, self.dit, t);
         let t_embed_s = t0.elapsed().as_secs_f64();
         let step: Vec<DitStepItem> = items
             .iter()

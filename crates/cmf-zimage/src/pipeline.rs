@@ -525,8 +525,9 @@ pub fn generate_with(
         lw,
     );
     tm.dit_on_device = denoiser.on_device();
-    tm.dit_load = t0.elapsed().as_secs_f64();
     let sched = Schedule::new(plan.steps, plan.shift);
+    denoiser.precompute_t_embeds(&sched.model_t[..plan.steps]);
+    tm.dit_load = t0.elapsed().as_secs_f64();
     // The loop keeps the latents in token order (the DiT's): the Euler update and CFG are
     // elementwise, so only the first and last step change layouts.
     let c = dit.cfg.in_channels;

@@ -67,6 +67,36 @@ fn cpu_velocity(
 
 /// Two captions of different padded lengths, an odd-sized latent: the sizes the denoiser hands
 /// the device pass its checks, and each item's output is its own (unpatchified) input.
+/// The timestep embeddings made ahead of the device steps (in parallel, before the loop) are
+/// the ones a step would make itself, keyed by the exact model time; other times are made on
+/// demand, and the CPU path makes none ahead.
+#[test]
+fn precomputed_timestep_embeddings_equal_the_ones_made_per_step() {
+    let _serial = serial();
+    let (src, cfg) = fixture_dit();
+    let dit = ZImageDit::load(&Loader::new(&src, "dit."), cfg.clone()).unwrap();
+    let caps = vec![(values(5 * 64, 2), 5)];
+    let sched = cmf_zimage::scheduler::Schedule::new(4, 3.0);
+    let gpu = fake_gpu();
+    let mut den = Denoiser::new(&dit, &gpu, caps.clone(), 6, 10);
+    assert!(den.on_device());
+    den.precompute_t_embeds(&sched.model_t);
+    for &t in sched.model_t.iter().chain(&[0.123f32]) {
+        let want = dit.t_embed(t * cfg.t_scale);
+        let got = den.t_embedding(t);
+        assert!(got.as_ref() == want.as_slice(), "t = {t}");
+        let made_ahead = matches!(got, std::borrow::Cow::Borrowed(_));
+        assert_eq!(made_ahead, t != 0.123, "t = {t}");
+    }
+    let cpu = Gpu::cpu_only();
+    let mut den = Denoiser::new(&dit, &cpu, caps, 6, 10);
+    den.precompute_t_embeds(&sched.model_t);
+    assert!(matches!(
+        den.t_embedding(sched.model_t[1]),
+        std::borrow::Cow::Owned(_)
+    ));
+}
+
 #[test]
 fn device_steps_get_consistent_inputs_and_come_back_per_item() {
     let _serial = serial();
