@@ -388,14 +388,15 @@ pub fn generate_with(
     }
     let on_gpu = gpu.is_active() && !cmf_gpu::facade::in_cpu_scope();
     let preload_dit = on_gpu && resident.dit.is_none();
-    // The VAE too (its kernels, cuDNN handle and weights: ~0.3 s of a first run that would
-    // otherwise wait between the last step and the decode).
+    // The VAE too (its kernels, cuDNN handle, weights and first decode's set-up: ~0.4 s of a
+    // first run that would otherwise wait between the last step and the decode).
     let preload_vae = on_gpu && resident.vae.is_none();
     let (cap, ncap, (preloaded_view, preloaded_vae)) =
         std::thread::scope(|s| -> Result<_, ZimageError> {
-            // Two threads beside the encoder: the DiT's upload is the long one; the VAE's load
-            // and first-use set-up (cuDNN plans, a warm-up decode) run beside it. A failure here
-            // is not an error: the stage loads (or refuses) again when it runs.
+            // Two loader threads beside the encoder (and, on a first run, the tokenizer's parse
+            // below): the DiT's upload is the long one; the VAE's load and first-use set-up
+            // (cuDNN plans, a warm-up decode) run beside it. A failure here is not an error: the
+            // stage loads (or refuses) again when it runs.
             let dit_thread = preload_dit.then(|| {
                 s.spawn(|| {
                     // The model view goes back too: the DiT stage need not build it again.
