@@ -100,10 +100,10 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         if self.device.is_none() {
             return;
         }
-        let (dit, scale) = (self.dit, self.dit.cfg.t_scale);
+        let dit = self.dit;
         self.t_embeds = ts
             .par_iter()
-            .map(|&t| (t.to_bits(), dit.t_embed(t * scale)))
+            .map(|&t| (t.to_bits(), dit.timestep_embedding(t)))
             .collect();
     }
 
@@ -115,7 +115,7 @@ impl<'d, 'a> Denoiser<'d, 'a> {
     fn t_embedding_in<'e>(made: &'e [(u32, Vec<f32>)], dit: &ZImageDit, t: f32) -> Cow<'e, [f32]> {
         match made.iter().find(|(bits, _)| *bits == t.to_bits()) {
             Some((_, e)) => Cow::Borrowed(e),
-            None => Cow::Owned(dit.t_embed(t * dit.cfg.t_scale)),
+            None => Cow::Owned(dit.timestep_embedding(t)),
         }
     }
 

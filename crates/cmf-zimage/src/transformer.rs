@@ -465,7 +465,7 @@ impl<'a> ZImageDit<'a> {
         // t embedding → adaLN for every modulated block, per item.
         let t_emb: Vec<Vec<f32>> = items
             .iter()
-            .map(|it| self.t_embed(it.t * cfg.t_scale))
+            .map(|it| self.timestep_embedding(it.t))
             .collect();
         let refiner_mods: Vec<Vec<Modulation>> = self
             .noise_refiner
@@ -565,6 +565,12 @@ impl<'a> ZImageDit<'a> {
                 unpatchify(&out, c, h, w)
             })
             .collect()
+    }
+
+    /// The timestep embedding of model time `t` (`t_scale` applied, then [`ZImageDit::t_embed`]):
+    /// what every forward at `t` conditions on, on the CPU and on the device.
+    pub fn timestep_embedding(&self, t: f32) -> Vec<f32> {
+        self.t_embed(t * self.cfg.t_scale)
     }
 
     /// `TimestepEmbedder`: sinusoid [cos, sin] of `t` (already scaled) → Linear → SiLU → Linear.
