@@ -94,10 +94,10 @@ pub struct Dev {
     pub cc: (i32, i32),
     pub sm_count: u32,
     pub total_bytes: u64,
-    /// Pinned buffers for large uploads, made on first use (None after a failed attempt is
-    /// retried; uploads fall back to the plain copy meanwhile).
-    /// Idle staging buffer sets: each uploading thread takes one (a new one if none is idle),
-    /// so concurrent loaders (the text encoder, the DiT, the VAE) copy in parallel.
+    /// Idle staging buffer sets (pinned): each uploading thread takes one, a new one if none is
+    /// idle, so concurrent loaders (the text encoder, the DiT, the VAE) copy in parallel. When
+    /// pinned memory cannot be had the upload falls back to the plain copy (and the next one
+    /// tries again).
     staging: std::sync::Mutex<Vec<Staging>>,
 }
 
@@ -491,12 +491,8 @@ impl Timer {
 
     /// Records the end and returns milliseconds between the two records.
     pub fn stop_ms(&self, dev: &Dev) -> DResult<f32> {
-        // SAFETY: the events and stream are live.
-        unsafe {
-            dr::event::record(self.end, dev.stream.cu_stream()).ctx(|| "cuEventRecord".into())?;
-            dr::event::synchronize(self.end).ctx(|| "cuEventSynchronize".into())?;
-            dr::event::elapsed(self.start, self.end).ctx(|| "cuEventElapsedTime".into())
-        }
+        self.stop(dev)?;
+        self.elapsed_ms()
     }
 }
 
