@@ -223,15 +223,13 @@ extern "C" __global__ void __launch_bounds__(128) q_rows_e4m3(const float* q, in
 }
 
 // The end of a consumer with e4m3 output: O rows r0, r1 times i0, i1 as e4m3 bytes into out_q
-// [*, NH · HD] at the item's X rows (for_o_xrows), and, from head 0, the item's scale so at out_s
-// of those rows.
+// [*, NH · HD] at the item's X rows (ws_store_staged, through this warpgroup's Q buffer), and, from
+// head 0, the item's scale so at out_s of those rows.
 __device__ __forceinline__ void ws8_store_e4m3(const float* o, float i0, float i1, float so, int r0, int r1, int T,
                                                int np, int img_row0, int cap_row0, int NH, int h, int tg, u8* out_q,
-                                               float* out_s) {
-    for_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, tg,
-                    [&](int x, int d, float a, float b) {
-                        *(unsigned short*)(out_q + ((size_t)x * NH + h) * HD + d) = pack_e4m3x2(a, b);
-                    });
+                                               float* out_s, u32 stage, int wrow0, int wtid, u32 bar) {
+    ws_store_staged<1>((const float(*)[4])o, i0, i1, stage, wrow0, T, np, img_row0, cap_row0, NH, h, wtid, bar, out_q,
+                       [](float a, float b) { return pack_e4m3x2(a, b); });
     if (h == 0 && tg == 0) {
         if (r0 < T) out_s[o_xrow(r0, np, img_row0, cap_row0)] = so;
         if (r1 < T) out_s[o_xrow(r1, np, img_row0, cap_row0)] = so;
@@ -474,7 +472,8 @@ attn_full_ws8(const __grid_constant__ TmaDesc tk, const __grid_constant__ TmaDes
         float vmax = 0.f;
         for (int i = lane; i < NH; i += 32) vmax = fmaxf(vmax, __uint_as_float(v_amax[i]));
         const float so = e4m3_scale(warp_max(vmax)), mul = sv / so;
-        ws8_store_e4m3(o, mul / lr0, mul / lr1, so, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_q, out_s);
+        ws8_store_e4m3(o, mul / lr0, mul / lr1, so, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_q, out_s, qs,
+                       work.qt * WG_ROWS + wgi * 64, tid & 127, 3 + wgi);
     } else {
         store_o_xrows<HD>((const float(*)[4])o, sv / lr0, sv / lr1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg,
                           out_b);
