@@ -22,7 +22,7 @@
 //! for the O GEMM; behind the bf16 attention the output is quantised by a pass of its own.
 
 use super::blas::Blas;
-use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, Timer};
+use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer};
 use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
@@ -987,6 +987,9 @@ struct Prepared {
     modv: DBuf,
     fscale: DBuf,
     out: DBuf,
+    /// Where the step's output is read back to (pinned; `None`: pinned memory was refused, the
+    /// readback goes to pageable memory).
+    out_host: Option<PinnedBuf>,
     /// The active slots the maps were last built for (the last step's).
     maps_for: Vec<usize>,
     /// The step graph and the active slots it was captured for.
@@ -1714,6 +1717,7 @@ impl CudaDit {
             modv: dev.alloc(nb * n_mod * 4 * d * 4)?,
             fscale: dev.alloc(nb * d * 4)?,
             out: dev.alloc(nb * ni * pd * 4)?,
+            out_host: PinnedBuf::new(nb * ni * pd * 4).ok(),
             maps_for: Vec::new(),
             graph: None,
         };
@@ -1799,14 +1803,23 @@ impl CudaDit {
                 }
             }
         }
-        let p = self.prep.as_ref().expect("checked");
         let gpu_ms = match &timer {
             Some(t) => t.elapsed_ms()?,
             None => 0.0,
         };
         let r0 = std::time::Instant::now();
         out.resize(nb * ni * pd, 0.0);
-        dev.download_f32(out, p.out.ptr())?;
+        let p = self.prep.as_mut().expect("checked");
+        match &mut p.out_host {
+            Some(host) => {
+                let bytes = &mut host.bytes_mut()[..4 * out.len()];
+                dev.download(bytes, p.out.ptr())?;
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            None => dev.download_f32(out, p.out.ptr())?,
+        }
         if timing {
             crate::facade::log::debug(&format!(
                 "dit device step ({}): convert {:.2} ms, upload {:.2} ms, launch {:.2} ms, device {:.2} ms, readback {:.2} ms",
