@@ -80,21 +80,20 @@ impl Kernels {
         let variant = attention_variant(dev, hd, &choice);
         // Every module compiles at once (a first run on a machine), then each loads.
         let arch = dev.arch();
+        let attn8_job = attn8.and_then(|_| Attn8::job(dev, hd, &defs));
         let mut jobs = vec![
             Job::new("dit", DIT, &dit_defs, &arch),
             Job::new("rowops", ROWOPS, &defs, &arch),
             attention_job(dev, &variant, &defs),
         ];
-        if attn8.is_some() {
-            jobs.extend(Attn8::job(dev, hd, &defs).map(|(j, _)| j));
-        }
+        jobs.extend(attn8_job.as_ref().map(|(j, _)| j.clone()));
         compile_parallel(&jobs);
         let dit = Module::load_job(dev, &jobs[0])?;
         let rows = Module::load_job(dev, &jobs[1])?;
-        let attn = load_attention(dev, hd, variant, &defs)?;
-        let attn8 = match attn8 {
-            Some(min_keys) => Attn8::load(dev, hd, &defs, min_keys)?,
-            None => None,
+        let attn = load_attention(dev, hd, variant, &jobs[2])?;
+        let attn8 = match (attn8, attn8_job) {
+            (Some(min_keys), Some(job)) => Some(Attn8::load(dev, job, min_keys)?),
+            _ => None,
         };
         Ok(Kernels {
             rms_mod: dit.func("rms_mod")?,
@@ -390,21 +389,13 @@ struct Attn8Call {
 }
 
 impl Attn8 {
-    /// None where the kernel cannot run (not Hopper, head dim ≠ 128): the bf16 attention stays.
-    fn load(
-        dev: &Dev,
-        hd: usize,
-        defs: &[(&'static str, String)],
-        min_keys: usize,
-    ) -> DResult<Option<Attn8>> {
-        let Some((job, slots)) = Self::job(dev, hd, defs) else {
-            return Ok(None);
-        };
+    /// Loads the module [`Attn8::job`] made (with its slot count).
+    fn load(dev: &Dev, (job, slots): (Job, usize), min_keys: usize) -> DResult<Attn8> {
         let m = Module::load_job(dev, &job)?;
         let attn = m.func("attn_full_ws8")?;
         let smem = ws8_smem(slots);
         attn.allow_smem(smem)?;
-        Ok(Some(Attn8 {
+        Ok(Attn8 {
             prep: m.func("attn8_prep")?,
             attn,
             smem,
@@ -412,10 +403,11 @@ impl Attn8 {
             quant_q: m.func("q_rows_e4m3")?,
             split: TailSplit::new(dev)?,
             _m: m,
-        }))
+        })
     }
 
-    /// The module of the FP8 attention and its K/V slots; None where it cannot run.
+    /// The module of the FP8 attention and its K/V slots; None where it cannot run (not
+    /// Hopper, head dim ≠ 128: the bf16 attention stays).
     fn job(dev: &Dev, hd: usize, defs: &[(&'static str, String)]) -> Option<(Job, usize)> {
         let arch = dev.arch_specific().filter(|_| hd == 128)?;
         // Experiment switches (A/B runs): CMF_DIT_WS8_SLOTS=2..6, CMF_DIT_WS8_PINGPONG=1,
@@ -631,18 +623,13 @@ fn attention_job(dev: &Dev, variant: &AttnVariant, defs: &[(&'static str, String
     }
 }
 
-/// Compiles (or takes from the cache) one attention variant and allows its shared memory.
-fn load_attention(
-    dev: &Dev,
-    hd: usize,
-    variant: AttnVariant,
-    defs: &[(&'static str, String)],
-) -> DResult<AttnKernel> {
+/// Loads one attention variant from its module ([`attention_job`]) and allows its shared memory.
+fn load_attention(dev: &Dev, hd: usize, variant: AttnVariant, job: &Job) -> DResult<AttnKernel> {
     let tma_keys = match variant {
         AttnVariant::WarpSpecialized(_, keys) => Some(keys as u32),
         _ => None,
     };
-    let m = Module::load_job(dev, &attention_job(dev, &variant, defs))?;
+    let m = Module::load_job(dev, job)?;
     let (f, shape) = match variant {
         AttnVariant::Wgmma(entry, _) => {
             let shape = AttnShape {
@@ -729,12 +716,11 @@ pub fn attention_for_test(
     };
     let kernel = match variant {
         "ws8" | "ws8q" => None,
-        _ => Some(load_attention(
-            dev,
-            HD,
-            attention_variant(dev, HD, variant),
-            &defs,
-        )?),
+        _ => {
+            let v = attention_variant(dev, HD, variant);
+            let job = attention_job(dev, &v, &defs);
+            Some(load_attention(dev, HD, v, &job)?)
+        }
     };
     let dq = dev.upload_new(bytes_of(q))?;
     let dk = dev.upload_new(bytes_of(&f16s(k)))?;
@@ -759,8 +745,9 @@ pub fn attention_for_test(
         q_rows: None,
     };
     if variant == "ws8" || variant == "ws8q" {
-        let a8 = Attn8::load(dev, HD, &defs, 0)?
+        let job = Attn8::job(dev, HD, &defs)
             .ok_or_else(|| DevError("ws8: needs sm_90a and head dim 128".into()))?;
+        let a8 = Attn8::load(dev, job, 0)?;
         let abs_max = |x: &[f32]| {
             x.iter()
                 .map(|&a| half::f16::from_f32(a).to_f32().abs())
