@@ -168,6 +168,13 @@ impl CmfModel {
         self.files.iter().for_each(|f| f.release_pages(prefix));
     }
 
+    /// [`CmfFile::release_pages_in_background`] over every shard.
+    pub fn release_pages_in_background(&self, prefix: &str) {
+        self.files
+            .iter()
+            .for_each(|f| f.release_pages_in_background(prefix));
+    }
+
     /// Every tensor of every shard, shard 1 first, directory order within a shard.
     pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> + '_ {
         self.files.iter().flat_map(CmfFile::tensors)

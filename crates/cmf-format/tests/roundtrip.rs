@@ -237,3 +237,43 @@ fn empty_model_is_valid() {
     assert!(f.is_empty());
     assert!(f.verify().is_ok());
 }
+
+#[test]
+fn released_pages_read_back_intact_even_while_the_release_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pages.cmf");
+    let mut w = CmfWriter::create(&path, header()).unwrap();
+    let mut expected = Vec::new();
+    for (i, prefix) in ["a.", "a.", "b."].iter().enumerate() {
+        let name = format!("{prefix}w{i}");
+        let vals = values(64 * 1024 + 7, i as u64, 1.0); // a few hundred KiB: many whole pages
+        let bytes = codec::encode(Dtype::F32, &[vals.len()], &vals).unwrap();
+        w.add_tensor(&name, Dtype::F32, &[vals.len()], &bytes)
+            .unwrap();
+        expected.push((name, bytes));
+    }
+    w.finish().unwrap();
+    let model = CmfModel::open(&path).unwrap();
+    let sum: u64 = model
+        .tensors()
+        .map(|t| t.data.iter().map(|&b| b as u64).sum::<u64>())
+        .sum();
+    assert!(sum > 0);
+    model.release_pages_in_background("a.");
+    model.release_pages("b.");
+    // Read while the background release may still be running, then again after it must be done.
+    for round in 0..2 {
+        for (name, bytes) in &expected {
+            assert_eq!(
+                model.get(name).unwrap().data,
+                &bytes[..],
+                "{name}, round {round}"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(model.verify().is_ok());
+    // Dropping the model while a release runs: the thread holds the mapping.
+    model.release_pages_in_background("");
+    drop(model);
+}
