@@ -110,11 +110,11 @@ pub fn write_tensor(
 ) -> Result<TensorStats> {
     let (n_rows, cols) = rows_cols(shape);
     let tensor_err = |m: String| ConvertError::tensor(source, name, m);
+    let rows_per_chunk = (CHUNK_ELEMENTS / cols.max(1)).clamp(1, n_rows.max(1));
     let Some(parts) = part_sizes(dtype, cols).filter(|_| n_rows > 1) else {
         // Whole tensor at once (1-D, single row, or a codec with cross-row statistics).
         // The rows still come in parallel chunks (q8_2f's column field needs them all first).
         let mut values = vec![0f32; n_rows * cols];
-        let rows_per_chunk = (CHUNK_ELEMENTS / cols.max(1)).clamp(1, n_rows.max(1));
         values
             .par_chunks_mut((rows_per_chunk * cols).max(1))
             .enumerate()
@@ -138,7 +138,6 @@ pub fn write_tensor(
         });
     };
     let row_bytes: usize = parts.iter().sum();
-    let rows_per_chunk = (CHUNK_ELEMENTS / cols.max(1)).clamp(1, n_rows);
     let n_chunks = n_rows.div_ceil(rows_per_chunk);
     let batch = rayon::current_num_threads().max(1) * 2;
     let mut tail_parts: Vec<Vec<u8>> = vec![Vec::new(); parts.len() - 1];
