@@ -36,9 +36,13 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
 #endif
 }
 
-// Four floats v[0..3] · inv -> four e4m3 bytes (v[0] in the low byte).
+// Four floats → four e4m3 bytes (a in the low byte).
+__device__ __forceinline__ u32 pack_e4m3x4(float a, float b, float c, float d) {
+    return (u32)pack_e4m3x2(a, b) | ((u32)pack_e4m3x2(c, d) << 16);
+}
+// Four floats v[0..3] · inv → four e4m3 bytes (v[0] in the low byte).
 __device__ __forceinline__ u32 pack_e4m3x4(const float* v, float inv) {
-    return (u32)pack_e4m3x2(v[0] * inv, v[1] * inv) | ((u32)pack_e4m3x2(v[2] * inv, v[3] * inv) << 16);
+    return pack_e4m3x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
 }
 
 // A group of V values (common.cuh) as e4m3 bytes of v · inv at p.
