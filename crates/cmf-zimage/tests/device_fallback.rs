@@ -65,8 +65,6 @@ fn cpu_velocity(
     dit.velocity(&batch, h, w)
 }
 
-/// Two captions of different padded lengths, an odd-sized latent: the sizes the denoiser hands
-/// the device pass its checks, and each item's output is its own (unpatchified) input.
 /// The timestep embeddings made ahead of the device steps (in parallel, before the loop) are
 /// the ones a step would make itself, keyed by the exact model time; other times are made on
 /// demand, and the CPU path makes none ahead.
@@ -97,6 +95,8 @@ fn precomputed_timestep_embeddings_equal_the_ones_made_per_step() {
     ));
 }
 
+/// Two captions of different padded lengths, an odd-sized latent: the sizes the denoiser hands
+/// the device pass its checks, and each item's output is its own (unpatchified) input.
 #[test]
 fn device_steps_get_consistent_inputs_and_come_back_per_item() {
     let _serial = serial();
