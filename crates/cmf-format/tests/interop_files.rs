@@ -87,11 +87,8 @@ fn check_ours_reads_oracle_file(
     }
 }
 
-#[test]
-fn oracle_written_file_reads_here() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("oracle.cmf");
-    let tensors = payloads();
+/// Writes `tensors` (with the test header and tokenizer) as a CMF file through the oracle.
+fn write_with_oracle(path: &std::path::Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
     let specs: Vec<TensorSpec> = tensors
         .iter()
         .map(|(name, dtype, shape, bytes)| TensorSpec {
@@ -102,13 +99,21 @@ fn oracle_written_file_reads_here() {
         })
         .collect();
     OracleModel::write(
-        &path,
+        path,
         &to_oracle_header(&header()),
         &specs,
         None,
         Some(TOKENIZER_JSON),
     )
     .unwrap();
+}
+
+#[test]
+fn oracle_written_file_reads_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("oracle.cmf");
+    let tensors = payloads();
+    write_with_oracle(&path, &tensors);
     check_ours_reads_oracle_file(&path, &tensors);
     // Our unknown-field passthrough: the reference serialized its own defaults (hidden_act, …).
     let f = CmfFile::open(&path).unwrap();
@@ -208,24 +213,7 @@ fn our_shard_set_reads_in_oracle() {
 fn a_flipped_data_byte_in_an_oracle_file_names_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("o.cmf");
-    let tensors = payloads();
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|(n, d, s, b)| TensorSpec {
-            name: n.clone(),
-            dtype: oracle_dtype(*d),
-            shape: s.clone(),
-            data: b.clone(),
-        })
-        .collect();
-    OracleModel::write(
-        &path,
-        &to_oracle_header(&header()),
-        &specs,
-        None,
-        Some(TOKENIZER_JSON),
-    )
-    .unwrap();
+    write_with_oracle(&path, &payloads());
     let original = std::fs::read(&path).unwrap();
     let f = CmfFile::open(&path).unwrap();
     let spans: Vec<(String, u64, usize)> = f
