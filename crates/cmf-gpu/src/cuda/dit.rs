@@ -995,6 +995,10 @@ pub struct CudaDit {
     cap_pad: DBuf,
     /// Every modulated block's adaLN, stacked: `[n_mod·4D, A]` + bias.
     ada: (DBuf, DBuf),
+    /// The modulated blocks' norm weights in the modulation's layout (`[blocks, 4, D]`:
+    /// attention_norm1, attention_norm2, ffn_norm1, ffn_norm2): ada_finish folds them into the
+    /// modulation, and the row kernels of those blocks take no norm weight of their own.
+    ada_norms: DBuf,
     final_ada: (DBuf, DBuf),
     final_lin: (DBuf, DBuf),
     noise: Vec<Block>,
@@ -1208,6 +1212,22 @@ impl CudaDit {
             })
             .collect();
         let ada_plane = up.plane(&ada_ws.iter().map(|l| &l.w).collect::<Vec<_>>())?;
+        let ada_norms: Vec<f32> = m
+            .noise_refiner
+            .iter()
+            .chain(&m.layers)
+            .flat_map(|b| {
+                [
+                    b.attention_norm1,
+                    b.attention_norm2,
+                    b.ffn_norm1,
+                    b.ffn_norm2,
+                ]
+                .into_iter()
+                .flatten()
+                .copied()
+            })
+            .collect();
         let dit = CudaDit {
             x_embed: up.linear(&m.x_embedder)?,
             x_pad: up.vec(m.x_pad_token)?,
@@ -1215,6 +1235,7 @@ impl CudaDit {
             cap_embed: up.linear(&m.cap_embedder)?,
             cap_pad: up.vec(m.cap_pad_token)?,
             ada: (ada_plane, up.vec(&ada_bias)?),
+            ada_norms: up.vec(&ada_norms)?,
             final_ada: up.linear(&m.final_ada)?,
             final_lin: up.linear(&m.final_linear)?,
             noise: blocks(&m.noise_refiner)?,
@@ -1392,6 +1413,8 @@ impl CudaDit {
             (Some(k8), Some(b)) if p.segs.iter().all(|sg| sg.l >= k8.min_keys) => Some((k8, b)),
             _ => None,
         };
+        // A modulated block's norm weights are folded into its modulation (ada_finish).
+        let norm_w = |modulation: u64, w: &DBuf| if modulation != 0 { 0 } else { w.ptr() };
         let first = &blocks[0];
         let t = self.prof_start()?;
         let out = w.gemm_input(&first.qkv);
@@ -1399,7 +1422,7 @@ impl CudaDit {
             &self.dev,
             &self.k.rms_mod,
             &rows(mods[0]),
-            first.n1.ptr(),
+            norm_w(mods[0], &first.n1),
             0,
             out,
         )?;
@@ -1409,7 +1432,7 @@ impl CudaDit {
             let m = mods[i];
             // x += gate · rmsnorm(o) · norm, then the next GEMM's pre-norm of x.
             let residual = |norm: &DBuf, gate_slot: i32, next: Option<NextNorm>| {
-                let (f, o) = (&self.k.residual_norm, (w.o.ptr(), norm.ptr()));
+                let (f, o) = (&self.k.residual_norm, (w.o.ptr(), norm_w(m, norm)));
                 dit_rows::residual_norm(&self.dev, f, &rows(m), o, gate_slot, next)
             };
             let t = self.prof_start()?;
@@ -1553,7 +1576,7 @@ impl CudaDit {
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let ffn_norm = NextNorm {
-                w: b.f1.ptr(),
+                w: norm_w(m, &b.f1),
                 modulation: m,
                 slot: 2,
                 out: w.gemm_input(&b.w13),
@@ -1573,7 +1596,7 @@ impl CudaDit {
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let next = blocks.get(i + 1).map(|nb| NextNorm {
-                w: nb.n1.ptr(),
+                w: norm_w(mods[i + 1], &nb.n1),
                 modulation: mods[i + 1],
                 slot: 0,
                 out: w.gemm_input(&nb.qkv),
@@ -1846,6 +1869,7 @@ impl CudaDit {
                 Arg::U64(nb as u64),
                 Arg::I32(d as i32),
                 Arg::Ptr(self.ada.1.ptr()),
+                Arg::Ptr(self.ada_norms.ptr()),
             ],
         )?;
         self.gemm(

@@ -17,7 +17,8 @@
 // Modulation (adaLN): `mod` points at one block's [4, D] slice of item 0; item i's slice is
 // `mod + i·mod_stride`; slots: 0 scale_msa, 1 gate_msa, 2 scale_mlp, 3 gate_mlp, finished once a
 // step by ada_finish (1 + scale, tanh(gate), as diffusers applies them), so the row kernels only
-// multiply. mod = 0: unmodulated (the context refiner).
+// multiply. mod = 0: unmodulated (the context refiner). A null norm weight (w, next_w): ada_finish
+// folded it into the modulation.
 // Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`,
 // which also folds each head's V amax into v_amax and writes e4m3 Q and K when the FP8
@@ -102,9 +103,14 @@ __device__ __forceinline__ void rms_mod_row(const xt* xr, const float* w, float 
     float amax = 0.f;
     for (int g = threadIdx.x; g < D / V; g += blockDim.x) {
         Vf<V> v = ld_vals<V>(xr + V * g);
-        const Vf<V> wv = ld_f32<V>(w + V * g);
+        if (w) {
+            const Vf<V> wv = ld_f32<V>(w + V * g);
 #pragma unroll
-        for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
+            for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++) v.v[j] *= inv;
+        }
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * g);
 #pragma unroll
@@ -134,7 +140,8 @@ extern "C" __global__ void rms_mod(const xt* x, const float* w, float eps, int D
         rms_mod_row<1>(xr, w, eps, D, sc, ob, oq, os, red, rowsm);
 }
 
-// One row of residual_norm: xr, orow, the gate g and scale sc (null: none), outputs at the row.
+// One row of residual_norm: xr, orow, the norm weights w and next_w, the gate g and scale sc (each
+// null: none), outputs at the row (null: no next pre-norm).
 template <int V>
 __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const float* w, float eps, int D,
                                                   const float* g, const float* next_w, const float* sc, u16* out_b,
@@ -142,13 +149,15 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
     const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
     float ss2 = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
-        const Vf<V> o = ld_bf16<V>(orow + V * k), wv = ld_f32<V>(w + V * k);
+        const Vf<V> o = ld_bf16<V>(orow + V * k);
         Vf<V> nx = ld_vals<V>(xr + V * k);
-        Vf<V> gv;
+        Vf<V> wv, gv;
+        if (w) wv = ld_f32<V>(w + V * k);
         if (g) gv = ld_f32<V>(g + V * k);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            float v = o.v[j] * inv * wv.v[j];
+            float v = o.v[j] * inv;
+            if (w) v *= wv.v[j];
             if (g) v *= gv.v[j];
             nx.v[j] += v;
             ss2 += nx.v[j] * nx.v[j];
@@ -156,14 +165,19 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
         st_vals<V>(xr + V * k, nx);
         st_f32<V>(row + V * k, nx);  // the next pre-norm reads the unrounded row
     }
-    if (!next_w) return;
+    if (!out_b && !out_q) return;
     const float inv2 = rsqrtf(block_sum(ss2, red) / (float)D + eps);
     float amax = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
         Vf<V> v = ld_f32<V>(row + V * k);
-        const Vf<V> wv = ld_f32<V>(next_w + V * k);
+        if (next_w) {
+            const Vf<V> wv = ld_f32<V>(next_w + V * k);
 #pragma unroll
-        for (int j = 0; j < V; j++) v.v[j] *= inv2 * wv.v[j];
+            for (int j = 0; j < V; j++) v.v[j] *= inv2 * wv.v[j];
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; j++) v.v[j] *= inv2;
+        }
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * k);
 #pragma unroll
@@ -175,7 +189,7 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
 }
 
 // x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0; o is the bf16 output of
-// the O or w2 GEMM: half the bytes of f32 to write and read back), then, when next_w:
+// the O or w2 GEMM: half the bytes of f32 to write and read back), then, when out_b or out_q:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
 extern "C" __global__ void residual_norm(xt* x, const u16* o, const float* w, float eps, int D, const float* mod,
@@ -413,12 +427,15 @@ extern "C" __global__ void bias_pad_rows(const float* src, xt* x, int D, long lo
 
 // The adaLN modulation rows y [R, N] (N = blocks · 4 · D, each block's slots scale_msa, gate_msa,
 // scale_mlp, gate_mlp of D values) plus the bias, finished as the row kernels use them: 1 + scale,
-// tanh(gate). Grid as add_bias's.
-extern "C" __global__ void ada_finish(float* y, int N, long long R, int D, const float* bias) {
+// tanh(gate), each times the block's norm weight of that slot (norm_w, same layout: attention_norm1,
+// attention_norm2, ffn_norm1, ffn_norm2) when norm_w is set — the row kernels then take a null norm
+// weight and read one vector a value instead of two. Grid as add_bias's.
+extern "C" __global__ void ada_finish(float* y, int N, long long R, int D, const float* bias, const float* norm_w) {
     for (long long r = blockIdx.y; r < R; r += gridDim.y)
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += gridDim.x * blockDim.x) {
             const float v = y[r * N + i] + bias[i];
-            y[r * N + i] = (i / D) & 1 ? tanhf(v) : 1.f + v;
+            const float f = (i / D) & 1 ? tanhf(v) : 1.f + v;
+            y[r * N + i] = norm_w ? norm_w[i] * f : f;
         }
 }
 
