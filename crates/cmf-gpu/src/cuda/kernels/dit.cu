@@ -95,6 +95,20 @@ __device__ __forceinline__ float row_sumsq(const T* x, int n, float* red) {
     return block_sum(ss, red);
 }
 
+// Group g of a row being normalised: v · inv · w[group] (w null: folded into the modulation,
+// v · inv).
+template <int V>
+__device__ __forceinline__ void norm_scale(Vf<V>& v, float inv, const float* w, int g) {
+    if (w) {
+        const Vf<V> wv = ld_f32<V>(w + V * g);
+#pragma unroll
+        for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) v.v[j] *= inv;
+    }
+}
+
 // One row of rms_mod: xr, sc (null: unmodulated), out_b / out_q / out_s at the row.
 template <int V>
 __device__ __forceinline__ void rms_mod_row(const xt* xr, const float* w, float eps, int D, const float* sc,
@@ -103,14 +117,7 @@ __device__ __forceinline__ void rms_mod_row(const xt* xr, const float* w, float 
     float amax = 0.f;
     for (int g = threadIdx.x; g < D / V; g += blockDim.x) {
         Vf<V> v = ld_vals<V>(xr + V * g);
-        if (w) {
-            const Vf<V> wv = ld_f32<V>(w + V * g);
-#pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= inv * wv.v[j];
-        } else {
-#pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= inv;
-        }
+        norm_scale<V>(v, inv, w, g);
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * g);
 #pragma unroll
@@ -170,14 +177,7 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
     float amax = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
         Vf<V> v = ld_f32<V>(row + V * k);
-        if (next_w) {
-            const Vf<V> wv = ld_f32<V>(next_w + V * k);
-#pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= inv2 * wv.v[j];
-        } else {
-#pragma unroll
-            for (int j = 0; j < V; j++) v.v[j] *= inv2;
-        }
+        norm_scale<V>(v, inv2, next_w, k);
         if (sc) {
             const Vf<V> s = ld_f32<V>(sc + V * k);
 #pragma unroll
