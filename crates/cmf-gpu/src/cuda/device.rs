@@ -91,14 +91,6 @@ impl PinnedBuf {
         Ok(PinnedBuf { ptr, len })
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: ptr holds len bytes, exclusively borrowed here.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
