@@ -23,7 +23,7 @@
 
 use super::blas::Blas;
 use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer};
-use super::dit_rows::{self, NextNorm, NormRows, RowOut, MAPW, ROW_THREADS};
+use super::dit_rows::{self, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
     compile_parallel, fa2_smem, ws8_smem, ws_smem, Func, Job, Module, ATTENTION, ATTENTION_WG, DIT,
@@ -50,10 +50,11 @@ const ATTN: usize = 1;
 const ROWS: usize = 2;
 
 struct Kernels {
-    rms_mod: Func,
-    residual_norm: Func,
+    rows: RowKernels,
     qk_norm_rope: Func,
-    swiglu: Func,
+    /// K (and V's maxima) where the attention makes Q and reads V from the rows (None:
+    /// `CMF_DIT_KR=off`, qk_norm_rope then does it).
+    k_norm_rope: Option<Func>,
     bias_pad: Func,
     ada_finish: Func,
     add_bias: Func,
@@ -96,10 +97,12 @@ impl Kernels {
             _ => None,
         };
         Ok(Kernels {
-            rms_mod: dit.func("rms_mod")?,
-            residual_norm: dit.func("residual_norm")?,
+            rows: RowKernels::load(&dit)?,
             qk_norm_rope: dit.func("qk_norm_rope")?,
-            swiglu: dit.func("swiglu")?,
+            k_norm_rope: match std::env::var("CMF_DIT_KR").as_deref() {
+                Ok("off") => None,
+                _ => Some(dit.func("k_norm_rope")?),
+            },
             bias_pad: dit.func("bias_pad_rows")?,
             ada_finish: dit.func("ada_finish")?,
             add_bias: dit.func("add_bias")?,
@@ -115,9 +118,7 @@ impl Kernels {
     /// Lets the row kernels keep a row of the model's widths in shared memory (the updated row
     /// of `residual_norm`, the e4m3 stashes).
     fn allow_rows(&self, g: &DitGeometry) -> DResult<()> {
-        dit_rows::allow_row_smem(&self.residual_norm, g.dim * 4)?;
-        dit_rows::allow_row_smem(&self.rms_mod, g.dim * 4)?;
-        dit_rows::allow_row_smem(&self.swiglu, g.ffn * 4)
+        self.rows.allow_rows(g.dim, g.ffn)
     }
 }
 
@@ -360,6 +361,11 @@ struct Attn8 {
 /// Rows per qk_norm_rope block (`QKR_ROWS` in dit.cu); its warps take 256 / HD heads of a row
 /// each (`QKR_HPW`), 4 a block.
 const QKR_ROWS: usize = 16;
+
+/// k_norm_rope's head pairs a warp (`KR_G` in dit.cu) and rows a block (`KR_ROWS`: `KR_WARPS`
+/// warps of one row).
+const KR_G: usize = 5;
+const KR_ROWS: usize = 8;
 
 /// Keys per attn_full_ws8 tile (`W8_KEYS`): Vᵀ rows are padded to a multiple of it.
 const W8_KEYS: usize = 128;
@@ -1420,7 +1426,7 @@ impl CudaDit {
         let out = w.gemm_input(&first.qkv);
         dit_rows::rms_mod(
             &self.dev,
-            &self.k.rms_mod,
+            &self.k.rows,
             &rows(mods[0]),
             norm_w(mods[0], &first.n1),
             0,
@@ -1432,8 +1438,8 @@ impl CudaDit {
             let m = mods[i];
             // x += gate · rmsnorm(o) · norm, then the next GEMM's pre-norm of x.
             let residual = |norm: &DBuf, gate_slot: i32, next: Option<NextNorm>| {
-                let (f, o) = (&self.k.residual_norm, (w.o.ptr(), norm_w(m, norm)));
-                dit_rows::residual_norm(&self.dev, f, &rows(m), o, gate_slot, next)
+                let o = (w.o.ptr(), norm_w(m, norm));
+                dit_rows::residual_norm(&self.dev, &self.k.rows, &rows(m), o, gate_slot, next)
             };
             let t = self.prof_start()?;
             let qkv_out = w.qkv.ptr();
@@ -1475,38 +1481,65 @@ impl CudaDit {
             } else {
                 2 * nh
             } - if q_rows.is_some() { nh } else { 0 };
-            self.launch(
-                &self.k.qk_norm_rope,
-                (
-                    units.div_ceil(256 / hd).div_ceil(4) as u32,
-                    r.div_ceil(QKR_ROWS) as u32,
-                    1,
-                ),
-                128,
-                0,
-                &[
-                    Arg::Ptr(w.qkv.ptr()),
-                    Arg::Ptr(b.norm_q.ptr()),
-                    Arg::Ptr(b.norm_k.ptr()),
-                    Arg::F32(g.qk_eps),
-                    Arg::Ptr(p.cos),
-                    Arg::Ptr(p.sin),
-                    Arg::Ptr(p.map),
-                    Arg::I32(nh as i32),
-                    Arg::I32(r as i32),
-                    Arg::Ptr(w.q.ptr()),
-                    Arg::Ptr(w.kc.ptr()),
-                    Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
-                    Arg::Ptr(amax),
-                    Arg::Ptr(q8),
-                    Arg::Ptr(qsc),
-                    Arg::Ptr(k8),
-                    Arg::F32(1.0 / b.k8_scale),
-                    Arg::I32(self.k.attn.q_f16() as i32),
-                    Arg::I32(self.k.attn.v_bf16() as i32),
-                    Arg::I32(q_rows.is_some() as i32),
-                ],
-            )?;
+            match (&self.k.k_norm_rope, q_rows.is_some() && !v_copy) {
+                (Some(f), true) => {
+                    let kchunks = nh.div_ceil(256 / hd).div_ceil(KR_G);
+                    let chunks = kchunks * if attn8.is_some() { 2 } else { 1 };
+                    self.launch(
+                        f,
+                        (chunks as u32, r.div_ceil(KR_ROWS) as u32, 1),
+                        32 * KR_ROWS as u32,
+                        0,
+                        &[
+                            Arg::Ptr(w.qkv.ptr()),
+                            Arg::Ptr(b.norm_k.ptr()),
+                            Arg::F32(g.qk_eps),
+                            Arg::Ptr(p.cos),
+                            Arg::Ptr(p.sin),
+                            Arg::Ptr(p.map),
+                            Arg::I32(nh as i32),
+                            Arg::I32(r as i32),
+                            Arg::I32(kchunks as i32),
+                            Arg::Ptr(w.kc.ptr()),
+                            Arg::Ptr(k8),
+                            Arg::F32(1.0 / b.k8_scale),
+                            Arg::Ptr(amax),
+                        ],
+                    )?;
+                }
+                _ => self.launch(
+                    &self.k.qk_norm_rope,
+                    (
+                        units.div_ceil(256 / hd).div_ceil(4) as u32,
+                        r.div_ceil(QKR_ROWS) as u32,
+                        1,
+                    ),
+                    128,
+                    0,
+                    &[
+                        Arg::Ptr(w.qkv.ptr()),
+                        Arg::Ptr(b.norm_q.ptr()),
+                        Arg::Ptr(b.norm_k.ptr()),
+                        Arg::F32(g.qk_eps),
+                        Arg::Ptr(p.cos),
+                        Arg::Ptr(p.sin),
+                        Arg::Ptr(p.map),
+                        Arg::I32(nh as i32),
+                        Arg::I32(r as i32),
+                        Arg::Ptr(w.q.ptr()),
+                        Arg::Ptr(w.kc.ptr()),
+                        Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
+                        Arg::Ptr(amax),
+                        Arg::Ptr(q8),
+                        Arg::Ptr(qsc),
+                        Arg::Ptr(k8),
+                        Arg::F32(1.0 / b.k8_scale),
+                        Arg::I32(self.k.attn.q_f16() as i32),
+                        Arg::I32(self.k.attn.v_bf16() as i32),
+                        Arg::I32(q_rows.is_some() as i32),
+                    ],
+                )?,
+            }
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             // The FP8 attention writes the O GEMM's e4m3 input itself when that GEMM runs in FP8.
@@ -1589,7 +1622,7 @@ impl CudaDit {
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let out = w.gemm_input(&b.w2);
-            dit_rows::swiglu(&self.dev, &self.k.swiglu, w.g.ptr(), r, f, out)?;
+            dit_rows::swiglu(&self.dev, &self.k.rows, w.g.ptr(), r, f, out)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             self.block_gemm(w, &b.w2, (d, f), r, w.o.ptr())?;

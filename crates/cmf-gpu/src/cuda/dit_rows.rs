@@ -3,12 +3,15 @@
 //!
 //! Each writes the next GEMM's input ([`RowOut`]): bf16 rows, or, when that GEMM runs in FP8,
 //! e4m3 rows with one f32 scale per row (kernels/e4m3.cuh): the activation quantisation fused
-//! into the producer instead of a pass of its own over bf16 rows. One block of
-//! [`ROW_THREADS`] per row; an e4m3 row is held in shared memory until its amax is known.
+//! into the producer instead of a pass of its own over bf16 rows. One block per row:
+//! [`ROW_THREADS`] or more threads looping over the row, an e4m3 row held in shared memory until
+//! its amax is known; swiglu, where the width and the pointers allow, holds the row in registers
+//! instead (`swiglu_r8`, `swiglu_r16`: 8 or 16 values a thread, [`RowKernels`] picks per call).
 
 use super::device::{bytes_of, Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, DIT};
 use half::bf16;
+use std::sync::OnceLock;
 
 /// Threads of the per-row kernels (at least: see [`row_threads`]).
 pub const ROW_THREADS: u32 = 256;
@@ -58,6 +61,14 @@ impl RowOut {
         }
     }
 
+    /// The output's base pointer (the rows; an e4m3 row's scale is a float apart).
+    fn ptr(self) -> u64 {
+        match self {
+            RowOut::Bf16(b) => b,
+            RowOut::E4m3 { q, .. } => q,
+        }
+    }
+
     /// Dynamic shared memory of the e4m3 stash for rows of `n` values (none for bf16).
     fn stash_bytes(self, n: usize) -> usize {
         match self {
@@ -74,6 +85,60 @@ pub fn allow_row_smem(f: &Func, bytes: usize) -> DResult<()> {
         f.allow_smem(bytes)?;
     }
     Ok(())
+}
+
+/// Whether swiglu may take its register-resident form (`CMF_DIT_SWIGLU=shared`: never, for A/B
+/// runs).
+fn swiglu_registers_wanted() -> bool {
+    static WANTED: OnceLock<bool> = OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("CMF_DIT_SWIGLU").as_deref() != Ok("shared"))
+}
+
+/// The row kernels of one `dit` module (kernels/dit.cu).
+pub struct RowKernels {
+    rms_mod: Func,
+    residual_norm: Func,
+    swiglu: Func,
+    /// swiglu_r8 and swiglu_r16, with their values a thread; None: the shared-memory form only.
+    swiglu_regs: Option<[(usize, Func); 2]>,
+}
+
+impl RowKernels {
+    pub fn load(m: &Module) -> DResult<RowKernels> {
+        Self::load_as(m, swiglu_registers_wanted())
+    }
+
+    fn load_as(m: &Module, registers: bool) -> DResult<RowKernels> {
+        Ok(RowKernels {
+            rms_mod: m.func("rms_mod")?,
+            residual_norm: m.func("residual_norm")?,
+            swiglu: m.func("swiglu")?,
+            swiglu_regs: if registers {
+                Some([(8, m.func("swiglu_r8")?), (16, m.func("swiglu_r16")?)])
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Lets the shared-memory kernels keep rows of width `dim` (the norms) and `ffn` (swiglu).
+    pub fn allow_rows(&self, dim: usize, ffn: usize) -> DResult<()> {
+        allow_row_smem(&self.residual_norm, dim * 4)?;
+        allow_row_smem(&self.rms_mod, dim * 4)?;
+        allow_row_smem(&self.swiglu, ffn * 4)
+    }
+
+    /// swiglu's register-resident kernel for rows of `ffn` at `ptrs`, and its threads a block:
+    /// the first that takes `ffn` (a multiple of its values a thread, at most 1024 threads) with
+    /// every pointer 16-byte aligned (its loads and stores are 16 bytes).
+    fn swiglu_reg(&self, ffn: usize, ptrs: &[u64]) -> Option<(&Func, u32)> {
+        if ptrs.iter().any(|p| p % 16 != 0) {
+            return None;
+        }
+        self.swiglu_regs.as_ref()?.iter().find_map(|(per, f)| {
+            (ffn % per == 0 && ffn / per <= 1024).then(|| (f, (ffn / per).div_ceil(32) as u32 * 32))
+        })
+    }
 }
 
 /// The rows a norm kernel works on: `[rows, d]` at `x` (f32, or bf16 where the module was
@@ -104,10 +169,17 @@ pub struct NextNorm {
 }
 
 /// `out = rmsnorm(x) · w · (1 + scale)`, the adaLN scale from slot `slot`.
-pub fn rms_mod(dev: &Dev, f: &Func, n: &NormRows, w: u64, slot: i32, out: RowOut) -> DResult<()> {
+pub fn rms_mod(
+    dev: &Dev,
+    k: &RowKernels,
+    n: &NormRows,
+    w: u64,
+    slot: i32,
+    out: RowOut,
+) -> DResult<()> {
     let [ob, oq, os] = out.args();
     dev.launch(
-        f,
+        &k.rms_mod,
         (n.rows as u32, 1, 1),
         (row_threads(out.stash_bytes(n.d)), 1, 1),
         out.stash_bytes(n.d) as u32,
@@ -131,7 +203,7 @@ pub fn rms_mod(dev: &Dev, f: &Func, n: &NormRows, w: u64, slot: i32, out: RowOut
 /// the updated rows.
 pub fn residual_norm(
     dev: &Dev,
-    f: &Func,
+    k: &RowKernels,
     n: &NormRows,
     (o, w): (u64, u64),
     gate_slot: i32,
@@ -143,7 +215,7 @@ pub fn residual_norm(
     };
     let [ob, oq, os] = out.args();
     dev.launch(
-        f,
+        &k.residual_norm,
         (n.rows as u32, 1, 1),
         (row_threads(n.d * 4), 1, 1),
         // The updated row; the e4m3 stash takes its place.
@@ -169,15 +241,39 @@ pub fn residual_norm(
 }
 
 /// `out[r] = silu(gu[r, ..ffn]) · gu[r, ffn..]` for `rows` rows of `gu [rows, 2·ffn]` bf16.
-pub fn swiglu(dev: &Dev, f: &Func, gu: u64, rows: usize, ffn: usize, out: RowOut) -> DResult<()> {
+pub fn swiglu(
+    dev: &Dev,
+    k: &RowKernels,
+    gu: u64,
+    rows: usize,
+    ffn: usize,
+    out: RowOut,
+) -> DResult<()> {
     let [ob, oq, os] = out.args();
+    let (f, threads, smem) = match k.swiglu_reg(ffn, &[gu, out.ptr()]) {
+        Some((f, t)) => (f, t, 0),
+        None => (
+            &k.swiglu,
+            row_threads(out.stash_bytes(ffn)),
+            out.stash_bytes(ffn),
+        ),
+    };
     dev.launch(
         f,
         (rows as u32, 1, 1),
-        (row_threads(out.stash_bytes(ffn)), 1, 1),
-        out.stash_bytes(ffn) as u32,
+        (threads, 1, 1),
+        smem as u32,
         &[Arg::Ptr(gu), Arg::I32(ffn as i32), ob, oq, os],
     )
+}
+
+/// Which form of swiglu its test hook runs (the register-resident one only where it applies; the
+/// shared-memory one everywhere).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowForm {
+    Shared,
+    Registers,
 }
 
 /// What a test hook read back: bf16 rows (as f32), or e4m3 bytes and their row scales.
@@ -206,20 +302,21 @@ pub struct NormCase<'a> {
 /// (poisoned: an unwritten value reads back as NaN).
 struct Hook<'d> {
     dev: &'d Dev,
-    m: Module,
+    k: RowKernels,
     keep: Vec<super::device::DBuf>,
 }
 
 impl<'d> Hook<'d> {
-    fn new(dev: &'d Dev, x_bf16: bool) -> DResult<Hook<'d>> {
+    fn new(dev: &'d Dev, x_bf16: bool, form: RowForm) -> DResult<Hook<'d>> {
         // The row kernels do not depend on the head dim; any HD compiles them.
         let defs = [
             ("HD", "128".to_string()),
             ("X_BF16", (x_bf16 as u8).to_string()),
         ];
+        let m = Module::load(dev, "dit", DIT, &defs)?;
         Ok(Hook {
             dev,
-            m: Module::load(dev, "dit", DIT, &defs)?,
+            k: RowKernels::load_as(&m, form == RowForm::Registers)?,
             keep: Vec::new(),
         })
     }
@@ -320,12 +417,11 @@ pub fn rms_mod_for_test(
     slot: i32,
     e4m3: bool,
 ) -> DResult<RowsBack> {
-    let mut h = Hook::new(dev, c.x_bf16)?;
-    let f = h.m.func("rms_mod")?;
+    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared)?;
     let n = h.norm_rows(c)?;
     let (wp, out) = (h.up(w)?, h.out(n.rows, n.d, e4m3)?);
-    allow_row_smem(&f, out.stash_bytes(n.d))?;
-    rms_mod(dev, &f, &n, wp, slot, out)?;
+    h.k.allow_rows(n.d, 0)?;
+    rms_mod(dev, &h.k, &n, wp, slot, out)?;
     h.back(out, n.rows, n.d)
 }
 
@@ -341,20 +437,19 @@ pub fn residual_norm_for_test(
     (next_w, next_slot): (&[f32], i32),
     e4m3: bool,
 ) -> DResult<(Vec<f32>, RowsBack)> {
-    let mut h = Hook::new(dev, c.x_bf16)?;
-    let f = h.m.func("residual_norm")?;
+    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared)?;
     let n = h.norm_rows(c)?;
     let o_bf16: Vec<u16> = o.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
     let (op, wp, nwp) = (h.up(&o_bf16)?, h.up(w)?, h.up(next_w)?);
     let out = h.out(n.rows, n.d, e4m3)?;
-    allow_row_smem(&f, n.d * 4)?;
+    h.k.allow_rows(n.d, 0)?;
     let next = NextNorm {
         w: nwp,
         modulation: n.modulation,
         slot: next_slot,
         out,
     };
-    residual_norm(dev, &f, &n, (op, wp), gate_slot, Some(next))?;
+    residual_norm(dev, &h.k, &n, (op, wp), gate_slot, Some(next))?;
     let x = if c.x_bf16 {
         dev.download_bf16(n.x, c.x.len())?
     } else {
@@ -367,16 +462,21 @@ pub fn residual_norm_for_test(
 
 /// Test hook: `swiglu` on `gu [rows, 2·ffn]` (bf16 bits).
 #[doc(hidden)]
-pub fn swiglu_for_test(dev: &Dev, gu: &[u16], ffn: usize, e4m3: bool) -> DResult<RowsBack> {
+pub fn swiglu_for_test(
+    dev: &Dev,
+    gu: &[u16],
+    ffn: usize,
+    e4m3: bool,
+    form: RowForm,
+) -> DResult<RowsBack> {
     let rows = gu.len() / (2 * ffn);
     if gu.len() != rows * 2 * ffn {
         return Err(DevError("swiglu_for_test: gu is not [rows, 2·ffn]".into()));
     }
-    let mut h = Hook::new(dev, false)?;
-    let f = h.m.func("swiglu")?;
+    let mut h = Hook::new(dev, false, form)?;
     let (g, out) = (h.up(gu)?, h.out(rows, ffn, e4m3)?);
-    allow_row_smem(&f, out.stash_bytes(ffn))?;
-    swiglu(dev, &f, g, rows, ffn, out)?;
+    h.k.allow_rows(0, ffn)?;
+    swiglu(dev, &h.k, g, rows, ffn, out)?;
     h.back(out, rows, ffn)
 }
 

@@ -1,7 +1,9 @@
 //! The DiT's GEMM-feeding row kernels (cuda/dit_rows.rs, kernels/dit.cu: `rms_mod`,
 //! `residual_norm`, `swiglu`) against f64 CPU references on fresh random inputs, writing bf16
 //! rows and fused e4m3 rows, at the full-size widths (D 3840, F 10240: the vector path), the
-//! fixture's D (128) and an odd width (341: the scalar path). Row 0 is all zero (e4m3 scale 1);
+//! fixture's D (128) and an odd width (341: the scalar path); swiglu also at a width whose last
+//! warp holds one thread's values (2056), in both its forms (shared-memory and register-resident,
+//! where the width allows the latter). Row 0 is all zero (e4m3 scale 1);
 //! rows span 2⁻² … 2² in scale, each with one outlier that sets its amax.
 //!
 //! Tolerances, per value: bf16 within one rounding of the reference, 2⁻⁸·|ref|, plus 2e-6·|ref|
@@ -17,7 +19,7 @@
 
 use super::{backend, rel_err, Rng};
 use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::dit_rows::{self, NormCase, RowsBack};
+use cmf_gpu::cuda::dit_rows::{self, NormCase, RowForm, RowsBack};
 use cmf_gpu::cuda::fp8::e4m3_to_f32;
 
 const ROWS: usize = 37;
@@ -274,7 +276,10 @@ fn dit_residual_norm_matches_reference() {
 fn dit_swiglu_matches_reference() {
     let Some(b) = backend() else { return };
     let dev = b.device();
-    for f in [10240usize, 341, 128] {
+    // The register form (where it applies; 341 takes the shared one either way): 10240 at 16
+    // values a thread; 2056 at 8, 257 threads (the last warp one thread full); 128 at 8, 16 of
+    // the block's 32 threads holding values.
+    for f in [10240usize, 341, 128, 2056] {
         let mut rng = Rng::new(200 + f as u64);
         // Each row [g | u]: rows_of over 2F values gives both halves the row's scale.
         let gu: Vec<u16> = rows_of(&mut rng, ROWS, 2 * f)
@@ -290,8 +295,24 @@ fn dit_swiglu_matches_reference() {
             })
             .collect();
         for e4m3 in formats(dev) {
-            let got = dit_rows::swiglu_for_test(dev, &gu, f, e4m3).unwrap();
-            check(&format!("swiglu F {f}"), &got, &want, f);
+            let [shared, regs] = [RowForm::Shared, RowForm::Registers].map(|form| {
+                let got = dit_rows::swiglu_for_test(dev, &gu, f, e4m3, form).unwrap();
+                check(&format!("swiglu {form:?} F {f}"), &got, &want, f);
+                got
+            });
+            // The two forms compute each value the same way: the same bits.
+            let bits = |r: &RowsBack| match r {
+                RowsBack::Bf16(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
+                RowsBack::E4m3 { q, scale } => q
+                    .iter()
+                    .map(|&b| b as u32)
+                    .chain(scale.iter().map(|x| x.to_bits()))
+                    .collect(),
+            };
+            assert!(
+                bits(&shared) == bits(&regs),
+                "swiglu F {f} e4m3 {e4m3}: the register form's bits differ from the shared one's"
+            );
         }
     }
 }

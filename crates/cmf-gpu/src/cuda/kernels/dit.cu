@@ -22,7 +22,8 @@
 // Fusions: sandwich RMSNorm + gate + residual + the next pre-norm (+ its adaLN scale) in one
 // pass (`residual_norm`); q/k RMSNorm + interleaved RoPE + the f16 K/V write (`qk_norm_rope`,
 // which also folds each head's V amax into v_amax and writes e4m3 Q and K when the FP8
-// attention runs).
+// attention runs; `k_norm_rope` does K and the V maxima alone, faster, where the attention makes
+// Q and reads V from the q|k|v rows itself: the Hopper kernels' default).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
 // FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
@@ -373,6 +374,119 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
     if (v_amax && item >= 0) fold_amax(v_amax, item, NH, kind, h, amax, li);
 }
 
+// ---- k_norm_rope: K, and V's maxima, for the attentions that make Q from the rows ----
+// What qk_norm_rope does with q_skip set and vc null, the modes of attn_full_ws (K to kc as f16)
+// and attn_full_ws8 (K to k8 as e4m3 · k8_inv; V's per-item, per-head maxima into v_amax), with
+// the same bits (qknorm.cuh; gpu_dit's q_from_rows test compares whole steps bit for bit). Why a
+// kernel of its own: qk_norm_rope gives a warp one head pair of 16 rows in series, each row
+// waiting on its own load, and reloads a row's RoPE tables for every head pair (as many table
+// bytes from L2 as K bytes from DRAM; 38 µs a layer at 1024² for 64 MB moved). Here a warp takes
+// KR_G head pairs (QKR_HPW heads each) of KR_RPW rows, issues every load before it uses a value,
+// and loads a row's table values once for all its pairs.
+// Grid (chunks, ceil(R / KR_ROWS)): chunk c < kchunks takes K's pairs KR_G·c .. KR_G·c + KR_G − 1,
+// the others V's (v_amax set); a kind has ceil(NH / QKR_HPW) pairs. Block KR_WARPS warps; warp w
+// takes rows y·KR_ROWS + w·KR_RPW + i (i < KR_RPW). V's maxima: a lane's |v| maximum over its
+// rows, then over the head's lanes, the block's warps (shared atomics) and one global atomic per
+// head and block, where the block's rows are of one item; a block on an item boundary folds each
+// row's maxima into v_amax instead. One row a warp (KR_RPW): 64 registers, four blocks an SM;
+// two rows a warp took 96 registers, two blocks an SM, and measured slower (23 against 20 µs
+// bf16, 30 against 26 with the FP8 attention; qk_norm_rope: 39 and 54).
+#define KR_G 5
+#define KR_RPW 1
+#define KR_WARPS 8
+#define KR_ROWS (KR_WARPS * KR_RPW)
+
+extern "C" __global__ void __launch_bounds__(32 * KR_WARPS)
+k_norm_rope(const u16* qkv, const float* norm_k, float eps, const float* cosb, const float* sinb, const int* map,
+            int NH, int R, int kchunks, u16* kc, u8* k8, float k8_inv, unsigned* v_amax) {
+    __shared__ unsigned vmax[KR_G * QKR_HPW];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int li = lane % QKR_LPH, hs = lane / QKR_LPH;
+    const bool is_k = (int)blockIdx.x < kchunks;  // uniform over the block
+    const int h0 = ((is_k ? (int)blockIdx.x : (int)blockIdx.x - kchunks) * KR_G) * QKR_HPW + hs;
+    const long long rb = (long long)blockIdx.y * KR_ROWS, r0 = rb + warp * KR_RPW;
+    const long long ld = 3LL * NH * HD;
+    const u16* src = qkv + (is_k ? 1 : 2) * NH * HD + 8 * li;
+    // Every load first: the rows' map entries, values and (K) table values, and the norm weight.
+    int mp[KR_RPW][MAPW];
+    uint4 raw[KR_RPW][KR_G];
+    float4 cs[KR_RPW], sn[KR_RPW];
+#pragma unroll
+    for (int i = 0; i < KR_RPW; i++) {
+        const long long r = r0 + i;
+        const bool in = r < R;
+#pragma unroll
+        for (int e = 0; e < MAPW; e++) mp[i][e] = in ? map[r * MAPW + e] : 0;
+#pragma unroll
+        for (int g = 0; g < KR_G; g++) {
+            const int h = h0 + g * QKR_HPW;
+            raw[i][g] = in && h < NH ? *(const uint4*)(src + r * ld + (long long)h * HD) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        const long long rr = (long long)mp[i][4] * (HD / 2) + 4 * li;
+        cs[i] = is_k && in ? *(const float4*)(cosb + rr) : make_float4(0.f, 0.f, 0.f, 0.f);
+        sn[i] = is_k && in ? *(const float4*)(sinb + rr) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (is_k) {
+        float nw[8];
+        *(float4*)nw = *(const float4*)(norm_k + 8 * li);
+        *(float4*)(nw + 4) = *(const float4*)(norm_k + 8 * li + 4);
+#pragma unroll
+        for (int i = 0; i < KR_RPW; i++) {
+            const float c[4] = {cs[i].x, cs[i].y, cs[i].z, cs[i].w}, s[4] = {sn[i].x, sn[i].y, sn[i].z, sn[i].w};
+#pragma unroll
+            for (int g = 0; g < KR_G; g++) {
+                float v[8];
+                qkn_unpack_bf16x8(raw[i][g], v);
+                qkn_norm_rope8(v, nw, eps, c, s, true);  // every lane: the head sums shuffle
+                const int h = h0 + g * QKR_HPW;
+                if (r0 + i >= R || h >= NH) continue;
+                const long long kvrow = (long long)NH * mp[i][1] + (long long)h * mp[i][2] + mp[i][3];
+                if (k8) st_e4m3x8(k8 + kvrow * HD + 8 * li, v, k8_inv);
+                else st_f16x8(kc + kvrow * HD + 8 * li, v);
+            }
+        }
+        return;
+    }
+    // V's maxima.
+    for (int i = threadIdx.x; i < KR_G * QKR_HPW; i += blockDim.x) vmax[i] = 0u;
+    const int item = map[rb * MAPW];
+    bool mine = true;
+#pragma unroll
+    for (int i = 0; i < KR_RPW; i++) mine = mine && (r0 + i >= R || mp[i][0] == item);
+    const bool one_item = __syncthreads_and(mine);  // (also vmax's barrier)
+    float acc[KR_G];
+#pragma unroll
+    for (int g = 0; g < KR_G; g++) acc[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < KR_RPW; i++)
+#pragma unroll
+        for (int g = 0; g < KR_G; g++) {
+            float v[8];
+            qkn_unpack_bf16x8(raw[i][g], v);
+            float a = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) a = fmaxf(a, fabsf(v[k]));
+            const int h = h0 + g * QKR_HPW;
+            if (one_item) {
+                acc[g] = fmaxf(acc[g], a);
+            } else {
+                a = head_max(fminf(a, F16_MAX));  // every lane (shuffles)
+                if (li == 0 && r0 + i < R && h < NH) atomicMax(v_amax + mp[i][0] * NH + h, __float_as_uint(a));
+            }
+        }
+    if (!one_item) return;  // uniform over the block
+#pragma unroll
+    for (int g = 0; g < KR_G; g++) {
+        const float a = head_max(fminf(acc[g], F16_MAX));
+        if (li == 0) atomicMax(vmax + g * QKR_HPW + hs, __float_as_uint(a));
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < KR_G * QKR_HPW; i += blockDim.x) {
+        const int h = h0 - hs + (i / QKR_HPW) * QKR_HPW + i % QKR_HPW;
+        if (h < NH) atomicMax(v_amax + item * NH + h, vmax[i]);
+    }
+}
+
 // silu with the fast exponential and division (a few ulps of f32: far below the bf16 or e4m3
 // output's rounding; the IEEE pair cost ~20 instructions a value, 1.4e9 values a 1024² step).
 // exp(-x) overflowing to inf gives -0 for very negative x, as silu does.
@@ -408,6 +522,75 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
         swiglu_row<4>(gr, F, ob, oq, os, red, rowsm);
     else
         swiglu_row<1>(gr, F, ob, oq, os, red, rowsm);
+}
+
+// ---- swiglu_r8 / swiglu_r16: swiglu with the row in registers ----
+// swiglu's contract for rows whose width F is a multiple of P (8 or 16) with F / P ≤ 1024 and
+// 16-byte aligned pointers (cuda/dit_rows.rs picks them then; the full-size F = 10240 takes 640
+// threads of 16): one block per row of F / P threads rounded up to whole warps, thread t holding
+// values [P·t, P·t + P) from its two 16-byte loads to its stores; an e4m3 row needs no stash and
+// one reduction of one barrier. The values and bytes are swiglu's. Measured (H200, session 16,
+// ncu at 4128 rows): 63 → 50 µs with e4m3 output, 60–61 → 59 with bf16. The same treatment of
+// rms_mod and residual_norm measured no faster (45 against 44 µs bf16, 52 against 48 e4m3: they
+// move as many bytes written as read, and at ~3 TB/s that mix is their bound), so they keep their
+// shared-memory form (bench/results/2026-12-02-h200-session16).
+
+// P bf16 values at p (16-byte aligned) as f32, and P values as bf16 / e4m3 (· inv) at p.
+template <int P>
+__device__ __forceinline__ void ld_row(const u16* p, float* v) {
+#pragma unroll
+    for (int i = 0; i < P / 8; i++) qkn_unpack_bf16x8(*(const uint4*)(p + 8 * i), v + 8 * i);
+}
+template <int P>
+__device__ __forceinline__ void st_row(u16* p, const float* v) {
+#pragma unroll
+    for (int i = 0; i < P / 8; i++)
+        *(uint4*)(p + 8 * i) = make_uint4(pack_bf16x2(v[8 * i], v[8 * i + 1]), pack_bf16x2(v[8 * i + 2], v[8 * i + 3]),
+                                          pack_bf16x2(v[8 * i + 4], v[8 * i + 5]), pack_bf16x2(v[8 * i + 6], v[8 * i + 7]));
+}
+template <int P>
+__device__ __forceinline__ void st_row_e4m3(u8* p, const float* v, float inv) {
+#pragma unroll
+    for (int i = 0; i < P / 8; i++) st_e4m3x8(p + 8 * i, v + 8 * i, inv);
+}
+
+template <int P>
+__device__ __forceinline__ void swiglu_rr(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const int c = threadIdx.x * P;
+    const bool on = c < F;
+    float a[P], b[P], amax = 0.f;
+    if (on) {
+        ld_row<P>(gu + r * 2 * F + c, a);
+        ld_row<P>(gu + r * 2 * F + F + c, b);
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            a[j] = silu_fast(a[j]) * b[j];
+            amax = fmaxf(amax, fabsf(a[j]));
+        }
+    }
+    if (out_q) {
+        // block_max's one barrier: red is written once.
+        const int lane = threadIdx.x & 31;
+        amax = warp_max(amax);
+        if (lane == 0) red[threadIdx.x >> 5] = amax;
+        __syncthreads();
+        const float s = e4m3_scale(warp_max(lane < (int)(blockDim.x >> 5) ? red[lane] : 0.f)), inv = 1.f / s;
+        if (threadIdx.x == 0) out_s[r] = s;
+        if (on) st_row_e4m3<P>(out_q + r * F + c, a, inv);
+    } else if (on) {
+        st_row<P>(out_b + r * F + c, a);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+swiglu_r8(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+    swiglu_rr<8>(gu, F, out_b, out_q, out_s);
+}
+extern "C" __global__ void __launch_bounds__(1024)
+swiglu_r16(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+    swiglu_rr<16>(gu, F, out_b, out_q, out_s);
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x = src + bias; else x = pad.
