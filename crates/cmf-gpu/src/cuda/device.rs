@@ -479,12 +479,19 @@ impl Dev {
     }
 }
 
-/// The bytes of a plain-old-data slice.
+/// Fills `dst` from little-endian f32 bytes (a readback through a pinned byte buffer).
+pub fn f32s_from_le_bytes(dst: &mut [f32], src: &[u8]) {
+    for (v, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
 /// A 1-D grid of `ceil(n / per_block)` blocks, clamped to 1 ..= 65535 (grid-stride kernels).
 pub fn grid1(n: usize, per_block: usize) -> (u32, u32, u32) {
     (n.div_ceil(per_block).clamp(1, 65535) as u32, 1, 1)
 }
 
+/// The bytes of a plain-old-data slice.
 pub fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
     // SAFETY: callers use this for f32/u16/u32/i32 slices, which have no padding.
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }

@@ -22,7 +22,9 @@
 //! for the O GEMM; behind the bf16 attention the output is quantised by a pass of its own.
 
 use super::blas::Blas;
-use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer};
+use super::device::{
+    bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer,
+};
 use super::dit_rows::{self, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::kernels::{
@@ -1476,11 +1478,8 @@ impl CudaDit {
                     sin: p.sin,
                     map: p.map,
                 });
-            let units = if v_copy || attn8.is_some() {
-                3 * nh
-            } else {
-                2 * nh
-            } - if q_rows.is_some() { nh } else { 0 };
+            // K (and V's maxima): k_norm_rope where the attention makes Q and reads V from the
+            // rows itself, else qk_norm_rope over every unit (q, k, v heads) that needs work.
             match (&self.k.k_norm_rope, q_rows.is_some() && !v_copy) {
                 (Some(f), true) => {
                     let kchunks = nh.div_ceil(256 / hd).div_ceil(KR_G);
@@ -1507,38 +1506,45 @@ impl CudaDit {
                         ],
                     )?;
                 }
-                _ => self.launch(
-                    &self.k.qk_norm_rope,
-                    (
-                        units.div_ceil(256 / hd).div_ceil(4) as u32,
-                        r.div_ceil(QKR_ROWS) as u32,
-                        1,
-                    ),
-                    128,
-                    0,
-                    &[
-                        Arg::Ptr(w.qkv.ptr()),
-                        Arg::Ptr(b.norm_q.ptr()),
-                        Arg::Ptr(b.norm_k.ptr()),
-                        Arg::F32(g.qk_eps),
-                        Arg::Ptr(p.cos),
-                        Arg::Ptr(p.sin),
-                        Arg::Ptr(p.map),
-                        Arg::I32(nh as i32),
-                        Arg::I32(r as i32),
-                        Arg::Ptr(w.q.ptr()),
-                        Arg::Ptr(w.kc.ptr()),
-                        Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
-                        Arg::Ptr(amax),
-                        Arg::Ptr(q8),
-                        Arg::Ptr(qsc),
-                        Arg::Ptr(k8),
-                        Arg::F32(1.0 / b.k8_scale),
-                        Arg::I32(self.k.attn.q_f16() as i32),
-                        Arg::I32(self.k.attn.v_bf16() as i32),
-                        Arg::I32(q_rows.is_some() as i32),
-                    ],
-                )?,
+                _ => {
+                    let units = if v_copy || attn8.is_some() {
+                        3 * nh
+                    } else {
+                        2 * nh
+                    } - if q_rows.is_some() { nh } else { 0 };
+                    self.launch(
+                        &self.k.qk_norm_rope,
+                        (
+                            units.div_ceil(256 / hd).div_ceil(4) as u32,
+                            r.div_ceil(QKR_ROWS) as u32,
+                            1,
+                        ),
+                        128,
+                        0,
+                        &[
+                            Arg::Ptr(w.qkv.ptr()),
+                            Arg::Ptr(b.norm_q.ptr()),
+                            Arg::Ptr(b.norm_k.ptr()),
+                            Arg::F32(g.qk_eps),
+                            Arg::Ptr(p.cos),
+                            Arg::Ptr(p.sin),
+                            Arg::Ptr(p.map),
+                            Arg::I32(nh as i32),
+                            Arg::I32(r as i32),
+                            Arg::Ptr(w.q.ptr()),
+                            Arg::Ptr(w.kc.ptr()),
+                            Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
+                            Arg::Ptr(amax),
+                            Arg::Ptr(q8),
+                            Arg::Ptr(qsc),
+                            Arg::Ptr(k8),
+                            Arg::F32(1.0 / b.k8_scale),
+                            Arg::I32(self.k.attn.q_f16() as i32),
+                            Arg::I32(self.k.attn.v_bf16() as i32),
+                            Arg::I32(q_rows.is_some() as i32),
+                        ],
+                    )?;
+                }
             }
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
@@ -1857,9 +1863,7 @@ impl CudaDit {
             Some(host) => {
                 let bytes = &mut host.bytes_mut()[..4 * out.len()];
                 dev.download(bytes, p.out.ptr())?;
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+                f32s_from_le_bytes(out, bytes);
             }
             None => dev.download_f32(out, p.out.ptr())?,
         }

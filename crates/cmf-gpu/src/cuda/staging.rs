@@ -10,9 +10,8 @@
 //! last DMA finished (one event per buffer). When pinned memory cannot be had, the caller falls
 //! back to the plain copy.
 
-use super::device::{Ctx, DResult};
+use super::device::{Ctx, DResult, PinnedBuf};
 use cudarc::driver::{result as dr, sys};
-use std::ffi::c_void;
 
 /// Uploads at least this large go through the staging buffers; smaller ones (a decode step's
 /// token ids and the like) keep the plain copy and its wait.
@@ -25,7 +24,8 @@ const PARALLEL_MIN: usize = 4 << 20;
 /// Two pinned host buffers used as a ring, and the events that say when the last DMA from
 /// each finished.
 pub struct Staging {
-    bufs: [*mut u8; 2],
+    /// Freed after `Drop` has waited for their last DMA (fields drop after `drop` runs).
+    bufs: [PinnedBuf; 2],
     done: [sys::CUevent; 2],
     /// Whether `done[b]` was recorded since the buffer was last waited for.
     pending: [bool; 2],
@@ -34,25 +34,21 @@ pub struct Staging {
     off: usize,
 }
 
-// SAFETY: the pointers are pinned host allocations owned by this value; the Dev keeps it behind
-// a Mutex, so one thread at a time uses it.
+// SAFETY: the events are owned by this value; the Dev keeps it behind a Mutex, so one thread at a
+// time uses it.
 unsafe impl Send for Staging {}
 
 impl Staging {
     pub fn new() -> DResult<Staging> {
         // Drop frees whatever was made when a later step fails.
         let mut s = Staging {
-            bufs: [std::ptr::null_mut(); 2],
+            bufs: [PinnedBuf::new(CHUNK)?, PinnedBuf::new(CHUNK)?],
             done: [std::ptr::null_mut(); 2],
             pending: [false; 2],
             cur: 0,
             off: 0,
         };
         for b in 0..2 {
-            // SAFETY: a fresh pinned allocation, freed in Drop.
-            s.bufs[b] = unsafe { dr::malloc_host(CHUNK, 0) }
-                .ctx(|| format!("pinning {CHUNK} bytes of host memory"))?
-                as *mut u8;
             s.done[b] = dr::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .ctx(|| "cuEventCreate".into())?;
         }
@@ -77,9 +73,9 @@ impl Staging {
             }
             let n = (CHUNK - self.off).min(src.len() - done);
             let piece = &src[done..done + n];
-            // SAFETY: bufs[b] holds CHUNK bytes; off..off + n is past every byte a pending DMA
-            // of this buffer reads (the ring only restarts a buffer after waiting for it).
-            let pinned = unsafe { std::slice::from_raw_parts_mut(self.bufs[b].add(self.off), n) };
+            // off..off + n is past every byte a pending DMA of this buffer reads (the ring only
+            // restarts a buffer after waiting for it).
+            let pinned = &mut self.bufs[b].bytes_mut()[self.off..self.off + n];
             if n >= PARALLEL_MIN {
                 parallel_copy(piece, pinned);
             } else {
@@ -103,13 +99,11 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         for b in 0..2 {
-            // SAFETY: created in new(); a buffer is freed only after its last DMA finished.
+            // SAFETY: created in new(); the buffers are freed after this returns, once their
+            // last DMA finished.
             unsafe {
                 if self.pending[b] {
                     let _ = dr::event::synchronize(self.done[b]);
-                }
-                if !self.bufs[b].is_null() {
-                    let _ = dr::free_host(self.bufs[b] as *mut c_void);
                 }
                 if !self.done[b].is_null() {
                     let _ = dr::event::destroy(self.done[b]);

@@ -21,7 +21,7 @@ pub mod plan;
 
 use super::blas::Blas;
 use super::cudnn::Cudnn;
-use super::device::{bytes_of, Arg, DBuf, DResult, Dev, DevError};
+use super::device::{bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError};
 use super::kernels::{Func, Job, Module, ROWOPS, VAE};
 use super::weights::{DequantTo, DevCodec, DevWeight};
 use super::CudaBackend;
@@ -577,9 +577,7 @@ impl CudaVae {
                 host[flag..n] == [0; 4]
             }
             Output::F32(o) => {
-                for (v, b) in o.iter_mut().zip(host.chunks_exact(4)) {
-                    *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+                f32s_from_le_bytes(o, &host);
                 true
             }
         };
