@@ -61,7 +61,7 @@ impl RowOut {
         }
     }
 
-    /// The output's base pointer (the rows; an e4m3 row's scale is a float apart).
+    /// Where the output rows start (for e4m3 the bytes; the scales are a buffer of their own).
     fn ptr(self) -> u64 {
         match self {
             RowOut::Bf16(b) => b,
