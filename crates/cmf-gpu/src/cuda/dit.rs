@@ -1394,6 +1394,104 @@ impl CudaDit {
             .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)
     }
 
+    /// q/k RMSNorm + RoPE of block `b`'s q|k|v rows: K (to f16, or e4m3 for the FP8 attention,
+    /// whose V maxima `a8` also gets), Q where the attention does not make it from the rows
+    /// (`q_rows` None), V's copy where `v_copy`. k_norm_rope where only K and the maxima are
+    /// needed, else qk_norm_rope over every unit (q, k, v heads) that needs work.
+    fn norm_rope(
+        &self,
+        b: &Block,
+        w: &Work,
+        p: &Pass,
+        a8: Option<&Attn8Bufs>,
+        v_copy: bool,
+        q_rows: Option<QRows>,
+    ) -> DResult<()> {
+        let g = &self.geo;
+        let (nh, hd, r) = (g.n_heads, g.head_dim(), p.rows);
+        let (amax, q8, qsc, k8) = match a8 {
+            Some(a8) => {
+                if p.segs.len() > Attn8Bufs::SEGS {
+                    return Err(DevError(format!(
+                        "FP8 attention: {} items in one pass, at most {}",
+                        p.segs.len(),
+                        Attn8Bufs::SEGS
+                    )));
+                }
+                self.dev.memset0(a8.amax.ptr(), p.segs.len() * nh * 4)?;
+                (a8.amax.ptr(), a8.q8.ptr(), a8.qsc.ptr(), a8.k8.ptr())
+            }
+            None => (0, 0, 0, 0),
+        };
+        match (&self.k.k_norm_rope, q_rows.is_some() && !v_copy) {
+            (Some(f), true) => {
+                let kchunks = nh.div_ceil(256 / hd).div_ceil(KR_G);
+                let chunks = kchunks * if a8.is_some() { 2 } else { 1 };
+                self.launch(
+                    f,
+                    (chunks as u32, r.div_ceil(KR_ROWS) as u32, 1),
+                    32 * KR_ROWS as u32,
+                    0,
+                    &[
+                        Arg::Ptr(w.qkv.ptr()),
+                        Arg::Ptr(b.norm_k.ptr()),
+                        Arg::F32(g.qk_eps),
+                        Arg::Ptr(p.cos),
+                        Arg::Ptr(p.sin),
+                        Arg::Ptr(p.map),
+                        Arg::I32(nh as i32),
+                        Arg::I32(r as i32),
+                        Arg::I32(kchunks as i32),
+                        Arg::Ptr(w.kc.ptr()),
+                        Arg::Ptr(k8),
+                        Arg::F32(1.0 / b.k8_scale),
+                        Arg::Ptr(amax),
+                    ],
+                )?;
+            }
+            _ => {
+                let units = if v_copy || a8.is_some() {
+                    3 * nh
+                } else {
+                    2 * nh
+                } - if q_rows.is_some() { nh } else { 0 };
+                self.launch(
+                    &self.k.qk_norm_rope,
+                    (
+                        units.div_ceil(256 / hd).div_ceil(4) as u32,
+                        r.div_ceil(QKR_ROWS) as u32,
+                        1,
+                    ),
+                    128,
+                    0,
+                    &[
+                        Arg::Ptr(w.qkv.ptr()),
+                        Arg::Ptr(b.norm_q.ptr()),
+                        Arg::Ptr(b.norm_k.ptr()),
+                        Arg::F32(g.qk_eps),
+                        Arg::Ptr(p.cos),
+                        Arg::Ptr(p.sin),
+                        Arg::Ptr(p.map),
+                        Arg::I32(nh as i32),
+                        Arg::I32(r as i32),
+                        Arg::Ptr(w.q.ptr()),
+                        Arg::Ptr(w.kc.ptr()),
+                        Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
+                        Arg::Ptr(amax),
+                        Arg::Ptr(q8),
+                        Arg::Ptr(qsc),
+                        Arg::Ptr(k8),
+                        Arg::F32(1.0 / b.k8_scale),
+                        Arg::I32(self.k.attn.q_f16() as i32),
+                        Arg::I32(self.k.attn.v_bf16() as i32),
+                        Arg::I32(q_rows.is_some() as i32),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `blocks` over a pass; `mods[i]` is block i's modulation slice (0: unmodulated).
     fn run_blocks(
         &self,
@@ -1448,20 +1546,6 @@ impl CudaDit {
             self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
-            let (amax, q8, qsc, k8) = match attn8 {
-                Some((_, a8)) => {
-                    if p.segs.len() > Attn8Bufs::SEGS {
-                        return Err(DevError(format!(
-                            "FP8 attention: {} items in one pass, at most {}",
-                            p.segs.len(),
-                            Attn8Bufs::SEGS
-                        )));
-                    }
-                    self.dev.memset0(a8.amax.ptr(), p.segs.len() * nh * 4)?;
-                    (a8.amax.ptr(), a8.q8.ptr(), a8.qsc.ptr(), a8.k8.ptr())
-                }
-                None => (0, 0, 0, 0),
-            };
             // Where V goes. The FP8 attention (attn8_prep) and attn_full_ws read it from the
             // q|k|v rows, the latter where every item's keys are consecutive rows; otherwise
             // qk_norm_rope copies it to vc (bf16 for attn_full_ws, f16 for the older kernels).
@@ -1478,74 +1562,7 @@ impl CudaDit {
                     sin: p.sin,
                     map: p.map,
                 });
-            // K (and V's maxima): k_norm_rope where the attention makes Q and reads V from the
-            // rows itself, else qk_norm_rope over every unit (q, k, v heads) that needs work.
-            match (&self.k.k_norm_rope, q_rows.is_some() && !v_copy) {
-                (Some(f), true) => {
-                    let kchunks = nh.div_ceil(256 / hd).div_ceil(KR_G);
-                    let chunks = kchunks * if attn8.is_some() { 2 } else { 1 };
-                    self.launch(
-                        f,
-                        (chunks as u32, r.div_ceil(KR_ROWS) as u32, 1),
-                        32 * KR_ROWS as u32,
-                        0,
-                        &[
-                            Arg::Ptr(w.qkv.ptr()),
-                            Arg::Ptr(b.norm_k.ptr()),
-                            Arg::F32(g.qk_eps),
-                            Arg::Ptr(p.cos),
-                            Arg::Ptr(p.sin),
-                            Arg::Ptr(p.map),
-                            Arg::I32(nh as i32),
-                            Arg::I32(r as i32),
-                            Arg::I32(kchunks as i32),
-                            Arg::Ptr(w.kc.ptr()),
-                            Arg::Ptr(k8),
-                            Arg::F32(1.0 / b.k8_scale),
-                            Arg::Ptr(amax),
-                        ],
-                    )?;
-                }
-                _ => {
-                    let units = if v_copy || attn8.is_some() {
-                        3 * nh
-                    } else {
-                        2 * nh
-                    } - if q_rows.is_some() { nh } else { 0 };
-                    self.launch(
-                        &self.k.qk_norm_rope,
-                        (
-                            units.div_ceil(256 / hd).div_ceil(4) as u32,
-                            r.div_ceil(QKR_ROWS) as u32,
-                            1,
-                        ),
-                        128,
-                        0,
-                        &[
-                            Arg::Ptr(w.qkv.ptr()),
-                            Arg::Ptr(b.norm_q.ptr()),
-                            Arg::Ptr(b.norm_k.ptr()),
-                            Arg::F32(g.qk_eps),
-                            Arg::Ptr(p.cos),
-                            Arg::Ptr(p.sin),
-                            Arg::Ptr(p.map),
-                            Arg::I32(nh as i32),
-                            Arg::I32(r as i32),
-                            Arg::Ptr(w.q.ptr()),
-                            Arg::Ptr(w.kc.ptr()),
-                            Arg::Ptr(if v_copy { w.vc.ptr() } else { 0 }),
-                            Arg::Ptr(amax),
-                            Arg::Ptr(q8),
-                            Arg::Ptr(qsc),
-                            Arg::Ptr(k8),
-                            Arg::F32(1.0 / b.k8_scale),
-                            Arg::I32(self.k.attn.q_f16() as i32),
-                            Arg::I32(self.k.attn.v_bf16() as i32),
-                            Arg::I32(q_rows.is_some() as i32),
-                        ],
-                    )?;
-                }
-            }
+            self.norm_rope(b, w, p, attn8.map(|(_, a8)| a8), v_copy, q_rows)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             // The FP8 attention writes the O GEMM's e4m3 input itself when that GEMM runs in FP8.
