@@ -627,7 +627,12 @@ fn attention_job(dev: &Dev, variant: &AttnVariant, defs: &[(&'static str, String
             env_define(&mut defs, "CMF_DIT_WS_TAU", "WS_TAU", 0..=8);
             Job::new("attention_wg", ATTENTION_WG, &defs, arch)
         }
-        AttnVariant::MmaSync(..) => Job::new("attention", ATTENTION, defs, &dev.arch()),
+        AttnVariant::MmaSync(..) => {
+            // Only the non-causal variants (attention.cu's DIT_FULL), not the LLM's prefill.
+            let mut defs = defs.to_vec();
+            defs.push(("DIT_FULL", "1".to_string()));
+            Job::new("attention", ATTENTION, &defs, &dev.arch())
+        }
     }
 }
 

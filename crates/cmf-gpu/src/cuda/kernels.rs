@@ -97,7 +97,16 @@ pub fn all_sources() -> SourceSet {
             d.push(("X_BF16", "1".to_string()));
             d
         }),
-        ("attention", ATTENTION, model(32, 1, false)),
+        ("attention", ATTENTION, {
+            let mut d = model(32, 1, false);
+            d.push(("DIT_FULL", "1".to_string()));
+            d
+        }),
+        ("attention", ATTENTION, {
+            let mut d = model(128, 1, false);
+            d.push(("DIT_FULL", "1".to_string()));
+            d
+        }),
         ("rowops", ROWOPS, vec![]),
         ("vae", VAE, vec![]),
         ("fp8", FP8, vec![]),

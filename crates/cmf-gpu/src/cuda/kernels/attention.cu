@@ -11,6 +11,13 @@
 // Compile-time: HD (head dim), GQA (query heads per kv head), KV_F32.
 // Layouts: q [T, NH, HD] f32; caches [NKV, S_max, HD]; out [T, NH, HD] f32.
 // Reference: llm/reference.rs `layer` (scores · attn_scale, softmax, weighted V).
+// DIT_FULL 1 (the DiT's non-Hopper attention, cuda/dit.rs) builds only the non-causal
+// attn_full_fa2* variants at the end, 0 (the LLM) only the prefill kernels: each user compiles
+// half the instantiations of fa2_body (NVRTC took 3.1 s for all of them, 1.5 s for the LLM's: the
+// text encoder's first image on a machine waits for it).
+#ifndef DIT_FULL
+#define DIT_FULL 0
+#endif
 
 
 // EPL consecutive elements of a cache row (lane's share) as f32: one vector load where EPL fits
@@ -37,6 +44,7 @@ __device__ __forceinline__ void load_kv(const kv_t* p, float* out) {
     }
 }
 
+#if !DIT_FULL
 // Grid (T, ceil(NH/4)), 128 threads: one warp per (query, head); any cache type.
 extern "C" __global__ void __launch_bounds__(128)
 attn_prefill_simple(const float* q, const kv_t* kc, const kv_t* vc, int start, int window, int S_max, float scale,
@@ -73,6 +81,8 @@ attn_prefill_simple(const float* q, const kv_t* kc, const kv_t* vc, int start, i
         if (ok) out[((size_t)t * NH + h) * HD + lane * EPL + j] = o[j] / l;
 }
 
+#endif  // !DIT_FULL
+
 #if !KV_F32 && HD <= 128 && (HD % 16 == 0)
 #define FA_BQ 64
 #define FA_BK 64
@@ -108,6 +118,7 @@ __device__ __forceinline__ void store_o_rows_f32(const float (*o)[4], float l0, 
     }
 }
 
+#if !DIT_FULL
 // Grid (ceil(T/64), NH), 128 threads. Queries are tokens start..start+T of the cache.
 extern "C" __global__ void __launch_bounds__(128)
 attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
@@ -216,6 +227,8 @@ attn_prefill_mma(const float* q, const u16* kc, const u16* vc, int T, int start,
     l1 = quad_sum(l1);
     store_o_rows_f32(o, l0, l1, qw + g, T, NH, h, tg, out);
 }
+#endif  // !DIT_FULL
+
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -376,11 +389,14 @@ __device__ __forceinline__ void fa2_body(const float* q, const u16* kc, const u1
     else store_o_rows_f32(o, l0, l1, r0, T, NH, h, tg, out);
 }
 
+#if !DIT_FULL
 extern "C" __global__ void __launch_bounds__(128)
 attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start, int window, int S_max, float scale,
                  int NH, float* out) {
     fa2_body<true, false, 4, false>(q, kc, vc, T, start, window, S_max, scale, NH, out, 0, 0, 0, nullptr);
 }
+
+#endif  // !DIT_FULL
 
 // Non-causal attention of T queries over the T keys of their own cache slice (the Z-Image
 // DiT: q [T, NH, HD] f32, k/v [NH, S_max, HD] f16), written as bf16 rows of the next GEMM's
@@ -394,7 +410,9 @@ attn_prefill_fa2(const float* q, const u16* kc, const u16* vc, int T, int start,
         fa2_body<false, true, NWARPS, LDKF>(q, kc, vc, T, 0, 0, S_max, scale, NH, nullptr, img_row0, np,    \
                                             cap_row0, out_b);                                                 \
     }
+#if DIT_FULL
 ATTN_FULL(attn_full_fa2, 4, false)
 ATTN_FULL(attn_full_fa2_k, 4, true)
 ATTN_FULL(attn_full_fa2_w8, 8, true)
+#endif  // DIT_FULL
 #endif
