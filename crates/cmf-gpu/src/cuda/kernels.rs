@@ -66,6 +66,11 @@ pub fn all_sources() -> SourceSet {
             ("KV_F32", (f32kv as u8).to_string()),
         ]
     };
+    // `defs` and one more define.
+    let plus = |mut defs: Vec<(&'static str, String)>, name: &'static str| {
+        defs.push((name, "1".to_string()));
+        defs
+    };
     vec![
         ("matvec", MATVEC, MatvecConfig::DEFAULT.defines()),
         ("matvec", MATVEC, MatvecConfig::SMALL.defines()),
@@ -74,11 +79,11 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, model(64, 2, true)),
         ("attention", ATTENTION, model(128, 4, false)),
         ("attention_decode", ATTENTION_DECODE, model(128, 4, false)),
-        ("attention_decode", ATTENTION_DECODE, {
-            let mut d = model(128, 2, false);
-            d.push(("DEC_EARLY_WAIT", "1".to_string()));
-            d
-        }),
+        (
+            "attention_decode",
+            ATTENTION_DECODE,
+            plus(model(128, 2, false), "DEC_EARLY_WAIT"),
+        ),
         ("attention", ATTENTION, model(128, 2, true)),
         ("attention_decode", ATTENTION_DECODE, model(128, 2, true)),
         ("attention", ATTENTION, model(64, 1, false)),
@@ -92,21 +97,17 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, model(16, 2, true)),
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
-        ("dit", DIT, {
-            let mut d = model(128, 1, false);
-            d.push(("X_BF16", "1".to_string()));
-            d
-        }),
-        ("attention", ATTENTION, {
-            let mut d = model(32, 1, false);
-            d.push(("DIT_FULL", "1".to_string()));
-            d
-        }),
-        ("attention", ATTENTION, {
-            let mut d = model(128, 1, false);
-            d.push(("DIT_FULL", "1".to_string()));
-            d
-        }),
+        ("dit", DIT, plus(model(128, 1, false), "X_BF16")),
+        (
+            "attention",
+            ATTENTION,
+            plus(model(32, 1, false), "DIT_FULL"),
+        ),
+        (
+            "attention",
+            ATTENTION,
+            plus(model(128, 1, false), "DIT_FULL"),
+        ),
         ("rowops", ROWOPS, vec![]),
         ("vae", VAE, vec![]),
         ("fp8", FP8, vec![]),
