@@ -14,6 +14,7 @@ pub mod dit;
 pub mod dit_rows;
 pub mod fp8;
 pub mod kernels;
+pub mod lt;
 pub mod llm;
 pub mod matvec;
 pub mod nvrtc;
