@@ -54,6 +54,22 @@ pub const FP8: &str = concat!(
     include_str!("kernels/fp8.cu")
 );
 
+/// A module's source by its name (the names `Job`s and `Module::load` use).
+pub fn source_of(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "matvec" => MATVEC,
+        "rowops" => ROWOPS,
+        "attention" => ATTENTION,
+        "attention_decode" => ATTENTION_DECODE,
+        "attention_wg" => ATTENTION_WG,
+        "sample" => SAMPLE,
+        "dit" => DIT,
+        "vae" => VAE,
+        "fp8" => FP8,
+        _ => return None,
+    })
+}
+
 /// Every source with the defines it is compiled with, for the compile check that needs no GPU.
 /// (name, source, defines)
 pub type SourceSet = Vec<(&'static str, &'static str, Vec<(&'static str, String)>)>;

@@ -1,9 +1,11 @@
 //! Run-time compilation of the kernel sources with NVRTC, straight to a CUBIN for the device's
 //! own arch (no PTX, so the driver does no JIT), cached on disk.
 //!
-//! Cache: `$XDG_CACHE_HOME/cmf/cubin/` (else `~/.cache/cmf/cubin/`), one file per
-//! `{name}-{key}.cubin`, key = FNV-1a-64 over (source, options, arch, NVRTC version). A stale or
-//! corrupt file is simply recompiled: the module load fails and the entry is rewritten.
+//! Images compiled ahead of time and embedded in the binary come first (`prebuilt.rs`: the
+//! Hopper kernels of the demo models), then the disk cache: `$XDG_CACHE_HOME/cmf/cubin/` (else
+//! `~/.cache/cmf/cubin/`), one file per `{name}-{key}.cubin`, key = FNV-1a-64 over (source,
+//! options, arch, NVRTC version). A stale or corrupt file is simply recompiled: the module load
+//! fails and the entry is rewritten (a rejected embedded image is not offered again).
 //!
 //! Concurrency: threads may compile different sources at once (a first run compiles its modules
 //! in parallel, kernels.rs `compile_parallel` / `prefetch`); two requests for the same key in one
@@ -38,7 +40,7 @@ fn check(r: nv::nvrtcResult, what: &str) -> Result<(), String> {
 }
 
 /// FNV-1a 64 over several byte strings (with separators, so ("ab","c") ≠ ("a","bc")).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for &b in p.iter().chain([0xffu8].iter()) {
@@ -72,12 +74,17 @@ pub fn compile(
     let verbose = std::env::var("CMF_GPU_PTXAS_VERBOSE")
         .map(|v| v == "1")
         .unwrap_or(false);
-    let mut opts: Vec<String> = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-default-device".into(),
-    ];
-    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    super::prebuilt::log_job(name, arch, defines);
+    if !verbose {
+        if let Some(cubin) = super::prebuilt::find(name, src, arch, defines) {
+            return Ok(Compiled {
+                cubin: cubin.to_vec(),
+                log: String::new(),
+                from_cache: true,
+            });
+        }
+    }
+    let mut opts = options(arch, defines);
     if verbose {
         opts.push("--ptxas-options=-v".into());
     }
@@ -134,6 +141,27 @@ pub fn compile(
     })
 }
 
+/// NVRTC's options for a target and defines (also what the embedded images' keys cover).
+pub(crate) fn options(arch: &str, defines: &[(&str, String)]) -> Vec<String> {
+    let mut opts: Vec<String> = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ];
+    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    opts
+}
+
+/// Compiles without any cache (the ahead-of-time build of the embedded images).
+pub fn compile_fresh(
+    name: &str,
+    src: &str,
+    arch: &str,
+    defines: &[(&str, String)],
+) -> Result<Vec<u8>, String> {
+    compile_uncached(name, src, &options(arch, defines)).map(|(cubin, _)| cubin)
+}
+
 /// A compilation's result, shared by every request for its key.
 type Slot = Arc<OnceLock<Result<Arc<(Vec<u8>, String)>, String>>>;
 
@@ -146,9 +174,10 @@ fn in_flight(key: u64) -> Slot {
     map.entry(key).or_default().clone()
 }
 
-/// Drops a cached image (after the driver rejected it).
+/// Drops a cached image (after the driver rejected it), and stops offering the embedded one.
 pub fn forget(name: &str, src: &str, arch: &str, defines: &[(&str, String)]) {
-    let _ = (name, src, arch, defines);
+    let _ = (src, arch, defines);
+    super::prebuilt::reject(name);
     if let Some(d) = cache_dir() {
         if let Ok(rd) = std::fs::read_dir(d) {
             for e in rd.flatten() {
