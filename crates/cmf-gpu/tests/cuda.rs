@@ -203,6 +203,38 @@ fn staged_uploads_land_intact_without_waits() {
     assert!(err.is_err(), "an upload inside a capture must be refused");
 }
 
+/// A capture that something else invalidated (here a synchronisation inside it; in the GPU
+/// parity tests another thread's implicitly synchronising call) is taken again, and the graph
+/// of the second attempt does the work.
+#[test]
+fn an_invalidated_capture_is_taken_again() {
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    let buf = dev.alloc(4096).unwrap();
+    dev.upload(buf.ptr(), &[7u8; 4096]).unwrap();
+    dev.sync().unwrap();
+    let calls = std::cell::Cell::new(0);
+    let graph = dev
+        .capture(|| {
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                assert!(dev.sync().is_err(), "a sync inside a capture must fail");
+            }
+            dev.memset0(buf.ptr(), 4096)
+        })
+        .expect("captured on the second attempt");
+    assert_eq!(calls.get(), 2);
+    let mut got = vec![1u8; 4096];
+    dev.download(&mut got, buf.ptr()).unwrap();
+    assert!(
+        got.iter().all(|&v| v == 7),
+        "nothing captured runs before the launch"
+    );
+    graph.launch().unwrap();
+    dev.download(&mut got, buf.ptr()).unwrap();
+    assert!(got.iter().all(|&v| v == 0));
+}
+
 #[test]
 fn missing_device_is_an_error_not_a_panic() {
     // On a machine without the driver this must return Err; with one, Ok. Never a panic.

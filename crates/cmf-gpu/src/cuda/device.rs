@@ -460,7 +460,28 @@ impl Graph {
 impl Dev {
     /// Captures what `enqueue` puts on the stream (thread-local capture mode) as a graph, which
     /// then runs only when launched. The capture ends whether `enqueue` succeeds or not.
-    pub fn capture(&self, enqueue: impl FnOnce() -> DResult<()>) -> DResult<Graph> {
+    ///
+    /// A capture that another thread's work invalidated (an implicitly synchronising call on the
+    /// same context, such as freeing pinned memory, while this thread captures: seen once in the
+    /// GPU parity tests, whose models load and capture on parallel threads) is taken again, up
+    /// to [`CAPTURE_ATTEMPTS`] times: nothing captured has run, so `enqueue` can simply repeat.
+    pub fn capture(&self, enqueue: impl Fn() -> DResult<()>) -> DResult<Graph> {
+        let mut attempt = 1;
+        loop {
+            match self.capture_once(&enqueue) {
+                Err(e) if attempt < CAPTURE_ATTEMPTS && e.0.contains("CAPTURE_INVALIDATED") => {
+                    crate::facade::log::debug(&format!(
+                        "graph capture {attempt} invalidated, capturing again: {}",
+                        e.0
+                    ));
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn capture_once(&self, enqueue: &impl Fn() -> DResult<()>) -> DResult<Graph> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| DevError(format!("begin graph capture: {e:?}")))?;
@@ -478,6 +499,9 @@ impl Dev {
         }
     }
 }
+
+/// How many times [`Dev::capture`] tries a capture that was invalidated from outside.
+const CAPTURE_ATTEMPTS: usize = 3;
 
 /// Fills `dst` from little-endian f32 bytes (a readback through a pinned byte buffer).
 pub fn f32s_from_le_bytes(dst: &mut [f32], src: &[u8]) {
