@@ -11,7 +11,7 @@
 use cmf_gpu::cuda::blas::Blas;
 use cmf_gpu::cuda::device::{bytes_of, Timer};
 use cmf_gpu::cuda::fp8::Fp8Gemm;
-use cmf_gpu::cuda::lt::{LtIn, LtOut};
+use cmf_gpu::cuda::lt::{LtCall, LtIn, LtOut};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::llm::synth::Rng;
 use half::bf16;
@@ -116,9 +116,15 @@ fn run(tokens: &[usize], reps: usize, all: bool) -> Result<(), String> {
                 ),
             ];
             for (a, (label, input, w, x)) in arms.into_iter().enumerate() {
-                let times = lt
-                    .tune(w, x, input, LtOut::Bf16(out.ptr()), (n, m, k), n, reps)
-                    .map_err(err)?;
+                let call = LtCall {
+                    w,
+                    x,
+                    input,
+                    out: LtOut::Bf16(out.ptr()),
+                    nmk: (n, m, k),
+                    ldc: n,
+                };
+                let times = lt.tune(&call, reps).map_err(err)?;
                 let first = times.first().and_then(|t| t.1).unwrap_or(f32::NAN);
                 let best = times
                     .iter()

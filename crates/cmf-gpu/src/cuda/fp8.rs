@@ -11,7 +11,7 @@
 use super::device::{Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, FP8};
 pub use super::lt::LtOut as Fp8Out;
-use super::lt::{LtGemm, LtIn};
+use super::lt::{LtCall, LtGemm, LtIn};
 use std::sync::Arc;
 
 pub struct Fp8Gemm {
@@ -95,7 +95,14 @@ impl Fp8Gemm {
             xs,
             fast: fast_accum,
         };
-        self.lt.gemm(w, x, input, out, nmk, ldc)
+        self.lt.gemm(&LtCall {
+            w,
+            x,
+            input,
+            out,
+            nmk,
+            ldc,
+        })
     }
 }
 

@@ -62,16 +62,31 @@ impl LtOut {
     }
 }
 
+/// One GEMM's operands: `w` (`n × k`) and `x` (`m × k`) device rows, their type (and scales),
+/// where the `m × n` output goes and its row stride `ldc`.
+#[derive(Clone, Copy, Debug)]
+pub struct LtCall {
+    pub w: u64,
+    pub x: u64,
+    pub input: LtIn,
+    pub out: LtOut,
+    pub nmk: (usize, usize, usize),
+    pub ldc: usize,
+}
+
 /// (n, m, k, ldc, operands: 0 bf16 / 1 e4m3 / 2 e4m3 fast, f32 output)
 type ShapeKey = (usize, usize, usize, usize, u8, bool);
 
-fn key_of(input: LtIn, out: LtOut, (n, m, k): (usize, usize, usize), ldc: usize) -> ShapeKey {
-    let kind = match input {
-        LtIn::Bf16 => 0,
-        LtIn::E4m3 { fast: false, .. } => 1,
-        LtIn::E4m3 { fast: true, .. } => 2,
-    };
-    (n, m, k, ldc, kind, matches!(out, LtOut::F32(_)))
+impl LtCall {
+    fn key(&self) -> ShapeKey {
+        let kind = match self.input {
+            LtIn::Bf16 => 0,
+            LtIn::E4m3 { fast: false, .. } => 1,
+            LtIn::E4m3 { fast: true, .. } => 2,
+        };
+        let (n, m, k) = self.nmk;
+        (n, m, k, self.ldc, kind, matches!(self.out, LtOut::F32(_)))
+    }
 }
 
 /// One shape's descriptors, the heuristics' candidates and the one that runs.
@@ -140,36 +155,18 @@ impl LtGemm {
 
     /// `out[m, n] = Σ_k x[m, k] · w[n, k]` (scaled for e4m3; see the module notes), with the
     /// shape's chosen algorithm.
-    pub fn gemm(
-        &self,
-        w: u64,
-        x: u64,
-        input: LtIn,
-        out: LtOut,
-        nmk: (usize, usize, usize),
-        ldc: usize,
-    ) -> DResult<()> {
-        let key = self.planned(input, out, nmk, ldc)?;
+    pub fn gemm(&self, c: &LtCall) -> DResult<()> {
+        let key = self.planned(c)?;
         let plans = self.plans.borrow();
         let p = &plans[&key];
-        self.launch(p, p.chosen.get(), w, x, input, out)
+        self.launch(p, p.chosen.get(), c)
     }
 
     /// Times every candidate for this shape on these buffers (`reps` runs each after one
     /// warm-up, median), keeps the fastest for later calls and returns each candidate's
     /// description and milliseconds (`None`: the candidate refused this shape). Synchronises.
-    #[allow(clippy::too_many_arguments)]
-    pub fn tune(
-        &self,
-        w: u64,
-        x: u64,
-        input: LtIn,
-        out: LtOut,
-        nmk: (usize, usize, usize),
-        ldc: usize,
-        reps: usize,
-    ) -> DResult<Vec<(String, Option<f32>)>> {
-        let key = self.planned(input, out, nmk, ldc)?;
+    pub fn tune(&self, c: &LtCall, reps: usize) -> DResult<Vec<(String, Option<f32>)>> {
+        let key = self.planned(c)?;
         let plans = self.plans.borrow();
         let p = &plans[&key];
         let timer = Timer::new()?;
@@ -178,7 +175,7 @@ impl LtGemm {
             let mut t = Vec::with_capacity(reps);
             let ran = (0..=reps).try_for_each(|r| -> DResult<()> {
                 timer.start(&self.dev)?;
-                self.launch(p, i, w, x, input, out)?;
+                self.launch(p, i, c)?;
                 timer.stop(&self.dev)?;
                 let ms = timer.elapsed_ms()?;
                 if r > 0 {
@@ -203,22 +200,15 @@ impl LtGemm {
         Ok(times)
     }
 
-    fn launch(
-        &self,
-        p: &Plan,
-        candidate: usize,
-        w: u64,
-        x: u64,
-        input: LtIn,
-        out: LtOut,
-    ) -> DResult<()> {
+    fn launch(&self, p: &Plan, candidate: usize, c: &LtCall) -> DResult<()> {
         use lt::cublasLtMatmulDescAttributes_t as A;
-        if let LtIn::E4m3 { ws, xs, .. } = input {
+        let (w, x) = (c.w, c.x);
+        if let LtIn::E4m3 { ws, xs, .. } = c.input {
             set_desc(p.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws)?;
             set_desc(p.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs)?;
         }
         let (alpha, beta) = (1f32, 0f32);
-        let out = out.ptr();
+        let out = c.out.ptr();
         // SAFETY: every pointer is a device buffer the caller sized for this shape; the plan's
         // descriptors live until `plans` is dropped.
         let s = unsafe {
@@ -245,16 +235,10 @@ impl LtGemm {
     }
 
     /// The shape's key, planning it on first use.
-    fn planned(
-        &self,
-        input: LtIn,
-        out: LtOut,
-        nmk: (usize, usize, usize),
-        ldc: usize,
-    ) -> DResult<ShapeKey> {
-        let key = key_of(input, out, nmk, ldc);
+    fn planned(&self, c: &LtCall) -> DResult<ShapeKey> {
+        let key = c.key();
         if !self.plans.borrow().contains_key(&key) {
-            let p = self.plan(key, input)?;
+            let p = self.plan(key, c.input)?;
             self.plans.borrow_mut().insert(key, p);
         }
         Ok(key)
