@@ -2,10 +2,12 @@
 //! without the driver gets a clear "no device" instead of a panic), NVRTC kernels compiled to
 //! CUBIN for the device's arch and cached on disk, cuBLAS for prefill GEMMs.
 //!
-//! Layout: `device` (context, stream, buffers, launches), `nvrtc` (compile + cache),
-//! `kernels` (sources and handles; the `.cu` files live in `kernels/`), `weights` (codec planes
-//! on the device), `matvec` (host side of the decode matvec), `blas` (cuBLAS GEMM), `llm`
-//! (the resident model: decode graph, prefill, hybrid layers).
+//! Layout: `device` (context, stream, buffers, launches, graph capture), `nvrtc` (compile +
+//! cache), `prebuilt` (kernel images embedded at build time), `kernels` (sources and handles; the
+//! `.cu` files live in `kernels/`), `weights` (codec planes on the device), `matvec` (host side of
+//! the decode matvec), `blas` (cuBLAS GEMM), `lt` (cuBLASLt GEMM, bf16 and e4m3), `fp8` (e4m3
+//! rows and the FP8 GEMM), `llm` (the resident model: decode graph, prefill, hybrid layers),
+//! `dit` / `dit_rows` (the Z-Image DiT), `vae` / `cudnn` (the Flux VAE decoder).
 
 pub mod blas;
 pub mod cudnn;
