@@ -254,10 +254,8 @@ __device__ __forceinline__ float head_max(float v) {
 // Eight floats as f16 (saturating) / bf16 / e4m3 (times inv) at p.
 __device__ __forceinline__ void st_f16x8(u16* p, const float* v) { *(uint4*)p = qkn_pack_f16x8(v); }
 __device__ __forceinline__ void st_bf16x8(u16* p, const float* v) {
-    *(uint4*)p = make_uint4((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
-                            (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16),
-                            (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16),
-                            (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16));
+    *(uint4*)p = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
+                            pack_bf16x2(v[6], v[7]));
 }
 __device__ __forceinline__ void st_e4m3x8(u8* p, const float* v, float inv) {
     *(uint2*)p = make_uint2(pack_e4m3x4(v, inv), pack_e4m3x4(v + 4, inv));
@@ -544,9 +542,7 @@ __device__ __forceinline__ void ld_row(const u16* p, float* v) {
 template <int P>
 __device__ __forceinline__ void st_row(u16* p, const float* v) {
 #pragma unroll
-    for (int i = 0; i < P / 8; i++)
-        *(uint4*)(p + 8 * i) = make_uint4(pack_bf16x2(v[8 * i], v[8 * i + 1]), pack_bf16x2(v[8 * i + 2], v[8 * i + 3]),
-                                          pack_bf16x2(v[8 * i + 4], v[8 * i + 5]), pack_bf16x2(v[8 * i + 6], v[8 * i + 7]));
+    for (int i = 0; i < P / 8; i++) st_bf16x8(p + 8 * i, v + 8 * i);
 }
 template <int P>
 __device__ __forceinline__ void st_row_e4m3(u8* p, const float* v, float inv) {
@@ -571,12 +567,7 @@ __device__ __forceinline__ void swiglu_rr(const u16* gu, int F, u16* out_b, u8* 
         }
     }
     if (out_q) {
-        // block_max's one barrier: red is written once.
-        const int lane = threadIdx.x & 31;
-        amax = warp_max(amax);
-        if (lane == 0) red[threadIdx.x >> 5] = amax;
-        __syncthreads();
-        const float s = e4m3_scale(warp_max(lane < (int)(blockDim.x >> 5) ? red[lane] : 0.f)), inv = 1.f / s;
+        const float s = e4m3_scale(block_max_once(amax, red)), inv = 1.f / s;
         if (threadIdx.x == 0) out_s[r] = s;
         if (on) st_row_e4m3<P>(out_q + r * F + c, a, inv);
     } else if (on) {

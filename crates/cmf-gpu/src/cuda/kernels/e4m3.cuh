@@ -11,14 +11,19 @@
 #define E4M3_MAX 448.f
 
 // Block-wide max for blockDim.x <= 1024; `red` is 32 floats of shared memory. All threads get it.
-__device__ __forceinline__ float block_max(float v, float* red) {
+// For a kernel that takes it once: `red` is written once, so one barrier does.
+__device__ __forceinline__ float block_max_once(float v, float* red) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_max(v);
-    __syncthreads();
     if (lane == 0) red[warp] = v;
     __syncthreads();
     v = lane < nw ? red[lane] : 0.f;
     return warp_max(v);
+}
+// The same where `red` may have been read before (the barrier lets those reads finish first).
+__device__ __forceinline__ float block_max(float v, float* red) {
+    __syncthreads();
+    return block_max_once(v, red);
 }
 
 // The scale of a row whose absolute maximum is `amax`.
