@@ -9,7 +9,7 @@
 //! spread over 1/8 .. 8, so the per-row scales matter).
 
 use cmf_gpu::cuda::blas::Blas;
-use cmf_gpu::cuda::device::{bytes_of, Timer};
+use cmf_gpu::cuda::device::{bytes_of, DResult, Timer};
 use cmf_gpu::cuda::fp8::{Fp8Gemm, Fp8Out};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::llm::synth::Rng;
@@ -55,11 +55,6 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-fn median(mut v: Vec<f32>) -> f32 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
     let backend = CudaBackend::open(0)?;
     let dev = backend.device();
@@ -91,24 +86,9 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
             let out_f = dev.alloc(m * n * 2).map_err(err)?;
             fp8.quantize(dw.ptr(), n, k, k, qw.ptr(), sw.ptr())
                 .map_err(err)?;
-            let time = |f: &dyn Fn() -> Result<(), String>| -> Result<f32, String> {
-                f()?;
-                let mut v = Vec::with_capacity(reps);
-                for _ in 0..reps {
-                    timer.start(dev).map_err(err)?;
-                    f()?;
-                    v.push(timer.stop_ms(dev).map_err(err)?);
-                }
-                Ok(median(v))
-            };
-            let t_bf16 = time(&|| {
-                blas.gemm_bf16_out(dw.ptr(), dx.ptr(), out_b.ptr(), n, m, k, n)
-                    .map_err(err)
-            })?;
-            let t_q = time(&|| {
-                fp8.quantize(dx.ptr(), m, k, k, qx.ptr(), sx.ptr())
-                    .map_err(err)
-            })?;
+            let time = |f: &dyn Fn() -> DResult<()>| timer.median_ms(dev, reps, f).map_err(err);
+            let t_bf16 = time(&|| blas.gemm_bf16_out(dw.ptr(), dx.ptr(), out_b.ptr(), n, m, k, n))?;
+            let t_q = time(&|| fp8.quantize(dx.ptr(), m, k, k, qx.ptr(), sx.ptr()))?;
             let mut t_fp8 = [0f32; 2];
             let mut e_fp8 = [0f64; 2];
             let want = dev.download_bf16(out_b.ptr(), m * n).map_err(err)?;
@@ -124,7 +104,6 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
                         n,
                         fast,
                     )
-                    .map_err(err)
                 })?;
                 let got = dev.download_bf16(out_f.ptr(), m * n).map_err(err)?;
                 e_fp8[i] = rel_err(&got, &want);

@@ -83,19 +83,11 @@ fn run(tokens: &[usize], reps: usize, all: bool) -> Result<(), String> {
                 .map_err(err)?;
             fp8.quantize(dx.ptr(), m, k, k, qx.ptr(), sx.ptr())
                 .map_err(err)?;
-            let mut t = Vec::with_capacity(reps);
-            for r in 0..=reps {
-                timer.start(dev).map_err(err)?;
-                blas.gemm_bf16_out(dw.ptr(), dx.ptr(), out.ptr(), n, m, k, n)
-                    .map_err(err)?;
-                timer.stop(dev).map_err(err)?;
-                let ms = timer.elapsed_ms().map_err(err)?;
-                if r > 0 {
-                    t.push(ms);
-                }
-            }
-            t.sort_by(|a, b| a.total_cmp(b));
-            let t_blas = t[t.len() / 2];
+            let t_blas = timer
+                .median_ms(dev, reps, || {
+                    blas.gemm_bf16_out(dw.ptr(), dx.ptr(), out.ptr(), n, m, k, n)
+                })
+                .map_err(err)?;
             let tf = |ms: f32| 2.0 * (m * n * k) as f64 / (ms as f64 * 1e-3) / 1e12;
             println!(
                 "\n## m {m} {name} (n {n}, k {k}): cublasGemmEx bf16 {t_blas:.3} ms ({:.0} TFLOP/s)",

@@ -44,10 +44,7 @@ fn read(path: &Path) -> Result<String, String> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    cmf_gpu::facade::write_atomic(path, bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn run(dir: &Path, logs: &[PathBuf], check: bool) -> Result<bool, String> {

@@ -560,6 +560,25 @@ impl Timer {
         self.stop(dev)?;
         self.elapsed_ms()
     }
+
+    /// Runs `work` once to warm up, then `reps` times (at least once) each between two records,
+    /// and returns the median of those milliseconds. Synchronises after every run.
+    pub fn median_ms(
+        &self,
+        dev: &Dev,
+        reps: usize,
+        mut work: impl FnMut() -> DResult<()>,
+    ) -> DResult<f32> {
+        work()?;
+        let mut t = Vec::with_capacity(reps.max(1));
+        for _ in 0..reps.max(1) {
+            self.start(dev)?;
+            work()?;
+            t.push(self.stop_ms(dev)?);
+        }
+        t.sort_by(|a, b| a.total_cmp(b));
+        Ok(t[t.len() / 2])
+    }
 }
 
 impl Drop for Timer {

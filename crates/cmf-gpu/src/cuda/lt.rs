@@ -162,8 +162,8 @@ impl LtGemm {
         self.launch(p, p.chosen.get(), c)
     }
 
-    /// Times every candidate for this shape on these buffers (`reps` runs each after one
-    /// warm-up, median), keeps the fastest for later calls and returns each candidate's
+    /// Times every candidate for this shape on these buffers ([`Timer::median_ms`] of `reps`
+    /// runs), keeps the fastest for later calls and returns each candidate's
     /// description and milliseconds (`None`: the candidate refused this shape). Synchronises.
     pub fn tune(&self, c: &LtCall, reps: usize) -> DResult<Vec<(String, Option<f32>)>> {
         let key = self.planned(c)?;
@@ -172,21 +172,9 @@ impl LtGemm {
         let timer = Timer::new()?;
         let mut times = Vec::with_capacity(p.candidates.len());
         for (i, algo) in p.candidates.iter().enumerate() {
-            let mut t = Vec::with_capacity(reps);
-            let ran = (0..=reps).try_for_each(|r| -> DResult<()> {
-                timer.start(&self.dev)?;
-                self.launch(p, i, c)?;
-                timer.stop(&self.dev)?;
-                let ms = timer.elapsed_ms()?;
-                if r > 0 {
-                    t.push(ms);
-                }
-                Ok(())
-            });
-            let ms = ran.ok().map(|_| {
-                t.sort_by(|a, b| a.total_cmp(b));
-                t[t.len() / 2]
-            });
+            let ms = timer
+                .median_ms(&self.dev, reps, || self.launch(p, i, c))
+                .ok();
             times.push((describe(algo), ms));
         }
         let best = times

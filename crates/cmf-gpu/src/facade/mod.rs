@@ -23,7 +23,7 @@ pub use devices::{
 pub use guards::{cpu_scope, in_cpu_scope, pause_count, pause_gpu, CpuScope, GpuPause};
 pub use mode::{GpuMode, ENV_GPU};
 pub use placement::{LayerSet, Placement, ENV_GPU_LAYERS};
-pub(crate) use probe::write_atomic;
+pub use probe::write_atomic;
 pub use probe::{cache_dir, Arm, OpClass, Probe, CLEAN_SAMPLES};
 pub use refusal::{Refusal, RefusalReason};
 

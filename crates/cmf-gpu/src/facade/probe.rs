@@ -271,7 +271,7 @@ fn default_cache_file() -> Option<PathBuf> {
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
