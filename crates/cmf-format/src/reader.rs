@@ -16,6 +16,7 @@ use crate::envelope::{features, Envelope, Section, ENVELOPE_LEN};
 use crate::error::{Error, Fault, Result};
 use crate::hash::hash64;
 use crate::header::Header;
+use crate::mapped;
 use crate::shape::Shape;
 use crate::verify::{self, VerifyReport};
 
@@ -26,6 +27,8 @@ use crate::verify::{self, VerifyReport};
 /// file over the old one, which leaves this mapping intact).
 pub struct CmfFile {
     path: PathBuf,
+    /// Declared before `map` so that it is dropped first.
+    _registration: Option<mapped::Registration>,
     map: Backing,
     envelope: Envelope,
     header: Header,
@@ -135,7 +138,10 @@ impl CmfFile {
         // SAFETY: the mapping is read-only; the file must not be truncated while mapped (see the
         // type's documentation), which is the standard contract of mmap-based readers.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
-        Self::from_backing(path, Backing::Map(Arc::new(map)))
+        let registration = mapped::register(&map, Arc::new(file));
+        let mut f = Self::from_backing(path, Backing::Map(Arc::new(map)))?;
+        f._registration = Some(registration);
+        Ok(f)
     }
 
     /// Validates a file held in memory (`name` is used in error messages). Same checks as
@@ -189,6 +195,7 @@ impl CmfFile {
         }
         Ok(CmfFile {
             path,
+            _registration: None,
             map,
             envelope,
             header,

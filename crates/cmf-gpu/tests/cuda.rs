@@ -203,6 +203,38 @@ fn staged_uploads_land_intact_without_waits() {
     assert!(err.is_err(), "an upload inside a capture must be refused");
 }
 
+/// `each_parallel` (the model loaders' threads): results in the items' order, uploads from
+/// several threads at once land intact, and of two failing items the first one's error is
+/// returned.
+#[test]
+fn loader_threads_keep_order_and_report_the_first_error() {
+    use cmf_gpu::cuda::device::DevError;
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    let items: Vec<usize> = (0..40).collect();
+    let bytes = |i: usize| -> Vec<u8> {
+        (0..(i * 37_000 + 5))
+            .map(|j| (j as u64 * 2654435761 + i as u64) as u8)
+            .collect()
+    };
+    let bufs = dev
+        .each_parallel(&items, Dev::LOADER_THREADS, |&i| dev.upload_new(&bytes(i)))
+        .unwrap();
+    for (i, buf) in bufs.iter().enumerate() {
+        let mut got = vec![0u8; buf.len()];
+        dev.download(&mut got, buf.ptr()).unwrap();
+        assert!(got == bytes(i), "item {i}");
+    }
+    let err = dev
+        .each_parallel(&items, 3, |&i| match i {
+            7 | 30 => Err(DevError(format!("item {i} failed"))),
+            _ => Ok(i),
+        })
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.0, "item 7 failed");
+}
+
 /// A capture that something else invalidated (here a synchronisation inside it; in the GPU
 /// parity tests another thread's implicitly synchronising call) is taken again, and the graph
 /// of the second attempt does the work.

@@ -438,6 +438,7 @@ pub fn generate_with(
                     te.set_tokenizer(t.clone());
                     let _ = pack.tokenizer.set(t);
                 }
+                log_stage("text encoder: tokenizer parsed");
             }
             let pos = te.tokenize(&plan.prompt, plan.max_tokens)?;
             let neg = if plan.cfg() {

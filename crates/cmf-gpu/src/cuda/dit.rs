@@ -1204,12 +1204,19 @@ impl CudaDit {
         });
         let up = Uploader {
             dev: &dev,
-            k: &k,
-            fp8: fp8.as_ref().map(|(g, _)| g),
+            dequant: &k.dequant,
             shapes: block_plane_shapes(&m.geo),
         };
+        // Blocks upload on several threads (Dev::each_parallel); their e4m3 copies, made on
+        // the device from the bf16 planes, follow on this one.
         let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
-            bs.iter().map(|b| up.block(b)).collect()
+            let mut blocks = dev.each_parallel(bs, Dev::LOADER_THREADS, |b| up.block(b))?;
+            if let Some((g, _)) = &fp8 {
+                for b in &mut blocks {
+                    up.add_fp8(g, b)?;
+                }
+            }
+            Ok(blocks)
         };
         let ada_ws: Vec<&DitLinear> = m
             .noise_refiner
@@ -2146,12 +2153,12 @@ fn host_bf16(w: &Weight) -> Vec<u8> {
     out
 }
 
-/// Weight upload: any codec → a bf16 plane on the device (and its e4m3 copy for block GEMMs
-/// when the FP8 path is on and the shape fits it).
+/// Weight upload: any codec → a bf16 plane on the device; [`Uploader::add_fp8`] adds the e4m3
+/// copies of a block's GEMM planes when the FP8 path is on.
 struct Uploader<'u> {
     dev: &'u Dev,
-    k: &'u Kernels,
-    fp8: Option<&'u Fp8Gemm>,
+    /// `dequant_rows` (rowops.cu).
+    dequant: &'u Func,
     /// [`block_plane_shapes`] of the model.
     shapes: [(usize, usize); 4],
 }
@@ -2178,7 +2185,7 @@ impl Uploader<'_> {
                 // The temporary codec planes are freed in stream order (after the kernel),
                 // so the next weight's upload overlaps this one's.
                 let tmp = DevWeight::upload(self.dev, w)?;
-                tmp.dequant(self.dev, &self.k.dequant, 0, w.rows, DequantTo::Bf16(dst))?;
+                tmp.dequant(self.dev, self.dequant, 0, w.rows, DequantTo::Bf16(dst))?;
             }
             r0 += w.rows;
         }
@@ -2197,24 +2204,20 @@ impl Uploader<'_> {
         Ok((self.plane(&[&l.w])?, self.vec(&b)?))
     }
 
-    /// `ws` stacked into a block GEMM plane of shape `(n, k)`, with its e4m3 copy where the
-    /// FP8 path is on and cuBLASLt takes the shape.
-    fn gemm_plane(&self, ws: &[&Weight], (n, k): (usize, usize)) -> DResult<Plane> {
-        let w = self.plane(ws)?;
-        let fp8 = match self.fp8 {
-            Some(g) if fp8_fits(n, k) => Some(Fp8Plane::of(self.dev, g, &w, n, k)?),
-            _ => None,
-        };
-        Ok(Plane { w, fp8 })
+    /// `ws` stacked into a block GEMM plane (bf16 only; see [`Uploader::add_fp8`]).
+    fn gemm_plane(&self, ws: &[&Weight]) -> DResult<Plane> {
+        Ok(Plane {
+            w: self.plane(ws)?,
+            fp8: None,
+        })
     }
 
     fn block(&self, b: &DitBlockWeights) -> DResult<Block> {
-        let [qkv, out, w13, w2] = self.shapes;
         Ok(Block {
-            qkv: self.gemm_plane(&[&b.to_q, &b.to_k, &b.to_v], qkv)?,
-            out: self.gemm_plane(&[&b.to_out], out)?,
-            w13: self.gemm_plane(&[&b.w1, &b.w3], w13)?,
-            w2: self.gemm_plane(&[&b.w2], w2)?,
+            qkv: self.gemm_plane(&[&b.to_q, &b.to_k, &b.to_v])?,
+            out: self.gemm_plane(&[&b.to_out])?,
+            w13: self.gemm_plane(&[&b.w1, &b.w3])?,
+            w2: self.gemm_plane(&[&b.w2])?,
             norm_q: self.vec(b.norm_q)?,
             norm_k: self.vec(b.norm_k)?,
             k8_scale: k8_scale(b.norm_k, b.norm_k.len()),
@@ -2223,6 +2226,17 @@ impl Uploader<'_> {
             f1: self.vec(b.ffn_norm1)?,
             f2: self.vec(b.ffn_norm2)?,
         })
+    }
+
+    /// The e4m3 copy of each of `b`'s GEMM planes whose shape cuBLASLt runs in FP8.
+    fn add_fp8(&self, g: &Fp8Gemm, b: &mut Block) -> DResult<()> {
+        let planes = [&mut b.qkv, &mut b.out, &mut b.w13, &mut b.w2];
+        for (p, (n, k)) in planes.into_iter().zip(self.shapes) {
+            if fp8_fits(n, k) {
+                p.fp8 = Some(Fp8Plane::of(self.dev, g, &p.w, n, k)?);
+            }
+        }
+        Ok(())
     }
 }
 

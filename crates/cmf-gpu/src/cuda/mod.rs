@@ -112,11 +112,15 @@ impl Backend for CudaBackend {
         opts: &LlmOptions,
         placement: &Placement,
     ) -> Result<Box<dyn LlmDevice>, Refusal> {
-        Ok(Box::new(self.load_cuda_llm(model, opts, placement)?))
+        let llm = self.load_cuda_llm(model, opts, placement)?;
+        crate::facade::log::debug(&format!("llm loaded; {}", staging::report()));
+        Ok(Box::new(llm))
     }
 
     fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {
-        Ok(Box::new(dit::CudaDit::load(self, model)?))
+        let dit = dit::CudaDit::load(self, model)?;
+        crate::facade::log::debug(&format!("dit loaded; {}", staging::report()));
+        Ok(Box::new(dit))
     }
 
     fn load_vae(

@@ -3,23 +3,33 @@
 //! A copy from pageable memory (a memory-mapped model file) runs at a fraction of the link's
 //! rate: the driver stages it itself, one thread faults the source pages in, nothing overlaps,
 //! and it may wait for the stream's earlier work first. Here the bytes are copied into two
-//! pinned buffers used as a ring (large pieces by several threads, which also spreads the page
-//! faults) and sent from there by the DMA engine, asynchronously: an upload returns once its
-//! bytes sit in pinned memory, so the next one's host copy overlaps this one's DMA, and a
-//! model's many weights stream without a wait between them. A buffer is reused only after its
-//! last DMA finished (one event per buffer). When pinned memory cannot be had, the caller falls
-//! back to the plain copy.
+//! pinned buffers used as a ring (large pieces by several threads, on rayon's pool) and sent
+//! from there by the DMA engine, asynchronously: an upload returns once its bytes sit in pinned
+//! memory, so the next one's host copy overlaps this one's DMA, and a model's many weights
+//! stream without a wait between them. A buffer is reused only after its last DMA finished (one
+//! event per buffer). Each uploading thread takes a ring of its own (`Dev`'s pool), so
+//! concurrent loaders fill in parallel. When pinned memory cannot be had, the caller falls back
+//! to the plain copy.
+//!
+//! Bytes that lie in a mapped model file are read into the pinned buffer with `pread`
+//! (`cmf_format::mapped`) rather than copied out of the map: as fast on the H200's host, and
+//! the process does not map (and count in its resident set) gigabytes of weights it only
+//! passes through. `CMF_UPLOAD_READ=0` copies out of the map instead.
+//!
+//! Sizes (BENCH.md, eighteenth run): with four loader threads a model, rings of 8 MiB buffers
+//! uploaded the Z-Image text encoder and DiT in 0.65–0.67 s, of 16 MiB in 0.70–0.78, of 32 MiB
+//! in 0.77–0.95: pinning many large buffers at once holds the driver, and the other threads'
+//! copy calls wait behind it.
 
 use super::device::{Ctx, DResult, PinnedBuf};
 use cudarc::driver::{result as dr, sys};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
-/// Uploads at least this large go through the staging buffers; smaller ones (a decode step's
-/// token ids and the like) keep the plain copy and its wait.
-pub const STAGED_MIN: usize = 4 << 10;
-/// Bytes per staging buffer (two of them).
-const CHUNK: usize = 32 << 20;
-/// Pieces at least this large are copied into pinned memory by several threads.
-const PARALLEL_MIN: usize = 4 << 20;
+/// Bytes per staging buffer (two in a ring).
+const CHUNK: usize = 8 << 20;
+/// Pieces at least this large are filled by several threads.
+const PARALLEL_MIN: usize = 2 << 20;
 
 /// Two pinned host buffers used as a ring, and the events that say when the last DMA from
 /// each finished.
@@ -40,6 +50,7 @@ unsafe impl Send for Staging {}
 
 impl Staging {
     pub fn new() -> DResult<Staging> {
+        let t = Instant::now();
         // Drop frees whatever was made when a later step fails.
         let mut s = Staging {
             bufs: [PinnedBuf::new(CHUNK)?, PinnedBuf::new(CHUNK)?],
@@ -52,6 +63,9 @@ impl Staging {
             s.done[b] = dr::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .ctx(|| "cuEventCreate".into())?;
         }
+        TOTALS
+            .pin_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
         Ok(s)
     }
 
@@ -68,26 +82,29 @@ impl Staging {
             let b = self.cur;
             if self.off == 0 && std::mem::take(&mut self.pending[b]) {
                 // SAFETY: recorded below on the stream; not destroyed until Drop.
+                let t = Instant::now();
                 unsafe { dr::event::synchronize(self.done[b]) }
                     .ctx(|| "waiting for a staging buffer".into())?;
+                add_since(&TOTALS.wait_ns, t);
             }
             let n = (CHUNK - self.off).min(src.len() - done);
             let piece = &src[done..done + n];
             // off..off + n is past every byte a pending DMA of this buffer reads (the ring only
             // restarts a buffer after waiting for it).
             let pinned = &mut self.bufs[b].bytes_mut()[self.off..self.off + n];
-            if n >= PARALLEL_MIN {
-                parallel_copy(piece, pinned);
-            } else {
-                pinned.copy_from_slice(piece);
-            }
+            let t = Instant::now();
+            fill(piece, pinned);
+            add_since(&TOTALS.fill_ns, t);
+            TOTALS.bytes.fetch_add(n as u64, Relaxed);
             // SAFETY: dst + done has room (the caller sized the buffer for src); the pinned
             // bytes stay untouched until the event recorded next has fired.
+            let t = Instant::now();
             unsafe {
                 dr::memcpy_htod_async(dst + done as u64, &*pinned, stream)
                     .ctx(|| format!("uploading {n} bytes (staged)"))?;
                 dr::event::record(self.done[b], stream).ctx(|| "cuEventRecord".into())?;
             }
+            add_since(&TOTALS.enqueue_ns, t);
             self.pending[b] = true;
             self.off += n;
             done += n;
@@ -113,31 +130,129 @@ impl Drop for Staging {
     }
 }
 
-/// `dst.copy_from_slice(src)` split over up to 8 threads (page faults on a mapped source are
-/// the slow part, and they run in parallel).
-fn parallel_copy(src: &[u8], dst: &mut [u8]) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8);
-    let part = src.len().div_ceil(threads).max(1 << 20);
-    if threads == 1 || src.len() <= part {
-        dst.copy_from_slice(src);
+/// What the staged uploads of this process have done so far (all threads together).
+struct Totals {
+    bytes: AtomicU64,
+    /// Bytes of those that were read from a file rather than copied out of memory.
+    read_bytes: AtomicU64,
+    /// Filling pinned buffers (reads or copies).
+    fill_ns: AtomicU64,
+    /// Waiting for a buffer's DMA to finish before refilling it.
+    wait_ns: AtomicU64,
+    /// Pinning the rings' buffers.
+    pin_ns: AtomicU64,
+    /// In the driver's copy and event calls.
+    enqueue_ns: AtomicU64,
+}
+
+static TOTALS: Totals = Totals {
+    bytes: AtomicU64::new(0),
+    read_bytes: AtomicU64::new(0),
+    fill_ns: AtomicU64::new(0),
+    wait_ns: AtomicU64::new(0),
+    pin_ns: AtomicU64::new(0),
+    enqueue_ns: AtomicU64::new(0),
+};
+
+fn add_since(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+}
+
+/// One line on the staged uploads so far, for the debug log (times summed over threads).
+pub fn report() -> String {
+    let gb = |b: &AtomicU64| b.load(Relaxed) as f64 / 1e9;
+    let s = |ns: &AtomicU64| ns.load(Relaxed) as f64 / 1e9;
+    let (bytes, fill) = (gb(&TOTALS.bytes), s(&TOTALS.fill_ns));
+    format!(
+        "staged uploads so far: {bytes:.2} GB ({:.2} GB read from the file); thread-seconds \
+         filling pinned buffers {fill:.2} ({:.1} GB/s), waiting for DMAs {:.2}, pinning {:.2}, \
+         in the driver's copy calls {:.2}",
+        gb(&TOTALS.read_bytes),
+        if fill > 0.0 { bytes / fill } else { 0.0 },
+        s(&TOTALS.wait_ns),
+        s(&TOTALS.pin_ns),
+        s(&TOTALS.enqueue_ns),
+    )
+}
+
+/// Whether bytes of a mapped file are read with `pread` (`CMF_UPLOAD_READ`, default on).
+fn read_files() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CMF_UPLOAD_READ").as_deref() != Ok("0"))
+}
+
+/// Fills `dst` with `src`: read from the file that holds `src` when it is a mapped model file
+/// (`CMF_UPLOAD_READ`), else copied; large pieces split over rayon's threads.
+fn fill(src: &[u8], dst: &mut [u8]) {
+    let file = if read_files() {
+        cmf_format::mapped::file_range(src)
+    } else {
+        None
+    };
+    let one = |s: &[u8], d: &mut [u8], at: usize| {
+        let read = file
+            .as_ref()
+            .is_some_and(|(f, off)| read_at(f, d, off + at as u64));
+        if read {
+            TOTALS.read_bytes.fetch_add(d.len() as u64, Relaxed);
+        } else {
+            d.copy_from_slice(s);
+        }
+    };
+    if src.len() < PARALLEL_MIN {
+        one(src, dst, 0);
         return;
     }
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(part).zip(src.chunks(part)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
+    use rayon::prelude::*;
+    let part = src.len().div_ceil(8);
+    dst.par_chunks_mut(part)
+        .zip(src.par_chunks(part))
+        .enumerate()
+        .for_each(|(i, (d, c))| one(c, d, i * part));
+}
+
+/// `pread` of exactly `dst.len()` bytes at `off`; false on any error (the caller copies instead).
+#[cfg(unix)]
+fn read_at(f: &std::fs::File, dst: &mut [u8], off: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    f.read_exact_at(dst, off).is_ok()
+}
+
+#[cfg(not(unix))]
+fn read_at(_: &std::fs::File, _: &mut [u8], _: u64) -> bool {
+    false
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn parallel_copy_copies_every_byte() {
+    fn fill_copies_every_byte() {
         let src: Vec<u8> = (0..(5 << 20) + 123).map(|i| (i * 7 % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
-        super::parallel_copy(&src, &mut dst);
+        super::fill(&src, &mut dst);
         assert!(src == dst);
+    }
+
+    #[test]
+    fn fill_reads_a_mapped_file_in_parallel_pieces() {
+        use cmf_format::{Arch, CmfFile, CmfWriter, Dtype, Header, QuantType};
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().unwrap();
+        let arch = Arch {
+            arch_name: "llama".into(),
+            ..Arch::default()
+        };
+        let mut w =
+            CmfWriter::create(dir.path().join("t.cmf"), Header::new(arch, QuantType::F32)).unwrap();
+        let values: Vec<f32> = (0..(9 << 18) + 77).map(|i| (i % 1013) as f32).collect();
+        w.add_f32("t", Dtype::F32, &[values.len()], &values)
+            .unwrap();
+        let file = CmfFile::open(w.finish().unwrap()).unwrap();
+        let src = file.get("t").unwrap().data;
+        let before = super::TOTALS.read_bytes.load(Relaxed);
+        let mut dst = vec![0u8; src.len() - 5];
+        super::fill(&src[5..], &mut dst);
+        assert!(dst == src[5..]);
+        assert!(super::TOTALS.read_bytes.load(Relaxed) - before >= dst.len() as u64);
     }
 }

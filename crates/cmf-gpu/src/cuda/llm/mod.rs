@@ -394,14 +394,14 @@ impl CudaLlm {
                 .map_err(err)?;
         }
         let kv_half = (p.kv_layer_bytes / 2) as usize;
-        let mut layers = Vec::with_capacity(s.num_layers);
-        for (l, w) in model.layers.iter().enumerate() {
-            if !placement.on_device[l] {
-                layers.push(None);
-                continue;
-            }
-            let up = |m| DevWeight::upload(&dev, m);
-            let layer = (|| -> DResult<DevLayer> {
+        // The layers on the device upload on several threads (Dev::each_parallel).
+        let on_device: Vec<usize> = (0..s.num_layers)
+            .filter(|&l| placement.on_device[l])
+            .collect();
+        let uploaded = dev
+            .each_parallel(&on_device, Dev::LOADER_THREADS, |&l| {
+                let w = &model.layers[l];
+                let up = |m| DevWeight::upload(&dev, m);
                 Ok(DevLayer {
                     q: up(&w.q)?,
                     k: up(&w.k)?,
@@ -422,9 +422,11 @@ impl CudaLlm {
                     k_cache: dev.alloc_zeroed(kv_half)?,
                     v_cache: dev.alloc_zeroed(kv_half)?,
                 })
-            })()
+            })
             .map_err(err)?;
-            layers.push(Some(layer));
+        let mut layers: Vec<Option<DevLayer>> = (0..s.num_layers).map(|_| None).collect();
+        for (l, layer) in on_device.into_iter().zip(uploaded) {
+            layers[l] = Some(layer);
         }
         let (embed, lm_head, final_norm) = if placement.head_on_device {
             let embed = DevWeight::upload(&dev, &model.embed).map_err(err)?;
