@@ -101,11 +101,14 @@ struct Plan {
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: created once in LtGemm::plan, destroyed once here.
+        // SAFETY: each created once in LtGemm::plan (null where a later step failed first),
+        // destroyed once here.
         unsafe {
-            lt::cublasLtMatrixLayoutDestroy(self.a);
-            lt::cublasLtMatrixLayoutDestroy(self.b);
-            lt::cublasLtMatrixLayoutDestroy(self.d);
+            for l in [self.a, self.b, self.d] {
+                if !l.is_null() {
+                    lt::cublasLtMatrixLayoutDestroy(l);
+                }
+            }
             lt::cublasLtMatmulDescDestroy(self.desc);
         }
     }
@@ -266,23 +269,23 @@ impl LtGemm {
         } else {
             lt::cudaDataType_t::CUDA_R_8F_E4M3
         };
+        // Owned from here on, so that a failure below frees what was made.
         let mut p = Plan {
             desc,
-            a: layout(operand, k, n, k)?,
-            b: layout(operand, k, m, k)?,
-            d: layout(
-                if f32_out {
-                    lt::cudaDataType_t::CUDA_R_32F
-                } else {
-                    lt::cudaDataType_t::CUDA_R_16BF
-                },
-                n,
-                m,
-                ldc,
-            )?,
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
             candidates: Vec::new(),
             chosen: Cell::new(0),
         };
+        p.a = layout(operand, k, n, k)?;
+        p.b = layout(operand, k, m, k)?;
+        let out = if f32_out {
+            lt::cudaDataType_t::CUDA_R_32F
+        } else {
+            lt::cudaDataType_t::CUDA_R_16BF
+        };
+        p.d = layout(out, n, m, ldc)?;
         // cublasOperation_t: 1 = T, 0 = N.
         set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
         set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
