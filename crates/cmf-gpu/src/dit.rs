@@ -71,16 +71,20 @@ pub enum DitPrecision {
     Fp8,
     /// [`DitPrecision::Fp8`] with the tensor cores' fast accumulation (fewer promotions to f32).
     Fp8Fast,
+    /// s8 operands with one scale per row of each (int8 tensor cores; planes whose shape the
+    /// int8 GEMM does not take stay bf16), exact s32 sums scaled to bf16.
+    Int8,
 }
 
 impl DitPrecision {
-    pub const NAMES: &'static str = "bf16, fp8, fp8-fast";
+    pub const NAMES: &'static str = "bf16, fp8, fp8-fast, int8";
 
     pub fn parse(s: &str) -> Option<DitPrecision> {
         match s {
             "bf16" => Some(DitPrecision::Bf16),
             "fp8" => Some(DitPrecision::Fp8),
             "fp8-fast" => Some(DitPrecision::Fp8Fast),
+            "int8" => Some(DitPrecision::Int8),
             _ => None,
         }
     }
@@ -90,6 +94,16 @@ impl DitPrecision {
             DitPrecision::Bf16 => "bf16",
             DitPrecision::Fp8 => "fp8",
             DitPrecision::Fp8Fast => "fp8-fast",
+            DitPrecision::Int8 => "int8",
+        }
+    }
+
+    /// The block GEMMs' operand encoding: bf16, e4m3 or s8.
+    pub fn operand(self) -> &'static str {
+        match self {
+            DitPrecision::Bf16 => "bf16",
+            DitPrecision::Fp8 | DitPrecision::Fp8Fast => "e4m3",
+            DitPrecision::Int8 => "s8",
         }
     }
 }
@@ -153,7 +167,12 @@ mod tests {
     /// `NAMES` (the error message's list) names exactly what `parse` takes, in order.
     #[test]
     fn precision_names_parse_back() {
-        let all = [DitPrecision::Bf16, DitPrecision::Fp8, DitPrecision::Fp8Fast];
+        let all = [
+            DitPrecision::Bf16,
+            DitPrecision::Fp8,
+            DitPrecision::Fp8Fast,
+            DitPrecision::Int8,
+        ];
         for p in all {
             assert_eq!(DitPrecision::parse(p.name()), Some(p));
         }

@@ -131,9 +131,10 @@ impl<'d, 'a> Denoiser<'d, 'a> {
         self.device.is_some()
     }
 
-    /// Block GEMM planes the device runs in FP8 (`--dit-precision fp8`; 0 on the CPU or in bf16).
-    pub fn fp8_planes(&self) -> usize {
-        self.device.as_ref().map_or(0, |d| d.fp8_planes())
+    /// Block GEMM planes the device runs on 8-bit operands (`--dit-precision fp8`, `fp8-fast`,
+    /// `int8`; 0 on the CPU or in bf16).
+    pub fn gemm8_planes(&self) -> usize {
+        self.device.as_ref().map_or(0, |d| d.gemm8_planes())
     }
 
     fn setup_device(&self, mut dev: GpuDit) -> Option<GpuDit> {

@@ -302,9 +302,9 @@ pub struct Timings {
     pub dit_load: f64,
     /// Whether every step ran on the device.
     pub dit_on_device: bool,
-    /// Block GEMM planes the device DiT ran in FP8 to the last step (`Plan::dit_precision`; 0: bf16 or
-    /// the CPU).
-    pub dit_fp8_planes: usize,
+    /// Block GEMM planes the device DiT ran on 8-bit operands to the last step
+    /// (`Plan::dit_precision`: FP8 or int8; 0: bf16 or the CPU).
+    pub dit_gemm8_planes: usize,
     pub steps: Vec<f64>,
     pub steps_cpu: Vec<f64>,
     pub vae: f64,
@@ -560,7 +560,7 @@ pub fn generate_with(
         });
     }
     let lat = unpatchify(&tok, c, lh, lw);
-    tm.dit_fp8_planes = denoiser.fp8_planes();
+    tm.dit_gemm8_planes = denoiser.gemm8_planes();
     resident.dit = denoiser.into_device();
     drop(dit);
     release(pack, "dit.");

@@ -266,7 +266,7 @@ fn compare_within(
             assert!(err < tol, "item {k}: rel err {err} ≥ {tol}");
         }
     }
-    den.fp8_planes()
+    den.gemm8_planes()
 }
 
 #[test]
@@ -487,16 +487,18 @@ fn pipeline_image_matches_cpu() {
     }
 }
 
-/// The FP8 path (`CMF_DIT_FP8`, e4m3 GEMMs with per-row scales): a step against the CPU within
-/// 1.5e-1 (e4m3 keeps 3 mantissa bits: ~2.5 % RMS per quantised operand, through every chained
-/// projection; a sanity bound, not the quality criterion), and whole images against the bf16
-/// device path at the criterion, PSNR ≥ 35 dB. Each model is loaded after the variable
-/// is set (`generate` uploads the DiT per call), and each check asserts how many block GEMMs
-/// really ran in FP8: every plane of the random model (dim 256, FFN 512: 4 blocks × 4), only
-/// q|k|v (384 × 128) and O (128 × 128) of the tiny pack, whose FFN of 341 cuBLASLt's FP8 GEMM
-/// cannot take (w1|w3 682 × 128 and w2 128 × 341 stay bf16).
+/// The 8-bit paths (`CMF_DIT_FP8`: e4m3 GEMMs with per-row scales, with and without fast
+/// accumulation, and s8 GEMMs with per-row scales): a step against the CPU within 1.5e-1 for
+/// e4m3 (3 mantissa bits: ~2.5 % RMS per quantised operand, through every chained projection; a
+/// sanity bound, not the quality criterion) and 5e-2 for s8 (a step of amax/127: ~0.5–1 % RMS per
+/// operand), and whole images against the bf16 device path at the criterion, PSNR ≥ 35
+/// dB. Each model is loaded after the variable is set (`generate` uploads the DiT per call), and
+/// each check asserts how many block GEMMs really ran in 8 bits: every plane of the random model
+/// (dim 256, FFN 512: 4 blocks × 4), only q|k|v (384 × 128) and O (128 × 128) of the tiny pack,
+/// whose FFN of 341 cuBLASLt's 8-bit GEMMs cannot take (w1|w3 682 × 128 and w2 128 × 341 stay
+/// bf16).
 #[test]
-fn fp8_path_stays_close_to_bf16() {
+fn gemm8_paths_stay_close_to_bf16() {
     let _env = serial();
     let Some(gpu) = device() else { return };
     let pack = ZimagePack::open(q8_pack()).unwrap();
@@ -507,18 +509,22 @@ fn fp8_path_stays_close_to_bf16() {
     let mut resident = Resident::default();
     let bf16 = generate_with(&pack, &plan, &gpu, &mut resident, &mut |_| {}).unwrap();
     assert!(bf16.timings.dit_on_device, "bf16: the DiT ran on the CPU");
-    assert_eq!(bf16.timings.dit_fp8_planes, 0, "bf16: FP8 planes");
+    assert_eq!(bf16.timings.dit_gemm8_planes, 0, "bf16: 8-bit planes");
     // The tiny pack: 1 noise-refiner, 1 context-refiner and 2 main blocks.
-    let tiny_fp8_planes = 4 * 2;
-    for (mode, precision) in [("1", DitPrecision::Fp8), ("fast", DitPrecision::Fp8Fast)] {
+    let tiny_8bit_planes = 4 * 2;
+    for (mode, precision, tol) in [
+        ("1", DitPrecision::Fp8, 1.5e-1),
+        ("fast", DitPrecision::Fp8Fast, 1.5e-1),
+        ("int8", DitPrecision::Int8, 5e-2),
+    ] {
         {
             let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
             let (src, cfg) = random_dit_hd128();
-            let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
+            let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, tol);
             assert_eq!(
                 planes,
                 4 * 4,
-                "CMF_DIT_FP8={mode}: FP8 planes of the random DiT"
+                "CMF_DIT_FP8={mode}: 8-bit planes of the random DiT"
             );
         }
         let mut p8 = plan.clone();
@@ -527,8 +533,8 @@ fn fp8_path_stays_close_to_bf16() {
         let mode = precision.name();
         assert!(fp8.timings.dit_on_device, "{mode}: the DiT ran on the CPU");
         assert_eq!(
-            fp8.timings.dit_fp8_planes, tiny_fp8_planes,
-            "{mode}: FP8 planes of the tiny pack"
+            fp8.timings.dit_gemm8_planes, tiny_8bit_planes,
+            "{mode}: 8-bit planes of the tiny pack"
         );
         let mse = fp8
             .rgb

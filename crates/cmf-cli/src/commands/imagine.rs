@@ -53,7 +53,8 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_name = "N")]
     repeat: usize,
     /// What the device DiT's block GEMMs run in: bf16, fp8 (e4m3 with per-row scales, FP8
-    /// tensor cores), fp8-fast (the same with fast accumulation). A device without FP8 runs bf16.
+    /// tensor cores), fp8-fast (the same with fast accumulation), int8 (s8 with per-row scales,
+    /// int8 tensor cores, exact s32 sums). A device without them runs bf16.
     #[arg(long, value_name = "P", default_value = "bf16")]
     dit_precision: String,
     /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
@@ -194,12 +195,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let steps_cpu: f64 = tm.steps_cpu.iter().sum();
     let device = gpu.info().map(|i| i.name).unwrap_or_else(|| "cpu".into());
     let on = |b: bool| if b { device.as_str() } else { "cpu" };
-    // The DiT's precision where FP8 planes ran (a device without FP8 runs bf16 when asked).
-    let dit_fp8 = if tm.dit_on_device && tm.dit_fp8_planes > 0 {
+    // The DiT's precision where 8-bit planes ran (a device without FP8 or int8 tensor cores
+    // runs bf16 when asked).
+    let dit_fp8 = if tm.dit_on_device && tm.dit_gemm8_planes > 0 {
         format!(
-            " ({}: {} block GEMM planes in e4m3)",
+            " ({}: {} block GEMM planes in {})",
             plan.dit_precision.name(),
-            tm.dit_fp8_planes
+            tm.dit_gemm8_planes,
+            plan.dit_precision.operand()
         )
     } else {
         String::new()

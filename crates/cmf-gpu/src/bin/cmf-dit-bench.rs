@@ -138,7 +138,7 @@ fn main() {
         }),
     };
     let model = DitModel {
-        // CMF_DIT_FP8=1|fast times the FP8 path.
+        // CMF_DIT_FP8=1|fast|int8 times the 8-bit paths.
         precision: cmf_gpu::dit::DitPrecision::Bf16,
         geo: geo.clone(),
         x_embedder: DitLinear {
@@ -175,8 +175,9 @@ fn main() {
     };
     let load_s = t0.elapsed().as_secs_f64();
     println!(
-        "device {}; random weights made in {gen_s:.1} s, uploaded (bf16, {:.2} GB resident) in {load_s:.2} s; {} layers, caption {} tokens, batch {}",
+        "device {}; random weights made in {gen_s:.1} s, uploaded (bf16 planes, {} block GEMM planes 8-bit, {:.2} GB resident) in {load_s:.2} s; {} layers, caption {} tokens, batch {}",
         backend.device().name,
+        dit.gemm8_planes(),
         backend.device().stats.resident() as f64 / 1e9,
         a.layers,
         a.cap,

@@ -10,6 +10,7 @@
 
 use cmf_gpu::cuda::blas::Blas;
 use cmf_gpu::cuda::device::{bytes_of, Timer};
+use cmf_gpu::cuda::dit::TURBO_BLOCK_GEMMS;
 use cmf_gpu::cuda::fp8::Fp8Gemm;
 use cmf_gpu::cuda::lt::{LtCall, LtIn, LtOut};
 use cmf_gpu::cuda::CudaBackend;
@@ -56,18 +57,12 @@ fn run(tokens: &[usize], reps: usize, all: bool) -> Result<(), String> {
     let lt = fp8.lt();
     let timer = Timer::new().map_err(err)?;
     println!("device {}", dev.name);
-    let shapes = [
-        ("q|k|v", 11520usize, 3840usize),
-        ("O", 3840, 3840),
-        ("w1|w3", 20480, 3840),
-        ("w2", 3840, 10240),
-    ];
     let mut rng = Rng::new(5);
     // Per token count: (cuBLAS, Lt first, Lt best) bf16 and (first, best) fp8, summed over shapes.
     let mut sums = Vec::new();
     for &m in tokens {
         let mut sum = [0f32; 5];
-        for &(name, n, k) in &shapes {
+        for &(name, n, k) in &TURBO_BLOCK_GEMMS {
             let dx = dev
                 .upload_new(bytes_of(&random_bf16(&mut rng, m * k)))
                 .map_err(err)?;

@@ -35,9 +35,7 @@ impl Blas {
         if !available() {
             return Err(DevError("libcublas is not installed".into()));
         }
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")))?;
+        dev.bind_to_thread()?;
         let mut handle: cb::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check(unsafe { cb::cublasCreate_v2(&mut handle) }, "cublasCreate")?;

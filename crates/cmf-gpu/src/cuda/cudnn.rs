@@ -86,9 +86,7 @@ impl Cudnn {
         if !available() {
             return Err(DevError("libcudnn is not installed".into()));
         }
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")))?;
+        dev.bind_to_thread()?;
         let mut handle: dnn::cudnnHandle_t = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check(unsafe { dnn::cudnnCreate(&mut handle) }, "create")?;

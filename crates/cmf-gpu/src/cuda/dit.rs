@@ -15,11 +15,13 @@
 //! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
-//! FP8 (`DitModel::precision`, or `CMF_DIT_FP8`: see `fp8_request`): block GEMMs whose plane
-//! has an e4m3 copy run in FP8 (cuda/fp8.rs); the row kernels feeding them (rms·(1+s), the
-//! fused residual, SwiGLU: cuda/dit_rows.rs) then write e4m3 rows and row scales instead of
-//! bf16, and so does the FP8 attention (`attn_full_ws8`, where it runs: see `attn8_request`)
-//! for the O GEMM; behind the bf16 attention the output is quantised by a pass of its own.
+//! 8-bit GEMMs (`DitModel::precision`, or `CMF_DIT_FP8`: see `gemm8_request`): block GEMMs
+//! whose plane has an 8-bit copy run on 8-bit operands with per-row scales, FP8 (e4m3,
+//! cuda/fp8.rs) or int8 (s8 with exact s32 sums, cuda/int8.rs); the row kernels feeding them
+//! (rms·(1+s), the fused residual, SwiGLU: cuda/dit_rows.rs) then write 8-bit rows and row
+//! scales instead of bf16 (the int8 path's dit module is compiled for s8 rows), and so does the
+//! FP8 attention (`attn_full_ws8`, where it runs: see `attn8_request`) for an FP8 O GEMM;
+//! otherwise the attention's output is quantised by a pass of its own.
 
 use super::blas::Blas;
 use super::device::{
@@ -27,6 +29,7 @@ use super::device::{
 };
 use super::dit_rows::{self, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
+use super::int8::Int8Gemm;
 use super::kernels::{
     compile_parallel, fa2_smem, ws8_smem, ws_smem, Func, Job, Module, ATTENTION, ATTENTION_WG, DIT,
     ROWOPS, WG_SMEM, WS8_SLOTS, WS_KEYS,
@@ -71,7 +74,14 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn load(dev: &Dev, hd: usize, attn8: Option<usize>, x_bf16: bool) -> DResult<Kernels> {
+    /// `row8_s8`: the row kernels write s8 GEMM rows (the int8 path) where they write 8-bit ones.
+    fn load(
+        dev: &Dev,
+        hd: usize,
+        attn8: Option<usize>,
+        x_bf16: bool,
+        row8_s8: bool,
+    ) -> DResult<Kernels> {
         let defs = vec![
             ("HD", hd.to_string()),
             ("GQA", "1".to_string()),
@@ -79,6 +89,9 @@ impl Kernels {
         ];
         let mut dit_defs = defs.clone();
         dit_defs.push(("X_BF16", (x_bf16 as u8).to_string()));
+        if row8_s8 {
+            dit_defs.push(("ROW8_S8", "1".to_string()));
+        }
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
         let variant = attention_variant(dev, hd, &choice);
         // Every module compiles at once (a first run on a machine), then each loads.
@@ -95,7 +108,9 @@ impl Kernels {
         let rows = Module::load_job(dev, &jobs[1])?;
         let attn = load_attention(dev, hd, variant, &jobs[2])?;
         let attn8 = match (attn8, attn8_job) {
-            (Some(min_keys), Some(job)) => Some(Attn8::load(dev, job, min_keys)?),
+            (Some(min_keys), Some(job)) => {
+                Some(Attn8::load(dev, job, min_keys, attn.split.clone())?)
+            }
             _ => None,
         };
         Ok(Kernels {
@@ -139,7 +154,7 @@ struct AttnKernel {
     /// K and V reach the kernel as TMA tensor maps of boxes of this many keys (attn_full_ws)
     /// rather than as pointers; such a kernel splits its last round (`split`).
     tma_keys: Option<u32>,
-    split: Option<TailSplit>,
+    split: Option<Arc<TailSplit>>,
     _m: Module,
 }
 
@@ -147,7 +162,8 @@ struct AttnKernel {
 /// tiles (128 query rows of one head) run in rounds of one block per SM, and where a launch's last
 /// round would be at most half full (1024²: 990 tiles on 132 SMs, 7 rounds and 66), its tiles
 /// run as two halves of the key tiles each, the second to finish merging the first's state, so
-/// the round takes about half as long. `CMF_DIT_SPLIT=0` turns it off (A/B runs).
+/// the round takes about half as long. `CMF_DIT_SPLIT=0` turns it off (A/B runs). One serves
+/// both kernels: their launches queue on one stream, and each leaves the counters zero.
 struct TailSplit {
     /// Per split tile and half, each consumer thread's state (`WS_PART` floats).
     part: DBuf,
@@ -356,7 +372,7 @@ struct Attn8 {
     min_keys: usize,
     /// Q rows to e4m3 as qk_norm_rope writes them (the test hook's).
     quant_q: Func,
-    split: TailSplit,
+    split: Arc<TailSplit>,
     _m: Module,
 }
 
@@ -398,7 +414,13 @@ struct Attn8Call {
 
 impl Attn8 {
     /// Loads the module [`Attn8::job`] made (with its slot count).
-    fn load(dev: &Dev, (job, slots): (Job, usize), min_keys: usize) -> DResult<Attn8> {
+    /// `split`: the bf16 attention's tail-split scratch where it has one, else a new one.
+    fn load(
+        dev: &Dev,
+        (job, slots): (Job, usize),
+        min_keys: usize,
+        split: Option<Arc<TailSplit>>,
+    ) -> DResult<Attn8> {
         let m = Module::load_job(dev, &job)?;
         let attn = m.func("attn_full_ws8")?;
         let smem = ws8_smem(slots);
@@ -409,7 +431,10 @@ impl Attn8 {
             smem,
             min_keys,
             quant_q: m.func("q_rows_e4m3")?,
-            split: TailSplit::new(dev)?,
+            split: match split {
+                Some(s) => s,
+                None => Arc::new(TailSplit::new(dev)?),
+            },
             _m: m,
         })
     }
@@ -534,13 +559,16 @@ fn k8_scale(norm_k: &[f32], hd: usize) -> f32 {
 }
 
 /// Whether the DiT attention may run in FP8 (attn_full_ws8), and from how many keys per item
-/// on: `CMF_DIT_ATTN8=1` always, `0` never; else with the FP8 path ([`fp8_request`]: the model's
-/// precision or `CMF_DIT_FP8`) from [`ATTN8_MIN_KEYS`]. Read when the model loads.
+/// on: `CMF_DIT_ATTN8=1` always, `0` never; else with the FP8 GEMMs ([`gemm8_request`]: the
+/// model's precision or `CMF_DIT_FP8`) from [`ATTN8_MIN_KEYS`]. Read when the model loads.
 fn attn8_request(precision: DitPrecision) -> Option<usize> {
     match std::env::var("CMF_DIT_ATTN8").as_deref() {
         Ok("1") => Some(0),
         Ok("0") => None,
-        _ => (ATTN8_WITH_FP8 && fp8_request(precision).is_some()).then_some(ATTN8_MIN_KEYS),
+        _ => {
+            let fp8 = matches!(gemm8_request(precision), Some(Gemm8Kind::Fp8 { .. }));
+            (ATTN8_WITH_FP8 && fp8).then_some(ATTN8_MIN_KEYS)
+        }
     }
 }
 
@@ -671,7 +699,7 @@ fn load_attention(dev: &Dev, hd: usize, variant: AttnVariant, job: &Job) -> DRes
     };
     f.allow_smem(shape.smem)?;
     let split = match tma_keys {
-        Some(_) => Some(TailSplit::new(dev)?),
+        Some(_) => Some(Arc::new(TailSplit::new(dev)?)),
         None => None,
     };
     Ok(AttnKernel {
@@ -760,7 +788,7 @@ pub fn attention_for_test(
     if variant == "ws8" || variant == "ws8q" {
         let job = Attn8::job(dev, HD, &defs)
             .ok_or_else(|| DevError("ws8: needs sm_90a and head dim 128".into()))?;
-        let a8 = Attn8::load(dev, job, 0)?;
+        let a8 = Attn8::load(dev, job, 0, None)?;
         let abs_max = |x: &[f32]| {
             x.iter()
                 .map(|&a| half::f16::from_f32(a).to_f32().abs())
@@ -840,19 +868,19 @@ struct Block {
     f2: DBuf,
 }
 
-/// A block GEMM's weight plane `[n, k]`: bf16, and an e4m3 copy when the FP8 path is on
-/// (`fp8_request`) and cuBLASLt can run this shape in FP8 ([`fp8_fits`]). The GEMM runs in FP8
-/// exactly when the copy exists.
+/// A block GEMM's weight plane `[n, k]`: bf16, and an 8-bit copy (the encoding of the model's
+/// [`Gemm8`]) when an 8-bit path is on (`gemm8_request`) and cuBLASLt can run this shape on
+/// 8-bit operands ([`q8_fits`]). The GEMM runs in 8 bits exactly when the copy exists.
 struct Plane {
     w: DBuf,
-    fp8: Option<Fp8Plane>,
+    q8: Option<Plane8>,
 }
 
-/// Whether cuBLASLt's FP8 GEMM takes an `[n, k]` plane: its FP8 kernels want every operand
-/// and leading dimension 16-byte aligned (an e4m3 row of k values is k bytes) and find no
-/// algorithm for dimensions that are not multiples of 16 (PyTorch's `_scaled_mm` checks the
-/// same). The activation row count m is a multiple of 32 here (`pad_rows`).
-fn fp8_fits(n: usize, k: usize) -> bool {
+/// Whether cuBLASLt's 8-bit GEMMs take an `[n, k]` plane: its FP8 and IMMA kernels want every
+/// operand and leading dimension 16-byte aligned (an 8-bit row of k values is k bytes) and find
+/// no FP8 algorithm for dimensions that are not multiples of 16 (PyTorch's `_scaled_mm` checks
+/// the same). The activation row count m is a multiple of 32 here (`pad_rows`).
+fn q8_fits(n: usize, k: usize) -> bool {
     n % 16 == 0 && k % 16 == 0
 }
 
@@ -862,19 +890,29 @@ fn block_plane_shapes(g: &DitGeometry) -> [(usize, usize); 4] {
     [(3 * d, d), (d, d), (2 * f, d), (d, f)]
 }
 
-/// A weight plane as e4m3 rows with one f32 scale per row (`Fp8Gemm::quantize`).
-struct Fp8Plane {
+/// Z-Image-Turbo's block GEMMs (D = 3840, F = 10240) as (name, n, k), in
+/// [`block_plane_shapes`]' order: the shapes the GEMM tools (`cmf-gemm-tune`, `cmf-fp8-probe`)
+/// time.
+pub const TURBO_BLOCK_GEMMS: [(&str, usize, usize); 4] = [
+    ("q|k|v", 11520, 3840),
+    ("O", 3840, 3840),
+    ("w1|w3", 20480, 3840),
+    ("w2", 3840, 10240),
+];
+
+/// A weight plane as 8-bit rows with one f32 scale per row ([`Gemm8::quantize`]).
+struct Plane8 {
     q: DBuf,
     s: DBuf,
 }
 
-impl Fp8Plane {
-    fn of(dev: &Dev, fp8: &Fp8Gemm, plane: &DBuf, rows: usize, cols: usize) -> DResult<Fp8Plane> {
-        let p = Fp8Plane {
+impl Plane8 {
+    fn of(dev: &Dev, g: &Gemm8, plane: &DBuf, rows: usize, cols: usize) -> DResult<Plane8> {
+        let p = Plane8 {
             q: dev.alloc(rows * cols)?,
             s: dev.alloc(rows * 4)?,
         };
-        fp8.quantize(plane.ptr(), rows, cols, cols, p.q.ptr(), p.s.ptr())?;
+        g.quantize(plane.ptr(), rows, cols, cols, p.q.ptr(), p.s.ptr())?;
         Ok(p)
     }
 }
@@ -897,8 +935,10 @@ struct Work {
     kc: DBuf,
     vc: DBuf,
     g: DBuf,
-    /// FP8 path: the e4m3 activation rows (up to max(D, F) wide) and their scales.
+    /// 8-bit path: the 8-bit activation rows (up to max(D, F) wide) and their scales.
     xq: Option<(DBuf, DBuf)>,
+    /// int8 path: the s32 sums of the widest block GEMM (`[rows, max(3D, 2F)]`).
+    acc: Option<DBuf>,
     /// FP8 attention: its operands.
     attn8: Option<Attn8Bufs>,
 }
@@ -921,19 +961,19 @@ impl Attn8Bufs {
 }
 
 impl Work {
-    /// The e4m3 input rows and scales of the GEMM on `w` when it runs in FP8.
-    fn fp8_input(&self, w: &Plane) -> Option<(u64, u64)> {
-        match (&w.fp8, &self.xq) {
+    /// The 8-bit input rows and scales of the GEMM on `w` when it runs in 8 bits.
+    fn q8_input(&self, w: &Plane) -> Option<(u64, u64)> {
+        match (&w.q8, &self.xq) {
             (Some(_), Some((q, s))) => Some((q.ptr(), s.ptr())),
             _ => None,
         }
     }
 
-    /// Where a row kernel writes the input of the GEMM on `w`: e4m3 rows when that GEMM runs
-    /// in FP8, else bf16 rows in `hb`.
+    /// Where a row kernel writes the input of the GEMM on `w`: 8-bit rows when that GEMM runs
+    /// in 8 bits, else bf16 rows in `hb`.
     fn gemm_input(&self, w: &Plane) -> RowOut {
-        match self.fp8_input(w) {
-            Some((q, scale)) => RowOut::E4m3 { q, scale },
+        match self.q8_input(w) {
+            Some((q, scale)) => RowOut::Row8 { q, scale },
             None => RowOut::Bf16(self.hb.ptr()),
         }
     }
@@ -1021,8 +1061,8 @@ pub struct CudaDit {
     prep: Option<Prepared>,
     /// Device ms per category when profiling (each region is synchronised: slower steps).
     prof: Option<RefCell<[f64; 3]>>,
-    /// The FP8 GEMM path (see `fp8_request`) and whether it accumulates fast.
-    fp8: Option<(Fp8Gemm, bool)>,
+    /// The 8-bit GEMM path (see `gemm8_request`).
+    gemm8: Option<Gemm8>,
     /// Bytes per value of the residual stream X (see [`residual_bf16`]).
     x_bytes: usize,
     /// Steps run eagerly, not as a graph: `CMF_DIT_GRAPH=0`, or after a capture failed.
@@ -1044,20 +1084,58 @@ fn residual_bf16() -> bool {
     std::env::var("CMF_DIT_RESIDUAL").as_deref() != Ok("f32")
 }
 
-/// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run in FP8 (e4m3, per-row scales on
-/// weights and activations, cuBLASLt), each whose shape cuBLASLt takes ([`fp8_fits`]; the
-/// others stay bf16), and with fast accumulation: the model's [`DitPrecision`], unless
-/// `CMF_DIT_FP8` (`0`, `1`, `fast`; tests and A/B runs) overrides it. Read when the model loads.
-fn fp8_request(precision: DitPrecision) -> Option<bool> {
+/// The block GEMMs' 8-bit operand encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gemm8Kind {
+    /// e4m3 (FP8 tensor cores), with fast accumulation or not.
+    Fp8 { fast: bool },
+    /// s8 with exact s32 sums (int8 tensor cores).
+    Int8,
+}
+
+/// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run on 8-bit operands with per-row scales
+/// on weights and activations (cuBLASLt), each whose shape cuBLASLt takes ([`q8_fits`]; the
+/// others stay bf16), and in which encoding: the model's [`DitPrecision`], unless
+/// `CMF_DIT_FP8` (`0`, `1`, `fast`, `int8`; tests and A/B runs) overrides it. Read when the
+/// model loads.
+fn gemm8_request(precision: DitPrecision) -> Option<Gemm8Kind> {
     match std::env::var("CMF_DIT_FP8").as_deref() {
         Ok("0") => None,
-        Ok("1") => Some(false),
-        Ok("fast") => Some(true),
+        Ok("1") => Some(Gemm8Kind::Fp8 { fast: false }),
+        Ok("fast") => Some(Gemm8Kind::Fp8 { fast: true }),
+        Ok("int8") => Some(Gemm8Kind::Int8),
         _ => match precision {
             DitPrecision::Bf16 => None,
-            DitPrecision::Fp8 => Some(false),
-            DitPrecision::Fp8Fast => Some(true),
+            DitPrecision::Fp8 => Some(Gemm8Kind::Fp8 { fast: false }),
+            DitPrecision::Fp8Fast => Some(Gemm8Kind::Fp8 { fast: true }),
+            DitPrecision::Int8 => Some(Gemm8Kind::Int8),
         },
+    }
+}
+
+/// The block GEMMs' 8-bit path, loaded.
+enum Gemm8 {
+    /// e4m3 operands, with fast accumulation or not.
+    Fp8(Fp8Gemm, bool),
+    /// s8 operands.
+    Int8(Int8Gemm),
+}
+
+impl Gemm8 {
+    fn new(dev: &Arc<Dev>, kind: Gemm8Kind) -> DResult<Gemm8> {
+        Ok(match kind {
+            Gemm8Kind::Fp8 { fast } => Gemm8::Fp8(Fp8Gemm::new(dev)?, fast),
+            Gemm8Kind::Int8 => Gemm8::Int8(Int8Gemm::new(dev)?),
+        })
+    }
+
+    /// `rows` bf16 rows of `cols` values (row stride `ld`) at `x` to 8-bit rows at `q` and
+    /// their scales at `s`.
+    fn quantize(&self, x: u64, rows: usize, cols: usize, ld: usize, q: u64, s: u64) -> DResult<()> {
+        match self {
+            Gemm8::Fp8(g, _) => g.quantize(x, rows, cols, ld, q, s),
+            Gemm8::Int8(g) => g.quantize(x, rows, cols, ld, q, s),
+        }
     }
 }
 
@@ -1168,15 +1246,13 @@ impl CudaDit {
         check_model(m)?;
         let dev = backend.device().clone();
         // The pipeline may preload the DiT from a thread of its own.
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal("dit.load"))?;
-        let fp8 = if fp8_request(m.precision).is_some() {
-            fp8_copy_bytes(m)
+        dev.bind_to_thread().map_err(|e| e.refusal("dit.load"))?;
+        let copies = if gemm8_request(m.precision).is_some() {
+            q8_copy_bytes(m)
         } else {
             0
         };
-        let need = weight_bytes(m) + fp8;
+        let need = weight_bytes(m) + copies;
         let budget = (dev.free_bytes() as f64 * 0.9) as u64;
         if need > budget {
             return Err(Refusal::new(
@@ -1189,31 +1265,33 @@ impl CudaDit {
 
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
         let x_bf16 = residual_bf16();
-        let k = Kernels::load(&dev, m.geo.head_dim(), attn8_request(m.precision), x_bf16)?;
-        k.allow_rows(&m.geo)?;
-        let blas = Blas::new(&dev)?;
-        let fp8 = fp8_request(m.precision).and_then(|fast| match Fp8Gemm::new(&dev) {
-            Ok(g) => Some((g, fast)),
+        let gemm8 = gemm8_request(m.precision).and_then(|kind| match Gemm8::new(&dev, kind) {
+            Ok(g) => Some(g),
             Err(e) => {
                 crate::facade::log::debug(&format!(
-                    "dit: FP8 path unavailable, bf16 instead: {}",
+                    "dit: {kind:?} GEMMs unavailable, bf16 instead: {}",
                     e.0
                 ));
                 None
             }
         });
+        let row8_s8 = matches!(gemm8, Some(Gemm8::Int8(_)));
+        let hd = m.geo.head_dim();
+        let k = Kernels::load(&dev, hd, attn8_request(m.precision), x_bf16, row8_s8)?;
+        k.allow_rows(&m.geo)?;
+        let blas = Blas::new(&dev)?;
         let up = Uploader {
             dev: &dev,
             dequant: &k.dequant,
             shapes: block_plane_shapes(&m.geo),
         };
-        // Blocks upload on several threads (Dev::each_parallel); their e4m3 copies, made on
+        // Blocks upload on several threads (Dev::each_parallel); their 8-bit copies, made on
         // the device from the bf16 planes, follow on this one.
         let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
             let mut blocks = dev.each_parallel(bs, Dev::LOADER_THREADS, |b| up.block(b))?;
-            if let Some((g, _)) = &fp8 {
+            if let Some(g) = &gemm8 {
                 for b in &mut blocks {
-                    up.add_fp8(g, b)?;
+                    up.add_q8(g, b)?;
                 }
             }
             Ok(blocks)
@@ -1266,7 +1344,7 @@ impl CudaDit {
             prep: None,
             prof: (std::env::var("CMF_DIT_PROFILE").as_deref() == Ok("1"))
                 .then(|| RefCell::new([0.0; 3])),
-            fp8,
+            gemm8,
             x_bytes: if x_bf16 { 2 } else { 4 },
             no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
             q_from_rows: std::env::var("CMF_DIT_Q_ROWS").as_deref() != Ok("0"),
@@ -1279,15 +1357,16 @@ impl CudaDit {
         Ok(dit)
     }
 
-    /// Block GEMM planes that run in FP8 (0 unless FP8 was asked for and the device takes
-    /// it; planes whose shape cuBLASLt's FP8 GEMM refuses stay bf16, see `fp8_fits`).
-    pub fn fp8_planes(&self) -> usize {
+    /// Block GEMM planes that run on 8-bit operands (0 unless FP8 or int8 was asked for and
+    /// the device takes it; planes whose shape cuBLASLt's 8-bit GEMMs refuse stay bf16, see
+    /// `q8_fits`).
+    pub fn gemm8_planes(&self) -> usize {
         self.noise
             .iter()
             .chain(&self.ctx)
             .chain(&self.layers)
             .flat_map(|b| [&b.qkv, &b.out, &b.w13, &b.w2])
-            .filter(|p| p.fp8.is_some())
+            .filter(|p| p.q8.is_some())
             .count()
     }
 
@@ -1366,9 +1445,13 @@ impl CudaDit {
             kc: self.dev.alloc(rows * d * 2)?,
             vc: self.dev.alloc(rows * d * 2)?,
             g: self.dev.alloc(rows * 2 * f * 2)?,
-            xq: match self.fp8_planes() {
+            xq: match self.gemm8_planes() {
                 0 => None,
                 _ => Some((self.dev.alloc(rows * d.max(f))?, self.dev.alloc(rows * 4)?)),
+            },
+            acc: match (&self.gemm8, self.gemm8_planes()) {
+                (Some(Gemm8::Int8(_)), 1..) => Some(self.dev.alloc(rows * (3 * d).max(2 * f) * 4)?),
+                _ => None,
             },
             attn8: match self.k.attn8 {
                 Some(_) => Some(Attn8Bufs {
@@ -1384,8 +1467,8 @@ impl CudaDit {
     }
 
     /// `out[r, 0..n) = a[r, 0..k) · Wᵀ` as bf16 rows, for block plane `w` (`n × k`), the
-    /// activation rows `a` where [`Work::gemm_input`] put them: in FP8 from the plane's e4m3
-    /// copy when it has one, else bf16 from `hb`.
+    /// activation rows `a` where [`Work::gemm_input`] put them: in 8 bits from the plane's
+    /// 8-bit copy when it has one, else bf16 from `hb`.
     fn block_gemm(
         &self,
         work: &Work,
@@ -1394,13 +1477,21 @@ impl CudaDit {
         r: usize,
         out: u64,
     ) -> DResult<()> {
-        if let (Some((xq, xs)), Some(p)) = (work.fp8_input(w), &w.fp8) {
-            let (g, fast) = self
-                .fp8
+        if let (Some((xq, xs)), Some(p)) = (work.q8_input(w), &w.q8) {
+            return match self
+                .gemm8
                 .as_ref()
-                .expect("e4m3 planes exist only with the FP8 GEMM");
-            let to = Fp8Out::Bf16(out);
-            return g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast);
+                .expect("8-bit planes exist only with Gemm8")
+            {
+                Gemm8::Fp8(g, fast) => {
+                    let to = Fp8Out::Bf16(out);
+                    g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast)
+                }
+                Gemm8::Int8(g) => {
+                    let acc = work.acc.as_ref().expect("int8 work has its sums").ptr();
+                    g.gemm((p.q.ptr(), p.s.ptr()), (xq, xs), acc, out, (n, r, k), n)
+                }
+            };
         }
         self.blas
             .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)
@@ -1578,7 +1669,8 @@ impl CudaDit {
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
             // The FP8 attention writes the O GEMM's e4m3 input itself when that GEMM runs in FP8.
-            let o_e4m3 = attn8.and(w.fp8_input(&b.out));
+            let fp8_gemms = matches!(self.gemm8, Some(Gemm8::Fp8(..)));
+            let o_e4m3 = attn8.and(w.q8_input(&b.out).filter(|_| fp8_gemms));
             if let Some((_, a8)) = attn8 {
                 let vt: usize = p
                     .segs
@@ -1675,13 +1767,13 @@ impl CudaDit {
         Ok(())
     }
 
-    /// Before the O GEMM, where the bf16 attention ran: it wrote its output as bf16 rows in
-    /// `hb`; when the GEMM on `w` runs in FP8 they are quantised here (the bf16 kernels write per
-    /// head and a row's amax spans all heads; the FP8 attention writes e4m3 itself, with a scale
-    /// its V maxima bound).
+    /// Before the O GEMM, where the attention wrote its output as bf16 rows in `hb`: when the
+    /// GEMM on `w` runs in 8 bits they are quantised here (the attention kernels write per head
+    /// and a row's amax spans all heads; the FP8 attention writes e4m3 itself, with a scale its
+    /// V maxima bound, where the O GEMM runs in FP8).
     fn quantize_attention(&self, work: &Work, w: &Plane, k: usize, r: usize) -> DResult<()> {
-        match (work.fp8_input(w), &self.fp8) {
-            (Some((q, s)), Some((g, _))) => g.quantize(work.hb.ptr(), r, k, k, q, s),
+        match (work.q8_input(w), &self.gemm8) {
+            (Some((q, s)), Some(g)) => g.quantize(work.hb.ptr(), r, k, k, q, s),
             _ => Ok(()),
         }
     }
@@ -2131,12 +2223,12 @@ fn weight_bytes(m: &DitModel) -> u64 {
         .sum::<u64>()
 }
 
-/// Device bytes of the e4m3 copies (rows and row scales) of the block planes that run in FP8.
-fn fp8_copy_bytes(m: &DitModel) -> u64 {
+/// Device bytes of the 8-bit copies (rows and row scales) of the block planes that run in 8 bits.
+fn q8_copy_bytes(m: &DitModel) -> u64 {
     let blocks = m.noise_refiner.len() + m.context_refiner.len() + m.layers.len();
     let per_block: usize = block_plane_shapes(&m.geo)
         .iter()
-        .filter(|&&(n, k)| fp8_fits(n, k))
+        .filter(|&&(n, k)| q8_fits(n, k))
         .map(|&(n, k)| n * k + 4 * n)
         .sum();
     (blocks * per_block) as u64
@@ -2153,8 +2245,8 @@ fn host_bf16(w: &Weight) -> Vec<u8> {
     out
 }
 
-/// Weight upload: any codec → a bf16 plane on the device; [`Uploader::add_fp8`] adds the e4m3
-/// copies of a block's GEMM planes when the FP8 path is on.
+/// Weight upload: any codec → a bf16 plane on the device; [`Uploader::add_q8`] adds the 8-bit
+/// copies of a block's GEMM planes when an 8-bit path is on.
 struct Uploader<'u> {
     dev: &'u Dev,
     /// `dequant_rows` (rowops.cu).
@@ -2204,11 +2296,11 @@ impl Uploader<'_> {
         Ok((self.plane(&[&l.w])?, self.vec(&b)?))
     }
 
-    /// `ws` stacked into a block GEMM plane (bf16 only; see [`Uploader::add_fp8`]).
+    /// `ws` stacked into a block GEMM plane (bf16 only; see [`Uploader::add_q8`]).
     fn gemm_plane(&self, ws: &[&Weight]) -> DResult<Plane> {
         Ok(Plane {
             w: self.plane(ws)?,
-            fp8: None,
+            q8: None,
         })
     }
 
@@ -2228,12 +2320,12 @@ impl Uploader<'_> {
         })
     }
 
-    /// The e4m3 copy of each of `b`'s GEMM planes whose shape cuBLASLt runs in FP8.
-    fn add_fp8(&self, g: &Fp8Gemm, b: &mut Block) -> DResult<()> {
+    /// The 8-bit copy of each of `b`'s GEMM planes whose shape cuBLASLt runs in 8 bits.
+    fn add_q8(&self, g: &Gemm8, b: &mut Block) -> DResult<()> {
         let planes = [&mut b.qkv, &mut b.out, &mut b.w13, &mut b.w2];
         for (p, (n, k)) in planes.into_iter().zip(self.shapes) {
-            if fp8_fits(n, k) {
-                p.fp8 = Some(Fp8Plane::of(self.dev, g, &p.w, n, k)?);
+            if q8_fits(n, k) {
+                p.q8 = Some(Plane8::of(self.dev, g, &p.w, n, k)?);
             }
         }
         Ok(())
@@ -2329,8 +2421,8 @@ impl DitDevice for CudaDit {
         self.conds.clear();
     }
 
-    fn fp8_planes(&self) -> usize {
-        CudaDit::fp8_planes(self)
+    fn gemm8_planes(&self) -> usize {
+        CudaDit::gemm8_planes(self)
     }
 }
 
@@ -2348,6 +2440,23 @@ mod tests {
                 r
             })
             .collect()
+    }
+
+    #[test]
+    fn turbo_block_gemms_are_the_planes_of_turbo_geometry() {
+        let turbo = DitGeometry {
+            dim: 3840,
+            n_heads: 30,
+            ffn: 10240,
+            norm_eps: 1e-5,
+            qk_eps: 1e-5,
+            final_eps: 1e-6,
+            patch_dim: 64,
+            cap_feat_dim: 2560,
+            adaln_dim: 256,
+        };
+        let named: Vec<_> = TURBO_BLOCK_GEMMS.iter().map(|&(_, n, k)| (n, k)).collect();
+        assert_eq!(named, block_plane_shapes(&turbo));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The DiT's row kernels that feed its GEMMs (kernels/dit.cu: `rms_mod`, `residual_norm`,
 //! `swiglu`): their launch shapes, shared by the DiT (cuda/dit.rs) and the parity tests' hooks.
 //!
-//! Each writes the next GEMM's input ([`RowOut`]): bf16 rows, or, when that GEMM runs in FP8,
-//! e4m3 rows with one f32 scale per row (kernels/e4m3.cuh): the activation quantisation fused
+//! Each writes the next GEMM's input ([`RowOut`]): bf16 rows, or, when that GEMM runs in 8 bits,
+//! 8-bit rows with one f32 scale per row (kernels/e4m3.cuh: e4m3, or s8 from a module compiled
+//! with `ROW8_S8=1`, the int8 path's): the activation quantisation fused
 //! into the producer instead of a pass of its own over bf16 rows. One block per row:
-//! [`ROW_THREADS`] or more threads looping over the row, an e4m3 row held in shared memory until
+//! [`ROW_THREADS`] or more threads looping over the row, an 8-bit row held in shared memory until
 //! its amax is known; swiglu, where the width and the pointers allow, holds the row in registers
 //! instead (`swiglu_r8`, `swiglu_r16`: 8 or 16 values a thread, [`RowKernels`] picks per call).
 
@@ -48,8 +49,9 @@ pub const MAPW: usize = 5;
 pub enum RowOut {
     /// bf16 rows.
     Bf16(u64),
-    /// e4m3 rows (`n` bytes each) and one f32 scale per row.
-    E4m3 { q: u64, scale: u64 },
+    /// 8-bit rows (`n` bytes each: e4m3, or s8 where the module was compiled with `ROW8_S8=1`)
+    /// and one f32 scale per row.
+    Row8 { q: u64, scale: u64 },
 }
 
 impl RowOut {
@@ -57,23 +59,23 @@ impl RowOut {
     fn args(self) -> [Arg; 3] {
         match self {
             RowOut::Bf16(b) => [Arg::Ptr(b), Arg::Ptr(0), Arg::Ptr(0)],
-            RowOut::E4m3 { q, scale } => [Arg::Ptr(0), Arg::Ptr(q), Arg::Ptr(scale)],
+            RowOut::Row8 { q, scale } => [Arg::Ptr(0), Arg::Ptr(q), Arg::Ptr(scale)],
         }
     }
 
-    /// Where the output rows start (for e4m3 the bytes; the scales are a buffer of their own).
+    /// Where the output rows start (for 8-bit rows the bytes; the scales are a buffer of their own).
     fn ptr(self) -> u64 {
         match self {
             RowOut::Bf16(b) => b,
-            RowOut::E4m3 { q, .. } => q,
+            RowOut::Row8 { q, .. } => q,
         }
     }
 
-    /// Dynamic shared memory of the e4m3 stash for rows of `n` values (none for bf16).
+    /// Dynamic shared memory of the 8-bit stash for rows of `n` values (none for bf16).
     fn stash_bytes(self, n: usize) -> usize {
         match self {
             RowOut::Bf16(_) => 0,
-            RowOut::E4m3 { .. } => n * 4,
+            RowOut::Row8 { .. } => n * 4,
         }
     }
 }
@@ -218,7 +220,7 @@ pub fn residual_norm(
         &k.residual_norm,
         (n.rows as u32, 1, 1),
         (row_threads(n.d * 4), 1, 1),
-        // The updated row; the e4m3 stash takes its place.
+        // The updated row; the 8-bit stash takes its place.
         (n.d * 4) as u32,
         &[
             Arg::Ptr(n.x),
@@ -276,12 +278,23 @@ pub enum RowForm {
     Registers,
 }
 
-/// What a test hook read back: bf16 rows (as f32), or e4m3 bytes and their row scales.
+/// The output encoding a test hook asks the row kernels for.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowEnc {
+    Bf16,
+    E4m3,
+    /// s8 rows (the module compiled with `ROW8_S8=1`).
+    S8,
+}
+
+/// What a test hook read back: bf16 rows (as f32), or 8-bit rows (e4m3 or s8 bytes, per the
+/// [`RowEnc`] asked for) and their row scales.
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum RowsBack {
     Bf16(Vec<f32>),
-    E4m3 { q: Vec<u8>, scale: Vec<f32> },
+    Row8 { q: Vec<u8>, scale: Vec<f32> },
 }
 
 /// Inputs of the norm kernels' test hooks: `x [rows, d]`, modulation slots `mods [items, 4,
@@ -307,12 +320,15 @@ struct Hook<'d> {
 }
 
 impl<'d> Hook<'d> {
-    fn new(dev: &'d Dev, x_bf16: bool, form: RowForm) -> DResult<Hook<'d>> {
+    fn new(dev: &'d Dev, x_bf16: bool, form: RowForm, enc: RowEnc) -> DResult<Hook<'d>> {
         // The row kernels do not depend on the head dim; any HD compiles them.
-        let defs = [
+        let mut defs = vec![
             ("HD", "128".to_string()),
             ("X_BF16", (x_bf16 as u8).to_string()),
         ];
+        if enc == RowEnc::S8 {
+            defs.push(("ROW8_S8", "1".to_string()));
+        }
         let m = Module::load(dev, "dit", DIT, &defs)?;
         Ok(Hook {
             dev,
@@ -333,9 +349,9 @@ impl<'d> Hook<'d> {
     }
 
     /// Output buffers for `rows × n` values.
-    fn out(&mut self, rows: usize, n: usize, e4m3: bool) -> DResult<RowOut> {
-        Ok(if e4m3 {
-            RowOut::E4m3 {
+    fn out(&mut self, rows: usize, n: usize, enc: RowEnc) -> DResult<RowOut> {
+        Ok(if enc != RowEnc::Bf16 {
+            RowOut::Row8 {
                 q: self.poisoned(rows * n)?,
                 scale: self.poisoned(rows * 4)?,
             }
@@ -352,10 +368,10 @@ impl<'d> Hook<'d> {
         };
         Ok(match out {
             RowOut::Bf16(b) => RowsBack::Bf16(self.dev.download_bf16(b, rows * n)?),
-            RowOut::E4m3 { q, scale } => {
+            RowOut::Row8 { q, scale } => {
                 let mut s = vec![0f32; rows];
                 self.dev.download_f32(&mut s, scale)?;
-                RowsBack::E4m3 {
+                RowsBack::Row8 {
                     q: down(q, rows * n)?,
                     scale: s,
                 }
@@ -415,11 +431,11 @@ pub fn rms_mod_for_test(
     c: &NormCase,
     w: &[f32],
     slot: i32,
-    e4m3: bool,
+    enc: RowEnc,
 ) -> DResult<RowsBack> {
-    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared)?;
+    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared, enc)?;
     let n = h.norm_rows(c)?;
-    let (wp, out) = (h.up(w)?, h.out(n.rows, n.d, e4m3)?);
+    let (wp, out) = (h.up(w)?, h.out(n.rows, n.d, enc)?);
     h.k.allow_rows(n.d, 0)?;
     rms_mod(dev, &h.k, &n, wp, slot, out)?;
     h.back(out, n.rows, n.d)
@@ -435,13 +451,13 @@ pub fn residual_norm_for_test(
     (o, w): (&[f32], &[f32]),
     gate_slot: i32,
     (next_w, next_slot): (&[f32], i32),
-    e4m3: bool,
+    enc: RowEnc,
 ) -> DResult<(Vec<f32>, RowsBack)> {
-    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared)?;
+    let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared, enc)?;
     let n = h.norm_rows(c)?;
     let o_bf16: Vec<u16> = o.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
     let (op, wp, nwp) = (h.up(&o_bf16)?, h.up(w)?, h.up(next_w)?);
-    let out = h.out(n.rows, n.d, e4m3)?;
+    let out = h.out(n.rows, n.d, enc)?;
     h.k.allow_rows(n.d, 0)?;
     let next = NextNorm {
         w: nwp,
@@ -466,15 +482,15 @@ pub fn swiglu_for_test(
     dev: &Dev,
     gu: &[u16],
     ffn: usize,
-    e4m3: bool,
+    enc: RowEnc,
     form: RowForm,
 ) -> DResult<RowsBack> {
     let rows = gu.len() / (2 * ffn);
     if gu.len() != rows * 2 * ffn {
         return Err(DevError("swiglu_for_test: gu is not [rows, 2·ffn]".into()));
     }
-    let mut h = Hook::new(dev, false, form)?;
-    let (g, out) = (h.up(gu)?, h.out(rows, ffn, e4m3)?);
+    let mut h = Hook::new(dev, false, form, enc)?;
+    let (g, out) = (h.up(gu)?, h.out(rows, ffn, enc)?);
     h.k.allow_rows(0, ffn)?;
     swiglu(dev, &h.k, g, rows, ffn, out)?;
     h.back(out, rows, ffn)

@@ -53,6 +53,12 @@ pub const FP8: &str = concat!(
     include_str!("kernels/e4m3.cuh"),
     include_str!("kernels/fp8.cu")
 );
+/// s8 row quantisation and s32 → bf16 scaling for the DiT's int8 GEMMs (e4m3.cuh holds the s8
+/// row encoding beside the e4m3 one).
+pub const INT8: &str = concat!(
+    include_str!("kernels/e4m3.cuh"),
+    include_str!("kernels/int8.cu")
+);
 
 /// A module's source by its name (the names `Job`s and `Module::load` use).
 pub fn source_of(name: &str) -> Option<&'static str> {
@@ -66,6 +72,7 @@ pub fn source_of(name: &str) -> Option<&'static str> {
         "dit" => DIT,
         "vae" => VAE,
         "fp8" => FP8,
+        "int8" => INT8,
         _ => return None,
     })
 }
@@ -115,6 +122,11 @@ pub fn all_sources() -> SourceSet {
         ("dit", DIT, model(32, 1, false)),
         ("dit", DIT, plus(model(128, 1, false), "X_BF16")),
         (
+            "dit",
+            DIT,
+            plus(plus(model(128, 1, false), "X_BF16"), "ROW8_S8"),
+        ),
+        (
             "attention",
             ATTENTION,
             plus(model(32, 1, false), "DIT_FULL"),
@@ -127,6 +139,7 @@ pub fn all_sources() -> SourceSet {
         ("rowops", ROWOPS, vec![]),
         ("vae", VAE, vec![]),
         ("fp8", FP8, vec![]),
+        ("int8", INT8, vec![]),
     ]
 }
 

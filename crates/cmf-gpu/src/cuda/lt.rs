@@ -7,6 +7,9 @@
 //! seen as k × m; e4m3 scales are outer vectors, A's along D's rows (n) and B's along its columns
 //! (m) (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`, cuBLASLt 12.9 and later).
 //!
+//! `LtIn::I8` (s8 operands, exact s32 sums, `LtOut::I32`) exists to measure the file's int8
+//! codec through cuBLASLt (`cmf-fp8-probe`); no model path runs it.
+//!
 //! A shape's plan keeps every candidate cuBLASLt's heuristics offer; the first runs unless
 //! [`LtGemm::tune`] timed them and picked another (`cmf-gemm-tune`). Measured on the H200
 //! (BENCH.md, seventeenth run): on the DiT's shapes the first bf16 candidate was the fastest
@@ -45,6 +48,8 @@ pub enum LtIn {
         xs: u64,
         fast: bool,
     },
+    /// s8 rows, unscaled: the output is the exact s32 sums (`LtOut::I32` only).
+    I8,
 }
 
 /// Where a GEMM writes: bf16 or f32 rows.
@@ -52,12 +57,14 @@ pub enum LtIn {
 pub enum LtOut {
     Bf16(u64),
     F32(u64),
+    /// s32 rows (`LtIn::I8` only).
+    I32(u64),
 }
 
 impl LtOut {
     fn ptr(self) -> u64 {
         match self {
-            LtOut::Bf16(p) | LtOut::F32(p) => p,
+            LtOut::Bf16(p) | LtOut::F32(p) | LtOut::I32(p) => p,
         }
     }
 }
@@ -74,8 +81,10 @@ pub struct LtCall {
     pub ldc: usize,
 }
 
-/// (n, m, k, ldc, operands: 0 bf16 / 1 e4m3 / 2 e4m3 fast, f32 output)
+/// (n, m, k, ldc, operands: 0 bf16 / 1 e4m3 / 2 e4m3 fast / 3 s8, f32 output)
 type ShapeKey = (usize, usize, usize, usize, u8, bool);
+
+const KIND_I8: u8 = 3;
 
 impl LtCall {
     fn key(&self) -> ShapeKey {
@@ -83,6 +92,7 @@ impl LtCall {
             LtIn::Bf16 => 0,
             LtIn::E4m3 { fast: false, .. } => 1,
             LtIn::E4m3 { fast: true, .. } => 2,
+            LtIn::I8 => KIND_I8,
         };
         let (n, m, k) = self.nmk;
         (n, m, k, self.ldc, kind, matches!(self.out, LtOut::F32(_)))
@@ -142,9 +152,7 @@ impl LtGemm {
         if !unsafe { lt::is_culib_present() } {
             return Err(DevError("libcublasLt is not installed".into()));
         }
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")))?;
+        dev.bind_to_thread()?;
         let mut handle: lt::cublasLtHandle_t = std::ptr::null_mut();
         // SAFETY: writes one handle.
         check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
@@ -198,7 +206,12 @@ impl LtGemm {
             set_desc(p.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws)?;
             set_desc(p.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs)?;
         }
-        let (alpha, beta) = (1f32, 0f32);
+        // Scalars in the descriptor's scale type: s32 for the int8 GEMM, f32 otherwise.
+        let (alpha, beta) = if matches!(c.input, LtIn::I8) {
+            (1i32.to_ne_bytes(), 0i32.to_ne_bytes())
+        } else {
+            (1f32.to_ne_bytes(), 0f32.to_ne_bytes())
+        };
         let out = c.out.ptr();
         // SAFETY: every pointer is a device buffer the caller sized for this shape; the plan's
         // descriptors live until `plans` is dropped.
@@ -206,12 +219,12 @@ impl LtGemm {
             lt::cublasLtMatmul(
                 self.handle,
                 p.desc,
-                &alpha as *const f32 as *const c_void,
+                alpha.as_ptr() as *const c_void,
                 w as *const c_void,
                 p.a,
                 x as *const c_void,
                 p.b,
-                &beta as *const f32 as *const c_void,
+                beta.as_ptr() as *const c_void,
                 out as *const c_void,
                 p.d,
                 out as *mut c_void,
@@ -227,6 +240,11 @@ impl LtGemm {
 
     /// The shape's key, planning it on first use.
     fn planned(&self, c: &LtCall) -> DResult<ShapeKey> {
+        if matches!(c.input, LtIn::I8) != matches!(c.out, LtOut::I32(_)) {
+            return Err(DevError(
+                "cuBLASLt: s32 output goes with s8 operands only".into(),
+            ));
+        }
         let key = c.key();
         if !self.plans.borrow().contains_key(&key) {
             let p = self.plan(key, c.input)?;
@@ -237,16 +255,21 @@ impl LtGemm {
 
     fn plan(&self, (n, m, k, ldc, kind, f32_out): ShapeKey, input: LtIn) -> DResult<Plan> {
         use lt::cublasLtMatmulDescAttributes_t as A;
+        let (compute, scale) = if kind == KIND_I8 {
+            (
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+                lt::cudaDataType_t::CUDA_R_32I,
+            )
+        } else {
+            (
+                lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lt::cudaDataType_t::CUDA_R_32F,
+            )
+        };
         let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
         // SAFETY: writes one descriptor.
         check(
-            unsafe {
-                lt::cublasLtMatmulDescCreate(
-                    &mut desc,
-                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    lt::cudaDataType_t::CUDA_R_32F,
-                )
-            },
+            unsafe { lt::cublasLtMatmulDescCreate(&mut desc, compute, scale) },
             "cublasLtMatmulDescCreate",
         )?;
         let layout = |ty: lt::cudaDataType,
@@ -264,10 +287,10 @@ impl LtGemm {
             )?;
             Ok(l)
         };
-        let operand = if kind == 0 {
-            lt::cudaDataType_t::CUDA_R_16BF
-        } else {
-            lt::cudaDataType_t::CUDA_R_8F_E4M3
+        let operand = match kind {
+            0 => lt::cudaDataType_t::CUDA_R_16BF,
+            KIND_I8 => lt::cudaDataType_t::CUDA_R_8I,
+            _ => lt::cudaDataType_t::CUDA_R_8F_E4M3,
         };
         // Owned from here on, so that a failure below frees what was made.
         let mut p = Plan {
@@ -280,7 +303,9 @@ impl LtGemm {
         };
         p.a = layout(operand, k, n, k)?;
         p.b = layout(operand, k, m, k)?;
-        let out = if f32_out {
+        let out = if kind == KIND_I8 {
+            lt::cudaDataType_t::CUDA_R_32I
+        } else if f32_out {
             lt::cudaDataType_t::CUDA_R_32F
         } else {
             lt::cudaDataType_t::CUDA_R_16BF
@@ -302,10 +327,10 @@ impl LtGemm {
         if candidates.is_empty() {
             return Err(DevError(format!(
                 "cuBLASLt has no {} algorithm for n {n}, m {m}, k {k}",
-                if kind == 0 {
-                    "bf16"
-                } else {
-                    "FP8 (outer-vector scales)"
+                match kind {
+                    0 => "bf16",
+                    KIND_I8 => "int8",
+                    _ => "FP8 (outer-vector scales)",
                 }
             )));
         }

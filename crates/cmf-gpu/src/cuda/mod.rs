@@ -6,7 +6,7 @@
 //! cache), `prebuilt` (kernel images embedded at build time), `kernels` (sources and handles; the
 //! `.cu` files live in `kernels/`), `weights` (codec planes on the device), `matvec` (host side of
 //! the decode matvec), `blas` (cuBLAS GEMM), `lt` (cuBLASLt GEMM, bf16 and e4m3), `fp8` (e4m3
-//! rows and the FP8 GEMM), `llm` (the resident model: decode graph, prefill, hybrid layers),
+//! rows and the FP8 GEMM), `int8` (s8 rows and the int8 GEMM), `llm` (the resident model: decode graph, prefill, hybrid layers),
 //! `dit` / `dit_rows` (the Z-Image DiT), `vae` / `cudnn` (the Flux VAE decoder).
 
 pub mod blas;
@@ -15,6 +15,7 @@ pub mod device;
 pub mod dit;
 pub mod dit_rows;
 pub mod fp8;
+pub mod int8;
 pub mod kernels;
 pub mod llm;
 pub mod lt;
@@ -78,11 +79,7 @@ impl CudaBackend {
         placement: &Placement,
     ) -> Result<llm::CudaLlm, Refusal> {
         model.validate()?;
-        // The model's kernels compile while the shared ones finish (a first run's wait is the
-        // longer of the two, not their sum).
-        kernels::prefetch(llm::kernel_jobs(&self.dev, model, opts)?);
-        let ck = self.kernels().map_err(|e| e.refusal("llm.load"))?;
-        llm::CudaLlm::load(self.dev.clone(), ck, model, opts, placement)
+        llm::CudaLlm::load(self.dev.clone(), || self.kernels(), model, opts, placement)
     }
 }
 

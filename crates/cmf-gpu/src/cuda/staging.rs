@@ -63,9 +63,7 @@ impl Staging {
             s.done[b] = dr::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .ctx(|| "cuEventCreate".into())?;
         }
-        TOTALS
-            .pin_ns
-            .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+        add_since(&TOTALS.pin_ns, t);
         Ok(s)
     }
 

@@ -96,8 +96,9 @@ pub trait DitDevice: Send {
     fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal>;
     /// Frees captions and activation buffers (the weights stay).
     fn release(&mut self);
-    /// Block GEMM weight planes that run in FP8 (diagnostics and tests: which path ran).
-    fn fp8_planes(&self) -> usize {
+    /// Block GEMM weight planes that run on 8-bit operands, FP8 or int8 as the precision says
+    /// (diagnostics and tests: which path ran).
+    fn gemm8_planes(&self) -> usize {
         0
     }
 }

@@ -427,11 +427,11 @@ impl GpuDit {
     pub fn release(&mut self) {
         self.dev.release()
     }
-    /// See [`DitDevice::fp8_planes`].
-    pub fn fp8_planes(&self) -> usize {
-        self.dev.fp8_planes()
+    /// See [`DitDevice::gemm8_planes`].
+    pub fn gemm8_planes(&self) -> usize {
+        self.dev.gemm8_planes()
     }
-    /// The precision asked for at load (what runs may differ: see [`GpuDit::fp8_planes`]).
+    /// The precision asked for at load (what runs may differ: see [`GpuDit::gemm8_planes`]).
     pub fn precision(&self) -> crate::dit::DitPrecision {
         self.precision
     }

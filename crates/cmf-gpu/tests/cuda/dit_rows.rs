@@ -1,6 +1,6 @@
 //! The DiT's GEMM-feeding row kernels (cuda/dit_rows.rs, kernels/dit.cu: `rms_mod`,
 //! `residual_norm`, `swiglu`) against f64 CPU references on fresh random inputs, writing bf16
-//! rows and fused e4m3 rows, at the full-size widths (D 3840, F 10240: the vector path), the
+//! rows and fused 8-bit rows (e4m3, and s8 from the int8 path's module), at the full-size widths (D 3840, F 10240: the vector path), the
 //! fixture's D (128) and an odd width (341: the scalar path); swiglu also at a width whose last
 //! warp holds one thread's values (2056), in both its forms (shared-memory and register-resident,
 //! where the width allows the latter). Row 0 is all zero (e4m3 scale 1);
@@ -10,7 +10,9 @@
 //! and 1e-6 of the row's largest value for the f32 evaluation (rsqrtf, summation order), which
 //! can move a value across a rounding midpoint. e4m3: the row scale within 1e-6 relative of
 //! amax/448, and q·scale within e4m3's rounding of the reference, 2⁻⁴·|ref| (3 mantissa bits)
-//! + 2⁻⁹·scale (twice the half step of the subnormals, values under 2⁻⁶·scale).
+//! + 2⁻⁹·scale (twice the half step of the subnormals, values under 2⁻⁶·scale). s8: the row
+//! scale within 1e-6 relative of amax/127, and q·scale within half a step (scale / 2) of the
+//! reference plus 2e-6·|ref| + 1e-6 of amax for the f32 evaluation, no byte -128.
 //!
 //! The norm kernels run with the residual stream in f32 and in bf16 (`X_BF16`): with bf16 the
 //! inputs are rounded to bf16 first (the reference sees them), the updated residual must be the
@@ -19,22 +21,22 @@
 
 use super::{backend, rel_err, Rng};
 use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::dit_rows::{self, NormCase, RowForm, RowsBack};
+use cmf_gpu::cuda::dit_rows::{self, NormCase, RowEnc, RowForm, RowsBack};
 use cmf_gpu::cuda::fp8::e4m3_to_f32;
 
 const ROWS: usize = 37;
 const EPS: f32 = 1e-5;
 
-/// Output formats to check: bf16, and e4m3 where the device has FP8 (8.9+).
-fn formats(dev: &Dev) -> Vec<bool> {
+/// Output formats to check: bf16 and s8, and e4m3 where the device has FP8 (8.9+).
+fn formats(dev: &Dev) -> Vec<RowEnc> {
     if dev.cc >= (8, 9) {
-        vec![false, true]
+        vec![RowEnc::Bf16, RowEnc::E4m3, RowEnc::S8]
     } else {
         eprintln!(
             "e4m3 outputs skipped: FP8 needs compute capability 8.9+ ({:?})",
             dev.cc
         );
-        vec![false]
+        vec![RowEnc::Bf16, RowEnc::S8]
     }
 }
 
@@ -106,9 +108,9 @@ fn residual_rows(rng: &mut Rng, d: usize, x_bf16: bool) -> Vec<f32> {
     }
 }
 
-/// Checks a kernel's rows against the reference `want [rows, n]`; prints how close to its bound
-/// the worst value came.
-fn check(label: &str, got: &RowsBack, want: &[f64], n: usize) {
+/// Checks a kernel's rows (in encoding `enc`) against the reference `want [rows, n]`; prints how
+/// close to its bound the worst value came.
+fn check(label: &str, enc: RowEnc, got: &RowsBack, want: &[f64], n: usize) {
     let mut worst = 0f64;
     let mut within = |err: f64, tol: f64, what: &dyn Fn() -> String| {
         assert!(err <= tol, "{label}: {}", what());
@@ -127,7 +129,26 @@ fn check(label: &str, got: &RowsBack, want: &[f64], n: usize) {
                 }
             }
         }
-        RowsBack::E4m3 { q, scale } => {
+        RowsBack::Row8 { q, scale } if enc == RowEnc::S8 => {
+            for (r, (qr, w)) in q.chunks(n).zip(rows).enumerate() {
+                let amax = w.iter().fold(0f64, |m, a| m.max(a.abs()));
+                let want_s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                let s = scale[r] as f64;
+                within((s - want_s).abs(), 1e-6 * want_s, &|| {
+                    format!("row {r}: scale {s}, want {want_s}")
+                });
+                for (i, (&b, &v)) in qr.iter().zip(w).enumerate() {
+                    let qv = b as i8;
+                    assert!(qv != -128, "{label}: [{r}, {i}] byte -128");
+                    let got = qv as f64 * s;
+                    let tol = 0.5 * s + v.abs() * 2e-6 + amax * 1e-6;
+                    within((got - v).abs(), tol, &|| {
+                        format!("[{r}, {i}] = {got} (s8 {qv}), want {v}")
+                    });
+                }
+            }
+        }
+        RowsBack::Row8 { q, scale } => {
             for (r, (qr, w)) in q.chunks(n).zip(rows).enumerate() {
                 let amax = w.iter().fold(0f64, |m, a| m.max(a.abs()));
                 let want_s = if amax > 0.0 { amax / 448.0 } else { 1.0 };
@@ -145,11 +166,7 @@ fn check(label: &str, got: &RowsBack, want: &[f64], n: usize) {
             }
         }
     }
-    let kind = match got {
-        RowsBack::Bf16(_) => "bf16",
-        RowsBack::E4m3 { .. } => "e4m3",
-    };
-    eprintln!("{label} {kind}: worst value at {worst:.2} of its bound");
+    eprintln!("{label} {enc:?}: worst value at {worst:.2} of its bound");
 }
 
 /// rms_mod: `x · inv_rms(x) · w · (1 + scale)`.
@@ -209,10 +226,11 @@ fn dit_rms_mod_matches_reference() {
         for modulated in [true, false] {
             let c = case(&x, x_bf16, d, if modulated { &mods } else { &[] }, &items);
             let want = rms_mod_ref(&c, &w, 2);
-            for e4m3 in formats(dev) {
-                let got = dit_rows::rms_mod_for_test(dev, &c, &w, 2, e4m3).unwrap();
+            for enc in formats(dev) {
+                let got = dit_rows::rms_mod_for_test(dev, &c, &w, 2, enc).unwrap();
                 check(
                     &format!("rms_mod d {d} modulated {modulated} x bf16 {x_bf16}"),
+                    enc,
                     &got,
                     &want,
                     d,
@@ -243,9 +261,9 @@ fn dit_residual_norm_matches_reference() {
         for modulated in [true, false] {
             let c = case(&x, x_bf16, d, if modulated { &mods } else { &[] }, &items);
             let (want_x, want) = residual_norm_ref(&c, (&o, &w), 3, (&nw, 0));
-            for e4m3 in formats(dev) {
+            for enc in formats(dev) {
                 let (got_x, got) =
-                    dit_rows::residual_norm_for_test(dev, &c, (&o, &w), 3, (&nw, 0), e4m3).unwrap();
+                    dit_rows::residual_norm_for_test(dev, &c, (&o, &w), 3, (&nw, 0), enc).unwrap();
                 let label = format!("residual_norm d {d} modulated {modulated} x bf16 {x_bf16}");
                 if x_bf16 {
                     // One rounding of the f32 update: within one bf16 step of the reference
@@ -266,7 +284,7 @@ fn dit_residual_norm_matches_reference() {
                     let err = rel_err(&got_x, &want_x32);
                     assert!(err < 2e-6, "{label}: residual rel err {err}");
                 }
-                check(&label, &got, &want, d);
+                check(&label, enc, &got, &want, d);
             }
         }
     }
@@ -294,16 +312,16 @@ fn dit_swiglu_matches_reference() {
                 g / (1.0 + (-g).exp()) * u
             })
             .collect();
-        for e4m3 in formats(dev) {
+        for enc in formats(dev) {
             let [shared, regs] = [RowForm::Shared, RowForm::Registers].map(|form| {
-                let got = dit_rows::swiglu_for_test(dev, &gu, f, e4m3, form).unwrap();
-                check(&format!("swiglu {form:?} F {f}"), &got, &want, f);
+                let got = dit_rows::swiglu_for_test(dev, &gu, f, enc, form).unwrap();
+                check(&format!("swiglu {form:?} F {f}"), enc, &got, &want, f);
                 got
             });
             // The two forms compute each value the same way: the same bits.
             let bits = |r: &RowsBack| match r {
                 RowsBack::Bf16(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
-                RowsBack::E4m3 { q, scale } => q
+                RowsBack::Row8 { q, scale } => q
                     .iter()
                     .map(|&b| b as u32)
                     .chain(scale.iter().map(|x| x.to_bits()))
@@ -311,7 +329,7 @@ fn dit_swiglu_matches_reference() {
             };
             assert!(
                 bits(&shared) == bits(&regs),
-                "swiglu F {f} e4m3 {e4m3}: the register form's bits differ from the shared one's"
+                "swiglu F {f} {enc:?}: the register form's bits differ from the shared one's"
             );
         }
     }

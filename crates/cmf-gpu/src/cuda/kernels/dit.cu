@@ -31,7 +31,9 @@
 // GEMM runs in FP8, e4m3 rows out_q with one f32 scale per row out_s (e4m3.cuh), made from the
 // f32 values: what quant_rows_e4m3 would make of the bf16 rows, except that the values skip the
 // bf16 rounding (amax and the bytes come from the f32 values), so a byte can differ where that
-// rounding would have crossed an e4m3 rounding boundary. Such a kernel keeps its row's values in
+// rounding would have crossed an e4m3 rounding boundary. Compiled with ROW8_S8=1 (the int8
+// path, cuda/int8.rs) the same out_q rows are s8 instead (e4m3.cuh's row8 encoding), as
+// quant_rows_s8 makes them. Such a kernel keeps its row's values in
 // dynamic shared memory (the stash) until the row's amax is known.
 // Row access (rms_mod, residual_norm, swiglu): one block per row, each thread taking groups of 4
 // values (16-byte f32, 8-byte bf16, 4-byte e4m3 accesses) when the width is a multiple of 4 and
@@ -126,7 +128,7 @@ __device__ __forceinline__ void rms_mod_row(const xt* xr, const float* w, float 
         }
         put<V>(v, g, out_b, out_q, stash, amax);
     }
-    if (out_q) emit_e4m3_row<V>(stash, D, amax, red, out_q, out_s);
+    if (out_q) emit_row8<V>(stash, D, amax, red, out_q, out_s);
 }
 
 // out[r] = rmsnorm(x[r]) · w · (1 + scale[item])   (R blocks; scale slot `slot`), bf16 or e4m3.
@@ -186,7 +188,7 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
         }
         put<V>(v, k, out_b, out_q, row, amax);
     }
-    if (out_q) emit_e4m3_row<V>(row, D, amax, red, out_q, out_s);
+    if (out_q) emit_row8<V>(row, D, amax, red, out_q, out_s);
 }
 
 // x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0; o is the bf16 output of
@@ -302,10 +304,11 @@ __device__ __forceinline__ float qk_norm_rope_row(const QkRow& in, const float* 
 }
 
 // Folds a head's |value| max of item `item` into the item's [NH] V maxima (u32 bits:
-// non-negative floats order as their bits do). Every lane calls it; V heads' first lanes fold.
-__device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, int kind, int h, float amax, int li) {
+// non-negative floats order as their bits do). Every lane calls it (the head maximum shuffles);
+// the head's first lane folds where `on` (a V head of a row in range).
+__device__ __forceinline__ void fold_amax(unsigned* v_amax, int item, int NH, bool on, int h, float amax, int li) {
     amax = head_max(fminf(amax, F16_MAX));
-    if (kind == 2 && li == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
+    if (on && li == 0) atomicMax(v_amax + item * NH + h, __float_as_uint(amax));
 }
 
 // q/k RMSNorm + RoPE, f16 K/V. Grid (units / QKR_HPW / 4 rounded up — 3·NH units, 2·NH where V is
@@ -358,7 +361,7 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
         if (i + 1 < n) qk_load_row(qkv, r0 + i + 1, NH, u, li, cosb, sinb, __shfl_sync(FULL_MASK, mi[4], i + 1), next);
         const int it = __shfl_sync(FULL_MASK, mi[0], i);
         if (v_amax && it != item) {
-            if (item >= 0) fold_amax(v_amax, item, NH, kind, h, amax, li);
+            if (item >= 0) fold_amax(v_amax, item, NH, kind == 2, h, amax, li);
             item = it;
             amax = 0.f;
         }
@@ -369,7 +372,7 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
         amax = fmaxf(amax, a);
         cur = next;
     }
-    if (v_amax && item >= 0) fold_amax(v_amax, item, NH, kind, h, amax, li);
+    if (v_amax && item >= 0) fold_amax(v_amax, item, NH, kind == 2, h, amax, li);
 }
 
 // ---- k_norm_rope: K, and V's maxima, for the attentions that make Q from the rows ----
@@ -465,12 +468,8 @@ k_norm_rope(const u16* qkv, const float* norm_k, float eps, const float* cosb, c
 #pragma unroll
             for (int k = 0; k < 8; k++) a = fmaxf(a, fabsf(v[k]));
             const int h = h0 + g * QKR_HPW;
-            if (one_item) {
-                acc[g] = fmaxf(acc[g], a);
-            } else {
-                a = head_max(fminf(a, F16_MAX));  // every lane (shuffles)
-                if (li == 0 && r0 + i < R && h < NH) atomicMax(v_amax + mp[i][0] * NH + h, __float_as_uint(a));
-            }
+            if (one_item) acc[g] = fmaxf(acc[g], a);
+            else fold_amax(v_amax, mp[i][0], NH, r0 + i < R && h < NH, h, a, li);
         }
     if (!one_item) return;  // uniform over the block
 #pragma unroll
@@ -502,7 +501,7 @@ __device__ __forceinline__ void swiglu_row(const u16* gr, int F, u16* out_b, u8*
         for (int j = 0; j < V; j++) y.v[j] = silu_fast(a.v[j]) * b.v[j];
         put<V>(y, k, out_b, out_q, stash, amax);
     }
-    if (out_q) emit_e4m3_row<V>(stash, F, amax, red, out_q, out_s);
+    if (out_q) emit_row8<V>(stash, F, amax, red, out_q, out_s);
 }
 
 // gu [R, 2F] bf16 (w1 | w3 per row) → out[r, i] = silu(gu[r, i]) · gu[r, F + i], bf16 or e4m3.
@@ -533,7 +532,7 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
 // move as many bytes written as read, and at ~3 TB/s that mix is their bound), so they keep their
 // shared-memory form (bench/results/2026-12-02-h200-session16).
 
-// P bf16 values at p (16-byte aligned) as f32, and P values as bf16 / e4m3 (· inv) at p.
+// P bf16 values at p (16-byte aligned) as f32, and P values as bf16 / row8 bytes (· inv) at p.
 template <int P>
 __device__ __forceinline__ void ld_row(const u16* p, float* v) {
 #pragma unroll
@@ -545,9 +544,9 @@ __device__ __forceinline__ void st_row(u16* p, const float* v) {
     for (int i = 0; i < P / 8; i++) st_bf16x8(p + 8 * i, v + 8 * i);
 }
 template <int P>
-__device__ __forceinline__ void st_row_e4m3(u8* p, const float* v, float inv) {
+__device__ __forceinline__ void st_row_row8(u8* p, const float* v, float inv) {
 #pragma unroll
-    for (int i = 0; i < P / 8; i++) st_e4m3x8(p + 8 * i, v + 8 * i, inv);
+    for (int i = 0; i < P / 8; i++) *(uint2*)(p + 8 * i) = make_uint2(pack_row8x4(v + 8 * i, inv), pack_row8x4(v + 8 * i + 4, inv));
 }
 
 template <int P>
@@ -567,9 +566,9 @@ __device__ __forceinline__ void swiglu_rr(const u16* gu, int F, u16* out_b, u8* 
         }
     }
     if (out_q) {
-        const float s = e4m3_scale(block_max_once(amax, red)), inv = 1.f / s;
+        const float s = row8_scale(block_max_once(amax, red)), inv = 1.f / s;
         if (threadIdx.x == 0) out_s[r] = s;
-        if (on) st_row_e4m3<P>(out_q + r * F + c, a, inv);
+        if (on) st_row_row8<P>(out_q + r * F + c, a, inv);
     } else if (on) {
         st_row<P>(out_b + r * F + c, a);
     }

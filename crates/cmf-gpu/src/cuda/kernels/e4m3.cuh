@@ -1,5 +1,6 @@
-// e4m3.cuh — the e4m3 row encoding of the FP8 GEMM path: one source for every kernel that writes
-// FP8 GEMM operands (fp8.cu's quant_rows_e4m3, dit.cu's fused row producers).
+// e4m3.cuh — the 8-bit row encodings of the FP8 and int8 GEMM paths: one source for every kernel
+// that writes such GEMM operands (fp8.cu's quant_rows_e4m3, int8.cu's quant_rows_s8, dit.cu's
+// fused row producers).
 //
 // A row of values v gets one f32 scale s = amax / 448 (448: the largest finite e4m3; an all-zero
 // row gets s = 1) and bytes q = e4m3(v · (1 / s)), rounded to nearest even and saturating. The
@@ -50,24 +51,47 @@ __device__ __forceinline__ u32 pack_e4m3x4(const float* v, float inv) {
     return pack_e4m3x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
 }
 
-// A group of V values (common.cuh) as e4m3 bytes of v · inv at p.
-template <int V>
-__device__ __forceinline__ void st_e4m3(u8* p, const Vf<V>& a, float inv) {
-    if constexpr (V == 4)
-        *(u32*)p = pack_e4m3x4(a.v, inv);
-    else
-        *p = (u8)pack_e4m3x2(a.v[0] * inv, 0.f);
+// s8 rows, the int8 path's encoding (int8.cu's quant_rows_s8, and the fused producers of a dit
+// module compiled with ROW8_S8=1): scale s = amax / 127 (1 for a row of zeros) and bytes
+// q = round-to-nearest-even(v · (1 / s)), which |v| ≤ amax keeps within ±127 (the clamp only
+// absorbs the reciprocal's rounding). Taken the same way everywhere, as e4m3's above.
+__device__ __forceinline__ float s8_scale(float amax) { return amax > 0.f ? amax / 127.f : 1.f; }
+__device__ __forceinline__ u32 s8_byte(float v) { return (u32)max(-127, min(127, __float2int_rn(v))) & 0xffu; }
+__device__ __forceinline__ u32 pack_s8x4(float a, float b, float c, float d) {
+    return s8_byte(a) | (s8_byte(b) << 8) | (s8_byte(c) << 16) | (s8_byte(d) << 24);
 }
 
-// The second half of a fused e4m3 producer, whose row of n values is in shared memory: each
+// The 8-bit GEMM operand rows the fused row producers write (dit.cu's rms_mod, residual_norm,
+// swiglu): e4m3, or s8 where the module is compiled with ROW8_S8=1 (the int8 path's dit module).
+// The FP8 attention's Q and K rows are e4m3 either way.
+#ifndef ROW8_S8
+#define ROW8_S8 0
+#endif
+__device__ __forceinline__ float row8_scale(float amax) { return ROW8_S8 ? s8_scale(amax) : e4m3_scale(amax); }
+// Four floats v[0..3] · inv → four bytes of the row encoding (v[0] in the low byte).
+__device__ __forceinline__ u32 pack_row8x4(const float* v, float inv) {
+    return ROW8_S8 ? pack_s8x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv) : pack_e4m3x4(v, inv);
+}
+__device__ __forceinline__ u8 pack_row8x1(float v) { return (u8)(ROW8_S8 ? s8_byte(v) : pack_e4m3x2(v, 0.f)); }
+
+// A group of V values (common.cuh) as row-encoded bytes of v · inv at p.
+template <int V>
+__device__ __forceinline__ void st_row8(u8* p, const Vf<V>& a, float inv) {
+    if constexpr (V == 4)
+        *(u32*)p = pack_row8x4(a.v, inv);
+    else
+        *p = pack_row8x1(a.v[0] * inv);
+}
+
+// The second half of a fused row producer, whose row of n values is in shared memory: each
 // thread stored groups g = threadIdx.x + k·blockDim.x of V values at stash[V·g] (the same threads
 // read them back here, so no barrier is needed beyond block_max's) and folded their |v| into
-// `amax`. Writes the row's scale to *scale and its bytes to q[0, n).
+// `amax`. Writes the row's scale to *scale and its bytes (the row encoding) to q[0, n).
 template <int V>
-__device__ __forceinline__ void emit_e4m3_row(const float* stash, int n, float amax, float* red, u8* q, float* scale) {
-    const float s = e4m3_scale(block_max(amax, red)), inv = 1.f / s;
+__device__ __forceinline__ void emit_row8(const float* stash, int n, float amax, float* red, u8* q, float* scale) {
+    const float s = row8_scale(block_max(amax, red)), inv = 1.f / s;
     if (threadIdx.x == 0) *scale = s;
-    for (int g = threadIdx.x; g < n / V; g += blockDim.x) st_e4m3<V>(q + V * g, ld_f32<V>(stash + V * g), inv);
+    for (int g = threadIdx.x; g < n / V; g += blockDim.x) st_row8<V>(q + V * g, ld_f32<V>(stash + V * g), inv);
 }
 
 // A row of 64·NP values held by one warp as pairs v[k] = values 2(lane + 32k), +1: its e4m3

@@ -18,7 +18,7 @@ mod workspace;
 
 use super::blas::Blas;
 use super::device::{DBuf, DResult, Dev, DevError, Graph};
-use super::kernels::{CommonKernels, DecodeAttnConfig, Job, ModelKernels};
+use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
 use super::weights::{self, DevCodec, DevWeight};
 use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
 use crate::llm::{
@@ -345,23 +345,12 @@ fn decode_attn_config(model: &LlmModel, p: &Plan) -> DecodeAttnConfig {
     }
 }
 
-/// The modules [`CudaLlm::load`] compiles for `model` (what a caller may start compiling early).
-pub fn kernel_jobs(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Vec<Job>, Refusal> {
-    let p = plan(dev, model, opts)?;
-    let s = &model.spec;
-    Ok(ModelKernels::jobs(
-        dev,
-        s.head_dim,
-        s.num_heads / s.num_kv_heads,
-        p.kv_f32,
-        decode_attn_config(model, &p),
-    ))
-}
-
 impl CudaLlm {
+    /// Loads `model`; `common` gives the shared kernels, called once the model's own modules
+    /// are compiling, so a first run waits for the longer of the two, not their sum.
     pub fn load(
         dev: Arc<Dev>,
-        ck: Arc<CommonKernels>,
+        common: impl FnOnce() -> Result<Arc<CommonKernels>, DevError>,
         model: &LlmModel,
         opts: &LlmOptions,
         placement: &Placement,
@@ -369,14 +358,10 @@ impl CudaLlm {
         let p = plan(&dev, model, opts)?;
         let s = &model.spec;
         let err = |e: DevError| e.refusal("llm.load");
-        let mk = ModelKernels::load(
-            &dev,
-            s.head_dim,
-            s.num_heads / s.num_kv_heads,
-            p.kv_f32,
-            decode_attn_config(model, &p),
-        )
-        .map_err(err)?;
+        let (group, attn) = (s.num_heads / s.num_kv_heads, decode_attn_config(model, &p));
+        super::kernels::prefetch(ModelKernels::jobs(&dev, s.head_dim, group, p.kv_f32, attn));
+        let ck = common().map_err(err)?;
+        let mk = ModelKernels::load(&dev, s.head_dim, group, p.kv_f32, attn).map_err(err)?;
         let smem = decode_smem_bytes(
             s.num_heads / s.num_kv_heads,
             s.head_dim,
@@ -502,10 +487,7 @@ impl CudaLlm {
     }
 
     fn bind(&self, op: &'static str) -> Result<(), Refusal> {
-        self.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(op))
+        self.dev.bind_to_thread().map_err(|e| e.refusal(op))
     }
 
     fn refuse(op: &'static str, why: String) -> Refusal {

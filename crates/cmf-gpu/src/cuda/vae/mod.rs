@@ -350,9 +350,7 @@ impl CudaVae {
                 },
             ));
         }
-        dev.ctx
-            .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_LOAD))?;
+        dev.bind_to_thread().map_err(|e| e.refusal(OP_LOAD))?;
         let k = Kernels::load(&dev).map_err(|e| e.refusal(OP_LOAD))?;
         let blas = Blas::new(&dev).map_err(|e| e.refusal(OP_LOAD))?;
         let up = Uploader { dev: &dev, k: &k };
@@ -447,10 +445,7 @@ impl CudaVae {
         let plan =
             VaePlan::new(&self.geo, h, w, &self.opts).map_err(|s| shape_refusal(OP_PREPARE, s))?;
         let refusal = |e: DevError| e.refusal(OP_PREPARE);
-        self.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(|e| refusal(DevError(format!("binding the context: {e:?}"))))?;
+        self.dev.bind_to_thread().map_err(refusal)?;
         let t0 = std::time::Instant::now();
         self.ensure_workspace(&plan)?;
         let workspace_s = t0.elapsed().as_secs_f64();
@@ -532,9 +527,8 @@ impl CudaVae {
             ));
         }
         self.dev
-            .ctx
             .bind_to_thread()
-            .map_err(|e| DevError(format!("binding the context: {e:?}")).refusal(OP_DECODE))?;
+            .map_err(|e| e.refusal(OP_DECODE))?;
         let t0 = std::time::Instant::now();
         self.ensure_workspace(&plan)?;
         let workspace_s = t0.elapsed().as_secs_f64();
