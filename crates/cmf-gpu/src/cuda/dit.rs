@@ -1,10 +1,12 @@
 //! The Z-Image DiT resident on a CUDA device (the [`DitDevice`] contract).
 //!
 //! Weights: bf16 planes, dequantised on the device once at load (q8/q4/f16/f32 are uploaded in
-//! their codec and expanded there). Why not int8 with the row scale in the epilogue: a step is
-//! a few dozen GEMMs of ~4k rows — compute-bound, where bf16 tensor cores through cuBLAS run
-//! near peak, and int8 GEMMs would need the activations quantised per step (and the q8_2f
-//! column field folded in); the 12 GB of bf16 planes fit the card easily. Fused projections:
+//! their codec and expanded there); the 12 GB of bf16 planes fit the card easily. A step is a
+//! few dozen GEMMs of ~4k rows: compute-bound, where bf16 tensor cores through cuBLAS run near
+//! peak. The file's q8 codes are not used as GEMM operands as they are: their column field
+//! (q8_2f) would have to be folded into every activation row, and the 8-bit paths below
+//! requantise each plane per row from bf16 instead (one scale per output channel), which
+//! costs one pass at load. Fused projections:
 //! q|k|v is one `[3D, D]` plane, w1|w3 one `[2F, D]`, and every block's adaLN one
 //! `[blocks·4D, A]` plane (all modulations of a step in one GEMM).
 //!
@@ -22,12 +24,15 @@
 //! scales instead of bf16 (the int8 path's dit module is compiled for s8 rows), and so does the
 //! FP8 attention (`attn_full_ws8`, where it runs: see `attn8_request`) for an FP8 O GEMM;
 //! otherwise the attention's output is quantised by a pass of its own.
+//! On the int8 path the O, w1|w3 and w2 GEMMs leave their exact s32 sums, which the fused
+//! residual and SwiGLU scale as they read them (`GemmRows::S32`); only q|k|v, whose bf16 rows the
+//! attention reads, takes int8.rs's scaling pass.
 
 use super::blas::Blas;
 use super::device::{
     bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer,
 };
-use super::dit_rows::{self, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
+use super::dit_rows::{self, GemmRows, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
 use super::fp8::{Fp8Gemm, Fp8Out};
 use super::int8::Int8Gemm;
 use super::kernels::{
@@ -1070,6 +1075,10 @@ pub struct CudaDit {
     /// attn_full_ws makes Q from the q|k|v rows (`CMF_DIT_Q_ROWS=0`: qk_norm_rope writes it, as
     /// before; the bits are the same either way).
     q_from_rows: bool,
+    /// int8 path: the fused residual and SwiGLU read the O, w1|w3 and w2 GEMMs' s32 sums
+    /// (`CMF_DIT_INT8_SUMS=0`: each GEMM's sums go through int8.rs's scaling pass to bf16 rows
+    /// first, as before; an A/B switch).
+    int8_sums: bool,
     /// The activation buffers of the last prepared run, kept by `release` and taken again by
     /// the next `prepare` of the same row count (a warm image skips ~20 allocations).
     spare_work: Option<Work>,
@@ -1348,6 +1357,7 @@ impl CudaDit {
             x_bytes: if x_bf16 { 2 } else { 4 },
             no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
             q_from_rows: std::env::var("CMF_DIT_Q_ROWS").as_deref() != Ok("0"),
+            int8_sums: std::env::var("CMF_DIT_INT8_SUMS").as_deref() != Ok("0"),
             spare_work: None,
             blas,
             k,
@@ -1466,9 +1476,11 @@ impl CudaDit {
         })
     }
 
-    /// `out[r, 0..n) = a[r, 0..k) · Wᵀ` as bf16 rows, for block plane `w` (`n × k`), the
-    /// activation rows `a` where [`Work::gemm_input`] put them: in 8 bits from the plane's
-    /// 8-bit copy when it has one, else bf16 from `hb`.
+    /// `a[r, 0..k) · Wᵀ` for block plane `w` (`n × k`) and the activation rows `a` where
+    /// [`Work::gemm_input`] put them: in 8 bits from the plane's 8-bit copy when it has one,
+    /// else bf16 from `hb`. Returns where the rows are: bf16 rows `[r, n]` at `out`, or, on the
+    /// int8 path where `sums` allows (a consumer that reads them: swiglu, residual_norm), the
+    /// s32 sums in `work.acc` with their scales.
     fn block_gemm(
         &self,
         work: &Work,
@@ -1476,25 +1488,33 @@ impl CudaDit {
         (n, k): (usize, usize),
         r: usize,
         out: u64,
-    ) -> DResult<()> {
+        sums: bool,
+    ) -> DResult<GemmRows> {
         if let (Some((xq, xs)), Some(p)) = (work.q8_input(w), &w.q8) {
-            return match self
+            let g8 = self
                 .gemm8
                 .as_ref()
-                .expect("8-bit planes exist only with Gemm8")
-            {
+                .expect("8-bit planes exist only with Gemm8");
+            match g8 {
                 Gemm8::Fp8(g, fast) => {
                     let to = Fp8Out::Bf16(out);
-                    g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast)
+                    g.gemm(p.q.ptr(), p.s.ptr(), xq, xs, to, (n, r, k), n, *fast)?;
                 }
                 Gemm8::Int8(g) => {
                     let acc = work.acc.as_ref().expect("int8 work has its sums").ptr();
-                    g.gemm((p.q.ptr(), p.s.ptr()), (xq, xs), acc, out, (n, r, k), n)
+                    g.sums(p.q.ptr(), xq, acc, (n, r, k))?;
+                    if sums && self.int8_sums {
+                        let ws = p.s.ptr();
+                        return Ok(GemmRows::S32 { acc, xs, ws });
+                    }
+                    g.scale(acc, (n, r), xs, p.s.ptr(), out, n)?;
                 }
-            };
+            }
+        } else {
+            self.blas
+                .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)?;
         }
-        self.blas
-            .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)
+        Ok(GemmRows::Bf16(out))
     }
 
     /// q/k RMSNorm + RoPE of block `b`'s q|k|v rows: K (to f16, or e4m3 for the FP8 attention,
@@ -1640,13 +1660,13 @@ impl CudaDit {
         for (i, b) in blocks.iter().enumerate() {
             let m = mods[i];
             // x += gate · rmsnorm(o) · norm, then the next GEMM's pre-norm of x.
-            let residual = |norm: &DBuf, gate_slot: i32, next: Option<NextNorm>| {
-                let o = (w.o.ptr(), norm_w(m, norm));
+            let residual = |o: GemmRows, norm: &DBuf, gate_slot: i32, next: Option<NextNorm>| {
+                let o = (o, norm_w(m, norm));
                 dit_rows::residual_norm(&self.dev, &self.k.rows, &rows(m), o, gate_slot, next)
             };
             let t = self.prof_start()?;
             let qkv_out = w.qkv.ptr();
-            self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out)?;
+            self.block_gemm(w, &b.qkv, (3 * d, d), r, qkv_out, false)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             // Where V goes. The FP8 attention (attn8_prep) and attn_full_ws read it from the
@@ -1732,7 +1752,7 @@ impl CudaDit {
             if o_e4m3.is_none() {
                 self.quantize_attention(w, &b.out, d, r)?;
             }
-            self.block_gemm(w, &b.out, (d, d), r, w.o.ptr())?;
+            let attn_o = self.block_gemm(w, &b.out, (d, d), r, w.o.ptr(), true)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let ffn_norm = NextNorm {
@@ -1741,18 +1761,17 @@ impl CudaDit {
                 slot: 2,
                 out: w.gemm_input(&b.w13),
             };
-            residual(&b.n2, 1, Some(ffn_norm))?;
+            residual(attn_o, &b.n2, 1, Some(ffn_norm))?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            let g_out = w.g.ptr();
-            self.block_gemm(w, &b.w13, (2 * f, d), r, g_out)?;
+            let gu = self.block_gemm(w, &b.w13, (2 * f, d), r, w.g.ptr(), true)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let out = w.gemm_input(&b.w2);
-            dit_rows::swiglu(&self.dev, &self.k.rows, w.g.ptr(), r, f, out)?;
+            dit_rows::swiglu(&self.dev, &self.k.rows, gu, r, f, out)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
-            self.block_gemm(w, &b.w2, (d, f), r, w.o.ptr())?;
+            let ffn_o = self.block_gemm(w, &b.w2, (d, f), r, w.o.ptr(), true)?;
             self.prof_stop(t, GEMM)?;
             let t = self.prof_start()?;
             let next = blocks.get(i + 1).map(|nb| NextNorm {
@@ -1761,7 +1780,7 @@ impl CudaDit {
                 slot: 0,
                 out: w.gemm_input(&nb.qkv),
             });
-            residual(&b.f2, 3, next)?;
+            residual(ffn_o, &b.f2, 3, next)?;
             self.prof_stop(t, ROWS)?;
         }
         Ok(())

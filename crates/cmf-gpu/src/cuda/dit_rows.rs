@@ -80,6 +80,36 @@ impl RowOut {
     }
 }
 
+/// Where a block GEMM left the rows residual_norm or swiglu reads (kernels/dit.cu `GemmRow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmRows {
+    /// bf16 rows.
+    Bf16(u64),
+    /// The int8 path's s32 sums (`Int8Gemm::sums`), with one f32 scale per activation row `xs`
+    /// and per weight row (output column) `ws`: the kernel applies them as it reads.
+    S32 { acc: u64, xs: u64, ws: u64 },
+}
+
+impl GemmRows {
+    /// The kernels' `rows, acc, xs, ws` arguments (rows null: sums).
+    fn args(self) -> [Arg; 4] {
+        match self {
+            GemmRows::Bf16(b) => [Arg::Ptr(b), Arg::Ptr(0), Arg::Ptr(0), Arg::Ptr(0)],
+            GemmRows::S32 { acc, xs, ws } => {
+                [Arg::Ptr(0), Arg::Ptr(acc), Arg::Ptr(xs), Arg::Ptr(ws)]
+            }
+        }
+    }
+
+    /// The pointers a 16-byte access reads through (for the register form's alignment test).
+    fn ptrs(self) -> [u64; 2] {
+        match self {
+            GemmRows::Bf16(b) => [b, 0],
+            GemmRows::S32 { acc, ws, .. } => [acc, ws],
+        }
+    }
+}
+
 /// Lets `f` use `bytes` of dynamic shared memory where that exceeds the 48 KiB default (a
 /// stash of more than 12288 values).
 pub fn allow_row_smem(f: &Func, bytes: usize) -> DResult<()> {
@@ -207,7 +237,7 @@ pub fn residual_norm(
     dev: &Dev,
     k: &RowKernels,
     n: &NormRows,
-    (o, w): (u64, u64),
+    (o, w): (GemmRows, u64),
     gate_slot: i32,
     next: Option<NextNorm>,
 ) -> DResult<()> {
@@ -216,6 +246,7 @@ pub fn residual_norm(
         None => (0, 0, 0, RowOut::Bf16(0)),
     };
     let [ob, oq, os] = out.args();
+    let [o_rows, o_acc, o_xs, o_ws] = o.args();
     dev.launch(
         &k.residual_norm,
         (n.rows as u32, 1, 1),
@@ -224,7 +255,10 @@ pub fn residual_norm(
         (n.d * 4) as u32,
         &[
             Arg::Ptr(n.x),
-            Arg::Ptr(o),
+            o_rows,
+            o_acc,
+            o_xs,
+            o_ws,
             Arg::Ptr(w),
             Arg::F32(n.eps),
             Arg::I32(n.d as i32),
@@ -242,17 +276,19 @@ pub fn residual_norm(
     )
 }
 
-/// `out[r] = silu(gu[r, ..ffn]) · gu[r, ffn..]` for `rows` rows of `gu [rows, 2·ffn]` bf16.
+/// `out[r] = silu(gu[r, ..ffn]) · gu[r, ffn..]` for `rows` rows of `gu [rows, 2·ffn]`.
 pub fn swiglu(
     dev: &Dev,
     k: &RowKernels,
-    gu: u64,
+    gu: GemmRows,
     rows: usize,
     ffn: usize,
     out: RowOut,
 ) -> DResult<()> {
     let [ob, oq, os] = out.args();
-    let (f, threads, smem) = match k.swiglu_reg(ffn, &[gu, out.ptr()]) {
+    let [gb, acc, xs, ws] = gu.args();
+    let [p0, p1] = gu.ptrs();
+    let (f, threads, smem) = match k.swiglu_reg(ffn, &[p0, p1, out.ptr()]) {
         Some((f, t)) => (f, t, 0),
         None => (
             &k.swiglu,
@@ -265,7 +301,7 @@ pub fn swiglu(
         (rows as u32, 1, 1),
         (threads, 1, 1),
         smem as u32,
-        &[Arg::Ptr(gu), Arg::I32(ffn as i32), ob, oq, os],
+        &[gb, acc, xs, ws, Arg::I32(ffn as i32), ob, oq, os],
     )
 }
 
@@ -295,6 +331,28 @@ pub enum RowEnc {
 pub enum RowsBack {
     Bf16(Vec<f32>),
     Row8 { q: Vec<u8>, scale: Vec<f32> },
+}
+
+/// A GEMM output a test hook uploads for residual_norm or swiglu: bf16 rows (bits), or s32
+/// sums with their activation-row and weight-row scales ([`GemmRows::S32`]).
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub enum GemmIn<'a> {
+    Bf16(&'a [u16]),
+    S32 {
+        acc: &'a [i32],
+        xs: &'a [f32],
+        ws: &'a [f32],
+    },
+}
+
+impl GemmIn<'_> {
+    fn len(&self) -> usize {
+        match self {
+            GemmIn::Bf16(v) => v.len(),
+            GemmIn::S32 { acc, .. } => acc.len(),
+        }
+    }
 }
 
 /// Inputs of the norm kernels' test hooks: `x [rows, d]`, modulation slots `mods [items, 4,
@@ -342,6 +400,17 @@ impl<'d> Hook<'d> {
         let p = b.ptr();
         self.keep.push(b);
         Ok(p)
+    }
+
+    fn gemm_rows(&mut self, g: &GemmIn) -> DResult<GemmRows> {
+        Ok(match g {
+            GemmIn::Bf16(v) => GemmRows::Bf16(self.up(v)?),
+            GemmIn::S32 { acc, xs, ws } => GemmRows::S32 {
+                acc: self.up(acc)?,
+                xs: self.up(xs)?,
+                ws: self.up(ws)?,
+            },
+        })
     }
 
     fn poisoned(&mut self, bytes: usize) -> DResult<u64> {
@@ -441,22 +510,26 @@ pub fn rms_mod_for_test(
     h.back(out, n.rows, n.d)
 }
 
-/// Test hook: `residual_norm` on `c` with `o` (rounded to bf16, as the GEMMs write it), norm
-/// weight `w` and gate slot `gate_slot`, then the pre-norm `next_w` with the scale of slot
+/// Test hook: `residual_norm` on `c` with the GEMM output `o`, norm weight `w` and gate slot
+/// `gate_slot`, then the pre-norm `next_w` with the scale of slot
 /// `next_slot` (same modulation). Returns the updated `x` and the next GEMM's input.
 #[doc(hidden)]
 pub fn residual_norm_for_test(
     dev: &Dev,
     c: &NormCase,
-    (o, w): (&[f32], &[f32]),
+    (o, w): (GemmIn, &[f32]),
     gate_slot: i32,
     (next_w, next_slot): (&[f32], i32),
     enc: RowEnc,
 ) -> DResult<(Vec<f32>, RowsBack)> {
     let mut h = Hook::new(dev, c.x_bf16, RowForm::Shared, enc)?;
     let n = h.norm_rows(c)?;
-    let o_bf16: Vec<u16> = o.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
-    let (op, wp, nwp) = (h.up(&o_bf16)?, h.up(w)?, h.up(next_w)?);
+    if o.len() != c.x.len() {
+        return Err(DevError(
+            "residual_norm_for_test: o is not [rows, d]".into(),
+        ));
+    }
+    let (op, wp, nwp) = (h.gemm_rows(&o)?, h.up(w)?, h.up(next_w)?);
     let out = h.out(n.rows, n.d, enc)?;
     h.k.allow_rows(n.d, 0)?;
     let next = NextNorm {
@@ -476,11 +549,11 @@ pub fn residual_norm_for_test(
     Ok((x, h.back(out, n.rows, n.d)?))
 }
 
-/// Test hook: `swiglu` on `gu [rows, 2·ffn]` (bf16 bits).
+/// Test hook: `swiglu` on the GEMM output `gu [rows, 2·ffn]`.
 #[doc(hidden)]
 pub fn swiglu_for_test(
     dev: &Dev,
-    gu: &[u16],
+    gu: GemmIn,
     ffn: usize,
     enc: RowEnc,
     form: RowForm,
@@ -490,7 +563,7 @@ pub fn swiglu_for_test(
         return Err(DevError("swiglu_for_test: gu is not [rows, 2·ffn]".into()));
     }
     let mut h = Hook::new(dev, false, form, enc)?;
-    let (g, out) = (h.up(gu)?, h.out(rows, ffn, enc)?);
+    let (g, out) = (h.gemm_rows(&gu)?, h.out(rows, ffn, enc)?);
     h.k.allow_rows(0, ffn)?;
     swiglu(dev, &h.k, g, rows, ffn, out)?;
     h.back(out, rows, ffn)

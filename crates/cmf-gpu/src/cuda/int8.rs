@@ -1,13 +1,15 @@
 //! int8 GEMMs for the DiT's int8 path (`--dit-precision int8`): rows quantised to s8 with one
 //! f32 scale per row (`quant_rows_s8`, kernels/int8.cu: amax / 127), cuBLASLt's s8 × s8 GEMM
 //! with exact s32 sums (`lt.rs`, `LtIn::I8`), and those sums scaled to bf16 rows
-//! (`dequant_s32_bf16`): `out[m, n] = xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]`.
+//! (`dequant_s32_bf16`): `out[m, n] = xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]`. The DiT's swiglu
+//! and residual_norm read the sums and scales themselves (`Int8Gemm::sums`), so only the q|k|v
+//! GEMM, whose bf16 rows the attention reads, takes the scaling pass.
 //!
 //! Why int8 beside FP8: at the DiT's shapes on the H200 cuBLASLt's s8 GEMM runs as fast as the
 //! e4m3 one with fast accumulation (1212–1477 against 1174–1442 TOP/s), and per-row s8 keeps
 //! ~7 significant bits where e4m3 keeps 4: the GEMM's error against bf16 is 5.8e-3 against
-//! 3.6e-2 (`cmf-fp8-probe`, BENCH.md nineteenth run). cuBLASLt writes s32, so each GEMM here
-//! adds a pass that reads 4 bytes and writes 2 per output value.
+//! 3.6e-2 (`cmf-fp8-probe`, BENCH.md nineteenth run). cuBLASLt writes s32 (its IMMA kernels
+//! take no bf16 output), so the scales are applied after the GEMM.
 
 use super::device::{Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, INT8};
@@ -76,7 +78,7 @@ impl Int8Gemm {
 
     /// `out[m, n]` (bf16, row stride `ldc`) `= xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]` for s8
     /// rows `w` (`n × k`) and `x` (`m × k`) with their row scales; `acc` holds the `m × n` s32
-    /// sums in between (`4 · m · n` bytes).
+    /// sums in between (`4 · m · n` bytes): [`Int8Gemm::sums`], then [`Int8Gemm::scale`].
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &self,
@@ -87,11 +89,14 @@ impl Int8Gemm {
         (n, m, k): (usize, usize, usize),
         ldc: usize,
     ) -> DResult<()> {
-        if n % 4 != 0 || ldc % 4 != 0 || m > 65535 {
-            return Err(DevError(format!(
-                "int8 GEMM: n {n}, ldc {ldc} (multiples of 4), m {m} (at most 65535)"
-            )));
-        }
+        self.sums(w, x, acc, (n, m, k))?;
+        self.scale(acc, (n, m), xs, ws, out, ldc)
+    }
+
+    /// `acc[m, n] = Σ_k x[m, k] · w[n, k]` (s32, row stride n) for s8 rows `w` (`n × k`) and
+    /// `x` (`m × k`): the GEMM alone, for a consumer that applies the scales itself (the DiT's
+    /// swiglu and residual_norm, kernels/dit.cu `GemmRow`).
+    pub fn sums(&self, w: u64, x: u64, acc: u64, (n, m, k): (usize, usize, usize)) -> DResult<()> {
         self.lt.gemm(&LtCall {
             w,
             x,
@@ -99,7 +104,25 @@ impl Int8Gemm {
             out: LtOut::I32(acc),
             nmk: (n, m, k),
             ldc: n,
-        })?;
+        })
+    }
+
+    /// `out[r, c] = bf16(acc[r, c] · xs[r] · ws[c])` for `m` rows of `n` sums (row stride n),
+    /// `out` with row stride `ldc`.
+    pub fn scale(
+        &self,
+        acc: u64,
+        (n, m): (usize, usize),
+        xs: u64,
+        ws: u64,
+        out: u64,
+        ldc: usize,
+    ) -> DResult<()> {
+        if n % 4 != 0 || ldc % 4 != 0 || m > 65535 {
+            return Err(DevError(format!(
+                "int8 GEMM: n {n}, ldc {ldc} (multiples of 4), m {m} (at most 65535)"
+            )));
+        }
         self.dev.launch(
             &self.dequant,
             (n.div_ceil(1024) as u32, m as u32, 1),

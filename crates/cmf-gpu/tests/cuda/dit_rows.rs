@@ -14,6 +14,10 @@
 //! scale within 1e-6 relative of amax/127, and q·scale within half a step (scale / 2) of the
 //! reference plus 2e-6·|ref| + 1e-6 of amax for the f32 evaluation, no byte -128.
 //!
+//! residual_norm and swiglu read their GEMM's output as bf16 rows and, as on the int8 path, as
+//! s32 sums with a scale per row and per column (`GemmRows::S32`); the references take the
+//! values those make (sum · xs · ws, in f64).
+//!
 //! The norm kernels run with the residual stream in f32 and in bf16 (`X_BF16`): with bf16 the
 //! inputs are rounded to bf16 first (the reference sees them), the updated residual must be the
 //! reference rounded once (within one bf16 step), and the pre-norm that follows reads the
@@ -21,7 +25,7 @@
 
 use super::{backend, rel_err, Rng};
 use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::dit_rows::{self, NormCase, RowEnc, RowForm, RowsBack};
+use cmf_gpu::cuda::dit_rows::{self, GemmIn, NormCase, RowEnc, RowForm, RowsBack};
 use cmf_gpu::cuda::fp8::e4m3_to_f32;
 
 const ROWS: usize = 37;
@@ -50,6 +54,52 @@ fn rows_of(rng: &mut Rng, rows: usize, n: usize) -> Vec<f32> {
         x[r * n + r * 7 % n] *= 20.0;
     }
     x
+}
+
+/// A GEMM output `vals [rows, n]` as the int8 path leaves it: s32 sums with one scale per row
+/// (2⁻¹⁰ · (1 + r % 3)) and per column (2⁻¹⁰ · (0.5 + c % 7 / 7)), the sums rounded so that
+/// sum · xs · ws comes near `vals`; and the values they stand for (f64 products rounded to f32).
+struct Sums {
+    acc: Vec<i32>,
+    xs: Vec<f32>,
+    ws: Vec<f32>,
+    vals: Vec<f32>,
+}
+
+fn sums_of(vals: &[f32], n: usize) -> Sums {
+    let rows = vals.len() / n;
+    let xs: Vec<f32> = (0..rows).map(|r| (1 + r % 3) as f32 / 1024.0).collect();
+    let ws: Vec<f32> = (0..n)
+        .map(|c| (0.5 + (c % 7) as f32 / 7.0) / 1024.0)
+        .collect();
+    let scale = |i: usize| xs[i / n] as f64 * ws[i % n] as f64;
+    let acc: Vec<i32> = vals
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v as f64 / scale(i)).round() as i32)
+        .collect();
+    let vals = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| (a as f64 * scale(i)) as f32)
+        .collect();
+    Sums { acc, xs, ws, vals }
+}
+
+impl Sums {
+    fn gemm_in(&self) -> GemmIn<'_> {
+        GemmIn::S32 {
+            acc: &self.acc,
+            xs: &self.xs,
+            ws: &self.ws,
+        }
+    }
+}
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter()
+        .map(|&a| half::bf16::from_f32(a).to_bits())
+        .collect()
 }
 
 /// A norm weight around 1.
@@ -247,44 +297,63 @@ fn dit_residual_norm_matches_reference() {
     for (d, x_bf16) in NORM_CASES {
         let mut rng = Rng::new(100 + d as u64);
         let x = residual_rows(&mut rng, d, x_bf16);
-        // o as the GEMMs write it (bf16), so the reference sees the kernel's very inputs.
-        let o: Vec<f32> = rows_of(&mut rng, ROWS, d)
+        // o as the GEMMs write it (bf16, or s32 sums), so the reference sees the kernel's very
+        // inputs.
+        let o_raw = rows_of(&mut rng, ROWS, d);
+        let o_bits = bf16_bits(&o_raw);
+        let o_bf16: Vec<f32> = o_bits
             .iter()
-            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .map(|&b| half::bf16::from_bits(b).to_f32())
             .collect();
+        let o_sums = sums_of(&o_raw, d);
         let (w, nw) = (norm_weight(&mut rng, d), norm_weight(&mut rng, d));
         // Gate slots around ±2 (tanh far from linear), scale slots within ±0.5.
         let mods: Vec<f32> = (0..2 * 4 * d)
             .map(|i| rng.uniform() * if i / d % 2 == 1 { 2.0 } else { 0.5 })
             .collect();
         let items: Vec<usize> = (0..ROWS).map(|r| r % 2).collect();
+        let inputs = [
+            ("bf16", GemmIn::Bf16(&o_bits), &o_bf16),
+            ("s32", o_sums.gemm_in(), &o_sums.vals),
+        ];
         for modulated in [true, false] {
-            let c = case(&x, x_bf16, d, if modulated { &mods } else { &[] }, &items);
-            let (want_x, want) = residual_norm_ref(&c, (&o, &w), 3, (&nw, 0));
-            for enc in formats(dev) {
-                let (got_x, got) =
-                    dit_rows::residual_norm_for_test(dev, &c, (&o, &w), 3, (&nw, 0), enc).unwrap();
-                let label = format!("residual_norm d {d} modulated {modulated} x bf16 {x_bf16}");
-                if x_bf16 {
-                    // One rounding of the f32 update: within one bf16 step of the reference
-                    // (2⁻⁷·|ref|), since the f32 evaluation's error, a few ulps of the operands
-                    // x and the update (2e-6 of their sizes: cancellation makes it large next to
-                    // a small sum), can carry the value across a rounding midpoint.
-                    for (i, (&a, &b)) in got_x.iter().zip(&want_x).enumerate() {
-                        let xi = x[i] as f64;
-                        let tol =
-                            b.abs() * 2f64.powi(-7) + (xi.abs() + (b - xi).abs()) * 2e-6 + 1e-30;
-                        assert!(
-                            (a as f64 - b).abs() <= tol,
-                            "{label}: x[{i}] = {a}, want {b}"
-                        );
+            for (input, o_in, o) in &inputs {
+                let c = case(&x, x_bf16, d, if modulated { &mods } else { &[] }, &items);
+                let (want_x, want) = residual_norm_ref(&c, (o, &w), 3, (&nw, 0));
+                // bf16 rows into every output format; s32 sums (the int8 path) into bf16 and
+                // s8 rows.
+                for enc in formats(dev) {
+                    if *input == "s32" && enc == RowEnc::E4m3 {
+                        continue;
                     }
-                } else {
-                    let want_x32: Vec<f32> = want_x.iter().map(|&a| a as f32).collect();
-                    let err = rel_err(&got_x, &want_x32);
-                    assert!(err < 2e-6, "{label}: residual rel err {err}");
+                    let (got_x, got) =
+                        dit_rows::residual_norm_for_test(dev, &c, (*o_in, &w), 3, (&nw, 0), enc)
+                            .unwrap();
+                    let label = format!(
+                        "residual_norm d {d} modulated {modulated} x bf16 {x_bf16} o {input}"
+                    );
+                    if x_bf16 {
+                        // One rounding of the f32 update: within one bf16 step of the reference
+                        // (2⁻⁷·|ref|), since the f32 evaluation's error, a few ulps of the operands
+                        // x and the update (2e-6 of their sizes: cancellation makes it large next to
+                        // a small sum), can carry the value across a rounding midpoint.
+                        for (i, (&a, &b)) in got_x.iter().zip(&want_x).enumerate() {
+                            let xi = x[i] as f64;
+                            let tol = b.abs() * 2f64.powi(-7)
+                                + (xi.abs() + (b - xi).abs()) * 2e-6
+                                + 1e-30;
+                            assert!(
+                                (a as f64 - b).abs() <= tol,
+                                "{label}: x[{i}] = {a}, want {b}"
+                            );
+                        }
+                    } else {
+                        let want_x32: Vec<f32> = want_x.iter().map(|&a| a as f32).collect();
+                        let err = rel_err(&got_x, &want_x32);
+                        assert!(err < 2e-6, "{label}: residual rel err {err}");
+                    }
+                    check(&label, enc, &got, &want, d);
                 }
-                check(&label, enc, &got, &want, d);
             }
         }
     }
@@ -300,22 +369,45 @@ fn dit_swiglu_matches_reference() {
     for f in [10240usize, 341, 128, 2056] {
         let mut rng = Rng::new(200 + f as u64);
         // Each row [g | u]: rows_of over 2F values gives both halves the row's scale.
-        let gu: Vec<u16> = rows_of(&mut rng, ROWS, 2 * f)
+        let raw = rows_of(&mut rng, ROWS, 2 * f);
+        let gu = bf16_bits(&raw);
+        let sums = sums_of(&raw, 2 * f);
+        let bf16_vals: Vec<f32> = gu
             .iter()
-            .map(|&a| half::bf16::from_f32(a).to_bits())
+            .map(|&b| half::bf16::from_bits(b).to_f32())
             .collect();
-        let v = |i: usize| half::bf16::from_bits(gu[i]).to_f64();
-        let want: Vec<f64> = (0..ROWS * f)
-            .map(|k| {
-                let (r, i) = (k / f, k % f);
-                let (g, u) = (v(r * 2 * f + i), v(r * 2 * f + f + i));
-                g / (1.0 + (-g).exp()) * u
-            })
-            .collect();
-        for enc in formats(dev) {
+        let want_of = |v: &[f32]| -> Vec<f64> {
+            (0..ROWS * f)
+                .map(|k| {
+                    let (r, i) = (k / f, k % f);
+                    let (g, u) = (v[r * 2 * f + i] as f64, v[r * 2 * f + f + i] as f64);
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect()
+        };
+        let (want_b, want_s) = (want_of(&bf16_vals), want_of(&sums.vals));
+        // bf16 rows in every output format; s32 sums into bf16 and s8 rows (the int8 path).
+        let cases = formats(dev)
+            .into_iter()
+            .map(|e| (false, e))
+            .chain([RowEnc::Bf16, RowEnc::S8].map(|e| (true, e)));
+        for (from_sums, enc) in cases {
+            let want = if from_sums { &want_s } else { &want_b };
+            let input = if from_sums { "s32" } else { "bf16" };
             let [shared, regs] = [RowForm::Shared, RowForm::Registers].map(|form| {
-                let got = dit_rows::swiglu_for_test(dev, &gu, f, enc, form).unwrap();
-                check(&format!("swiglu {form:?} F {f}"), enc, &got, &want, f);
+                let gu_in = if from_sums {
+                    sums.gemm_in()
+                } else {
+                    GemmIn::Bf16(&gu)
+                };
+                let got = dit_rows::swiglu_for_test(dev, gu_in, f, enc, form).unwrap();
+                check(
+                    &format!("swiglu {form:?} F {f} gu {input}"),
+                    enc,
+                    &got,
+                    want,
+                    f,
+                );
                 got
             });
             // The two forms compute each value the same way: the same bits.
@@ -329,7 +421,7 @@ fn dit_swiglu_matches_reference() {
             };
             assert!(
                 bits(&shared) == bits(&regs),
-                "swiglu F {f} {enc:?}: the register form's bits differ from the shared one's"
+                "swiglu F {f} {enc:?} gu {input}: the register form's bits differ from the shared one's"
             );
         }
     }

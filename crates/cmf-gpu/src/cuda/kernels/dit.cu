@@ -98,6 +98,46 @@ __device__ __forceinline__ float row_sumsq(const T* x, int n, float* red) {
     return block_sum(ss, red);
 }
 
+// One row of a block GEMM's output as residual_norm and swiglu read it: bf16 values b, or, on
+// the int8 path (b null), the GEMM's exact s32 sums acc scaled by the row's activation scale xs
+// and each column's weight scale ws (cuda/int8.rs: the scaling pass those kernels then skip, its
+// values exactly: (sum · xs) · ws in f32, without the bf16 rounding). The scale is read when the
+// row is set up, before any barrier: the kernel may overwrite it with its own output's scale
+// (the same row of the same buffer) after one.
+struct GemmRow {
+    const u16* b;
+    const int* acc;
+    const float* ws;
+    float xs;
+};
+// Row r of a GEMM's [R, n] output (row stride n): bf16 at b, else sums at acc.
+__device__ __forceinline__ GemmRow gemm_row(const u16* b, const int* acc, const float* xs, const float* ws,
+                                            long long r, long long n) {
+    GemmRow g;
+    g.b = b ? b + r * n : nullptr;
+    g.acc = b ? nullptr : acc + r * n;
+    g.ws = ws;
+    g.xs = b ? 1.f : xs[r];
+    return g;
+}
+// V values of the row from column i.
+template <int V>
+__device__ __forceinline__ Vf<V> ld_gemm(const GemmRow& o, int i) {
+    if (o.b) return ld_bf16<V>(o.b + i);
+    Vf<V> a;
+    if constexpr (V == 4) {
+        const int4 q = *(const int4*)(o.acc + i);
+        const float4 w = *(const float4*)(o.ws + i);
+        a.v[0] = (float)q.x * o.xs * w.x, a.v[1] = (float)q.y * o.xs * w.y;
+        a.v[2] = (float)q.z * o.xs * w.z, a.v[3] = (float)q.w * o.xs * w.w;
+    } else {
+        a.v[0] = (float)o.acc[i] * o.xs * o.ws[i];
+    }
+    return a;
+}
+// The alignment bits of a GemmRow for row_vec4 (s32 and f32 groups of 4 are 16 bytes).
+__device__ __forceinline__ u64 gemm_bits(const GemmRow& o) { return 2 * (u64)o.b | (u64)o.acc | (u64)o.ws; }
+
 // Group g of a row being normalised: v · inv · w[group] (w null: folded into the modulation,
 // v · inv).
 template <int V>
@@ -153,13 +193,19 @@ extern "C" __global__ void rms_mod(const xt* x, const float* w, float eps, int D
 // One row of residual_norm: xr, orow, the norm weights w and next_w, the gate g and scale sc (each
 // null: none), outputs at the row (null: no next pre-norm).
 template <int V>
-__device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const float* w, float eps, int D,
+__device__ __forceinline__ void residual_norm_row(xt* xr, const GemmRow& orow, const float* w, float eps, int D,
                                                   const float* g, const float* next_w, const float* sc, u16* out_b,
                                                   u8* out_q, float* out_s, float* red, float* row) {
-    const float inv = rsqrtf(row_sumsq<V>(orow, D, red) / (float)D + eps);
+    float ss = 0.f;
+    for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
+        const Vf<V> a = ld_gemm<V>(orow, V * k);
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += a.v[j] * a.v[j];
+    }
+    const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
     float ss2 = 0.f;
     for (int k = threadIdx.x; k < D / V; k += blockDim.x) {
-        const Vf<V> o = ld_bf16<V>(orow + V * k);
+        const Vf<V> o = ld_gemm<V>(orow, V * k);
         Vf<V> nx = ld_vals<V>(xr + V * k);
         Vf<V> wv, gv;
         if (w) wv = ld_f32<V>(w + V * k);
@@ -192,10 +238,12 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const u16* orow, const
 }
 
 // x[r] += tanh(gate[item]) · rmsnorm(o[r]) · w   (gate = 1 when mod = 0; o is the bf16 output of
-// the O or w2 GEMM: half the bytes of f32 to write and read back), then, when out_b or out_q:
+// the O or w2 GEMM: half the bytes of f32 to write and read back; or, o null, its s32 sums o_acc
+// with scales o_xs, o_ws: GemmRow), then, when out_b or out_q:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
-extern "C" __global__ void residual_norm(xt* x, const u16* o, const float* w, float eps, int D, const float* mod,
+extern "C" __global__ void residual_norm(xt* x, const u16* o, const int* o_acc, const float* o_xs, const float* o_ws,
+                                         const float* w, float eps, int D, const float* mod,
                                          int gate_slot, const float* next_w, const float* next_mod, int next_slot,
                                          long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
     __shared__ float red[32];
@@ -203,13 +251,13 @@ extern "C" __global__ void residual_norm(xt* x, const u16* o, const float* w, fl
     const long long r = blockIdx.x;
     const int item = map[r * MAPW];
     xt* xr = x + r * D;
-    const u16* orow = o + r * D;
+    const GemmRow orow = gemm_row(o, o_acc, o_xs, o_ws, r, D);
     const float* g = mod ? mod + item * mod_stride + (long long)gate_slot * D : nullptr;
     const float* sc = next_mod ? next_mod + item * mod_stride + (long long)next_slot * D : nullptr;
     u16* ob = out_b ? out_b + r * D : nullptr;
     u8* oq = out_q ? out_q + r * D : nullptr;
     float* os = out_q ? out_s + r : nullptr;
-    const u64 bits = X_ALIGN * (u64)xr | 2 * (u64)orow | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
+    const u64 bits = X_ALIGN * (u64)xr | gemm_bits(orow) | (u64)w | (u64)g | (u64)next_w | (u64)sc | 2 * (u64)ob | 4 * (u64)oq;
     if (row_vec4(D, bits))
         residual_norm_row<4>(xr, orow, w, eps, D, g, next_w, sc, ob, oq, os, red, rowsm);
     else
@@ -491,11 +539,11 @@ __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.f +
 
 // One row of swiglu: gr the row of gu, outputs at the row.
 template <int V>
-__device__ __forceinline__ void swiglu_row(const u16* gr, int F, u16* out_b, u8* out_q, float* out_s, float* red,
+__device__ __forceinline__ void swiglu_row(const GemmRow& gr, int F, u16* out_b, u8* out_q, float* out_s, float* red,
                                            float* stash) {
     float amax = 0.f;
     for (int k = threadIdx.x; k < F / V; k += blockDim.x) {
-        const Vf<V> a = ld_bf16<V>(gr + V * k), b = ld_bf16<V>(gr + F + V * k);
+        const Vf<V> a = ld_gemm<V>(gr, V * k), b = ld_gemm<V>(gr, F + V * k);
         Vf<V> y;
 #pragma unroll
         for (int j = 0; j < V; j++) y.v[j] = silu_fast(a.v[j]) * b.v[j];
@@ -504,18 +552,19 @@ __device__ __forceinline__ void swiglu_row(const u16* gr, int F, u16* out_b, u8*
     if (out_q) emit_row8<V>(stash, F, amax, red, out_q, out_s);
 }
 
-// gu [R, 2F] bf16 (w1 | w3 per row) → out[r, i] = silu(gu[r, i]) · gu[r, F + i], bf16 or e4m3.
-// R blocks (one per row: an e4m3 row needs its amax). Dynamic smem: the e4m3 stash (F floats)
-// when out_q.
-extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
+// gu [R, 2F] bf16 (w1 | w3 per row; or, gu null, its s32 sums acc with scales xs, ws: GemmRow)
+// → out[r, i] = silu(gu[r, i]) · gu[r, F + i], bf16 or 8-bit. R blocks (one per row: an 8-bit
+// row needs its amax). Dynamic smem: the 8-bit stash (F floats) when out_q.
+extern "C" __global__ void swiglu(const u16* gu, const int* acc, const float* xs, const float* ws, int F, u16* out_b,
+                                  u8* out_q, float* out_s) {
     __shared__ float red[32];
     extern __shared__ __align__(16) float rowsm[];
     const long long r = blockIdx.x;
-    const u16* gr = gu + r * 2 * F;
+    const GemmRow gr = gemm_row(gu, acc, xs, ws, r, 2 * F);
     u16* ob = out_b ? out_b + r * F : nullptr;
     u8* oq = out_q ? out_q + r * F : nullptr;
     float* os = out_q ? out_s + r : nullptr;
-    if (row_vec4(F, 2 * ((u64)gr | (u64)ob) | 4 * (u64)oq))
+    if (row_vec4(F, gemm_bits(gr) | 2 * (u64)ob | 4 * (u64)oq))
         swiglu_row<4>(gr, F, ob, oq, os, red, rowsm);
     else
         swiglu_row<1>(gr, F, ob, oq, os, red, rowsm);
@@ -524,10 +573,11 @@ extern "C" __global__ void swiglu(const u16* gu, int F, u16* out_b, u8* out_q, f
 // ---- swiglu_r8 / swiglu_r16: swiglu with the row in registers ----
 // swiglu's contract for rows whose width F is a multiple of P (8 or 16) with F / P ≤ 1024 and
 // 16-byte aligned pointers (cuda/dit_rows.rs picks them then; the full-size F = 10240 takes 640
-// threads of 16): one block per row of F / P threads rounded up to whole warps, thread t holding
-// values [P·t, P·t + P) from its two 16-byte loads to its stores; an e4m3 row needs no stash and
-// one reduction of one barrier. The values and bytes are swiglu's. Measured (H200, session 16,
-// ncu at 4128 rows): 63 → 50 µs with e4m3 output, 60–61 → 59 with bf16. The same treatment of
+// threads of 16): one block per row of F / P threads rounded up to whole warps, each thread holding
+// its P values (groups strided across the warp: swiglu_rr_groups) from its loads to its stores; an
+// 8-bit row needs no stash and one reduction of one barrier. The values and bytes are swiglu's.
+// Measured (H200, session 16, ncu at 4128 rows): 63 → 50 µs with e4m3 output, 60–61 → 59 with
+// bf16; session 20 (the strided groups and the register cap below): 106 → 58 and 90 → 59. The same treatment of
 // rms_mod and residual_norm measured no faster (45 against 44 µs bf16, 52 against 48 e4m3: they
 // move as many bytes written as read, and at ~3 TB/s that mix is their bound), so they keep their
 // shared-memory form (bench/results/2026-12-02-h200-session16).
@@ -549,38 +599,101 @@ __device__ __forceinline__ void st_row_row8(u8* p, const float* v, float inv) {
     for (int i = 0; i < P / 8; i++) *(uint2*)(p + 8 * i) = make_uint2(pack_row8x4(v + 8 * i, inv), pack_row8x4(v + 8 * i + 4, inv));
 }
 
-template <int P>
-__device__ __forceinline__ void swiglu_rr(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
-    __shared__ float red[32];
-    const long long r = blockIdx.x;
-    const int c = threadIdx.x * P;
-    const bool on = c < F;
-    float a[P], b[P], amax = 0.f;
-    if (on) {
-        ld_row<P>(gu + r * 2 * F + c, a);
-        ld_row<P>(gu + r * 2 * F + F + c, b);
+// G values of a GemmRow from column c (one 16-byte load: G = 8 bf16, or 4 s32 sums with their
+// 4 column scales) as f32.
+template <int G>
+__device__ __forceinline__ void ld_gemm_group(const GemmRow& g, int c, float* v) {
+    if constexpr (G == 8) {
+        ld_row<8>(g.b + c, v);
+    } else {
+        const Vf<4> a = ld_gemm<4>(g, c);
 #pragma unroll
-        for (int j = 0; j < P; j++) {
-            a[j] = silu_fast(a[j]) * b[j];
-            amax = fmaxf(amax, fabsf(a[j]));
+        for (int j = 0; j < 4; j++) v[j] = a.v[j];
+    }
+}
+// G values (8 or 4) as bf16 or row8 bytes (· inv) at p.
+template <int G>
+__device__ __forceinline__ void st_group(u16* p, const float* v) {
+    if constexpr (G == 8) {
+        st_row<8>(p, v);
+    } else {
+        Vf<4> a;
+#pragma unroll
+        for (int j = 0; j < 4; j++) a.v[j] = v[j];
+        st_bf16<4>(p, a);
+    }
+}
+template <int G>
+__device__ __forceinline__ void st_group_row8(u8* p, const float* v, float inv) {
+    if constexpr (G == 8) st_row_row8<8>(p, v, inv);
+    else *(u32*)p = pack_row8x4(v, inv);
+}
+
+// swiglu_rr's body for groups of G values: thread t's group i at column G·(t + i·blockDim.x),
+// so that each load instruction of a warp reads one contiguous span.
+template <int P, int G>
+__device__ __forceinline__ void swiglu_rr_groups(const GemmRow& gr, long long r, int F, u16* out_b, u8* out_q,
+                                                 float* out_s, float* red) {
+    float y[P], amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < P / G; i++) {
+        const int c = G * (threadIdx.x + i * blockDim.x);
+        if (c < F) {
+            float a[G], b[G];
+            ld_gemm_group<G>(gr, c, a);
+            ld_gemm_group<G>(gr, F + c, b);
+#pragma unroll
+            for (int j = 0; j < G; j++) {
+                y[G * i + j] = silu_fast(a[j]) * b[j];
+                amax = fmaxf(amax, fabsf(y[G * i + j]));
+            }
         }
     }
+    float inv = 0.f;
     if (out_q) {
-        const float s = row8_scale(block_max_once(amax, red)), inv = 1.f / s;
+        const float s = row8_scale(block_max_once(amax, red));
+        inv = 1.f / s;
         if (threadIdx.x == 0) out_s[r] = s;
-        if (on) st_row_row8<P>(out_q + r * F + c, a, inv);
-    } else if (on) {
-        st_row<P>(out_b + r * F + c, a);
+    }
+#pragma unroll
+    for (int i = 0; i < P / G; i++) {
+        const int c = G * (threadIdx.x + i * blockDim.x);
+        if (c >= F) continue;
+        if (out_q) st_group_row8<G>(out_q + r * F + c, y + G * i, inv);
+        else st_group<G>(out_b + r * F + c, y + G * i);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-swiglu_r8(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
-    swiglu_rr<8>(gu, F, out_b, out_q, out_s);
+template <int P>
+__device__ __forceinline__ void swiglu_rr(const u16* gu, const int* acc, const float* xs, const float* ws, int F,
+                                          u16* out_b, u8* out_q, float* out_s) {
+    __shared__ float red[32];
+    const long long r = blockIdx.x;
+    const GemmRow gr = gemm_row(gu, acc, xs, ws, r, 2 * F);
+    if (gr.b)
+        swiglu_rr_groups<P, 8>(gr, r, F, out_b, out_q, out_s, red);
+    else
+        swiglu_rr_groups<P, 4>(gr, r, F, out_b, out_q, out_s, red);
 }
+
 extern "C" __global__ void __launch_bounds__(1024)
-swiglu_r16(const u16* gu, int F, u16* out_b, u8* out_q, float* out_s) {
-    swiglu_rr<16>(gu, F, out_b, out_q, out_s);
+swiglu_r8(const u16* gu, const int* acc, const float* xs, const float* ws, int F, u16* out_b, u8* out_q,
+          float* out_s) {
+    swiglu_rr<8>(gu, acc, xs, ws, F, out_b, out_q, out_s);
+}
+// The register cap decides the blocks an SM at F = 10240 (640 threads): 56 registers held one, 48
+// two, 32 three. Three run fastest on bf16 rows (ncu, session 20: bf16 out 90 → 64 → 59 µs, e4m3
+// out 106 → 66 → 58), two on the int8 module's s32 sums (190 → 110 → 117: at 32 the eight 16-byte
+// loads of a group spill).
+#if ROW8_S8
+#define SWIGLU_R16_BOUNDS __launch_bounds__(1024)
+#else
+#define SWIGLU_R16_BOUNDS __maxnreg__(32)
+#endif
+extern "C" __global__ void SWIGLU_R16_BOUNDS
+swiglu_r16(const u16* gu, const int* acc, const float* xs, const float* ws, int F, u16* out_b, u8* out_q,
+           float* out_s) {
+    swiglu_rr<16>(gu, acc, xs, ws, F, out_b, out_q, out_s);
 }
 
 // x [R, D]: row r = b·per + q (b-th group of `per` rows): q < real → x = src + bias; else x = pad.
