@@ -548,3 +548,54 @@ fn gemm8_paths_stay_close_to_bf16() {
         assert!(psnr >= 35.0, "{mode}: PSNR {psnr:.1} dB < 35");
     }
 }
+
+/// Each weight resident once: on an 8-bit path a block plane that runs in 8 bits is held as its
+/// 8-bit rows and row scales only, the bf16 plane it was made from freed at load. The DiT's own
+/// count of the buffers it holds, and the device's count of live allocations across the load,
+/// both drop by what the bf16 planes took less what the 8-bit ones take.
+#[test]
+fn eight_bit_planes_replace_the_bf16_ones() {
+    let _env = serial();
+    let Some(gpu) = device() else { return };
+    let (src, cfg) = random_dit_hd128();
+    let dit = ZImageDit::load(&Loader::new(&src, "dit."), cfg).unwrap();
+    // random_dit_hd128: D = 256, F = 512; 1 noise-refiner, 1 context-refiner and 2 main blocks.
+    let (d, f, blocks) = (256usize, 512usize, 4usize);
+    let shapes = [(3 * d, d), (d, d), (2 * f, d), (d, f)];
+    let bf16_planes: usize = shapes.iter().map(|(n, k)| 2 * n * k).sum();
+    let q8_planes: usize = shapes.iter().map(|(n, k)| n * k + 4 * n).sum();
+    let saved = (blocks * (bf16_planes - q8_planes)) as i64;
+    // (weight bytes the DiT counts, live device bytes the load added, 8-bit planes)
+    let load = |mode: &str| {
+        let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
+        let before = gpu.bytes_resident() as i64;
+        let dev = gpu
+            .load_dit(&dit.device_model(DitPrecision::Bf16))
+            .unwrap_or_else(|r| panic!("CMF_DIT_FP8={mode}: the device refused the DiT: {r}"));
+        let added = gpu.bytes_resident() as i64 - before;
+        (dev.weight_bytes() as i64, added, dev.gemm8_planes())
+    };
+    let (w_bf16, added_bf16, planes_bf16) = load("0");
+    assert_eq!(planes_bf16, 0, "bf16: 8-bit planes");
+    assert!(w_bf16 > 0, "bf16: the DiT counts no weight bytes");
+    for mode in ["1", "int8"] {
+        let (w8, added8, planes8) = load(mode);
+        assert_eq!(planes8, blocks * 4, "CMF_DIT_FP8={mode}: 8-bit planes");
+        assert_eq!(
+            w_bf16 - w8,
+            saved,
+            "CMF_DIT_FP8={mode}: weight bytes {w8} against {w_bf16} in bf16"
+        );
+        // The load also allocates the 8-bit GEMM's own state (cuBLASLt's workspace) beside
+        // the weights; whatever else it added is the same in both precisions.
+        let extra8 = added8 - w8;
+        let extra_bf16 = added_bf16 - w_bf16;
+        eprintln!(
+            "CMF_DIT_FP8={mode}: weights {w8} B (bf16 {w_bf16} B), the load's other buffers {extra8} B (bf16 {extra_bf16} B)"
+        );
+        assert!(
+            extra8 >= extra_bf16 && extra8 - extra_bf16 <= 64 << 20,
+            "CMF_DIT_FP8={mode}: the load holds {extra8} B beside its weights, {extra_bf16} B in bf16"
+        );
+    }
+}

@@ -175,9 +175,10 @@ fn main() {
     };
     let load_s = t0.elapsed().as_secs_f64();
     println!(
-        "device {}; random weights made in {gen_s:.1} s, uploaded (bf16 planes, {} block GEMM planes 8-bit, {:.2} GB resident) in {load_s:.2} s; {} layers, caption {} tokens, batch {}",
+        "device {}; random weights made in {gen_s:.1} s, uploaded ({} block GEMM planes 8-bit, the rest bf16; weights {:.2} GB, {:.2} GB resident) in {load_s:.2} s; {} layers, caption {} tokens, batch {}",
         backend.device().name,
         dit.gemm8_planes(),
+        dit.weight_bytes() as f64 / 1e9,
         backend.device().stats.resident() as f64 / 1e9,
         a.layers,
         a.cap,

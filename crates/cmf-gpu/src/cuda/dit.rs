@@ -6,7 +6,8 @@
 //! peak. The file's q8 codes are not used as GEMM operands as they are: their column field
 //! (q8_2f) would have to be folded into every activation row, and the 8-bit paths below
 //! requantise each plane per row from bf16 instead (one scale per output channel), which
-//! costs one pass at load. Fused projections:
+//! costs one pass at load, and keep only the 8-bit plane (each weight resident once: 6.0 GB of
+//! block planes for Z-Image-Turbo against 12.0 in bf16). Fused projections:
 //! q|k|v is one `[3D, D]` plane, w1|w3 one `[2F, D]`, and every block's adaLN one
 //! `[blocks·4D, A]` plane (all modulations of a step in one GEMM).
 //!
@@ -18,7 +19,7 @@
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
 //! 8-bit GEMMs (`DitModel::precision`, or `CMF_DIT_FP8`: see `gemm8_request`): block GEMMs
-//! whose plane has an 8-bit copy run on 8-bit operands with per-row scales, FP8 (e4m3,
+//! whose plane is 8-bit run on 8-bit operands with per-row scales, FP8 (e4m3,
 //! cuda/fp8.rs) or int8 (s8 with exact s32 sums, cuda/int8.rs); the row kernels feeding them
 //! (rms·(1+s), the fused residual, SwiGLU: cuda/dit_rows.rs) then write 8-bit rows and row
 //! scales instead of bf16 (the int8 path's dit module is compiled for s8 rows), and so does the
@@ -873,12 +874,30 @@ struct Block {
     f2: DBuf,
 }
 
-/// A block GEMM's weight plane `[n, k]`: bf16, and an 8-bit copy (the encoding of the model's
-/// [`Gemm8`]) when an 8-bit path is on (`gemm8_request`) and cuBLASLt can run this shape on
-/// 8-bit operands ([`q8_fits`]). The GEMM runs in 8 bits exactly when the copy exists.
-struct Plane {
-    w: DBuf,
-    q8: Option<Plane8>,
+/// A block GEMM's weight plane `[n, k]`, resident once: bf16, or 8-bit (the encoding of the
+/// model's [`Gemm8`]) when an 8-bit path is on (`gemm8_request`) and cuBLASLt can run this
+/// shape on 8-bit operands ([`q8_fits`]). The 8-bit plane is made on the device from the bf16
+/// one, which is freed then: nothing reads it afterwards (a failed 8-bit GEMM refuses the step,
+/// and the CPU runs it from the host's weights). The GEMM runs in 8 bits exactly on `Q8`.
+enum Plane {
+    Bf16(DBuf),
+    Q8(Plane8),
+}
+
+impl Plane {
+    fn q8(&self) -> Option<&Plane8> {
+        match self {
+            Plane::Q8(p) => Some(p),
+            Plane::Bf16(_) => None,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Plane::Bf16(w) => w.len(),
+            Plane::Q8(p) => p.q.len() + p.s.len(),
+        }
+    }
 }
 
 /// Whether cuBLASLt's 8-bit GEMMs take an `[n, k]` plane: its FP8 and IMMA kernels want every
@@ -968,7 +987,7 @@ impl Attn8Bufs {
 impl Work {
     /// The 8-bit input rows and scales of the GEMM on `w` when it runs in 8 bits.
     fn q8_input(&self, w: &Plane) -> Option<(u64, u64)> {
-        match (&w.q8, &self.xq) {
+        match (w.q8(), &self.xq) {
             (Some(_), Some((q, s))) => Some((q.ptr(), s.ptr())),
             _ => None,
         }
@@ -1256,8 +1275,10 @@ impl CudaDit {
         let dev = backend.device().clone();
         // The pipeline may preload the DiT from a thread of its own.
         dev.bind_to_thread().map_err(|e| e.refusal("dit.load"))?;
+        // The load's peak: every plane in bf16, then (8-bit paths) each block's planes turned
+        // 8-bit in turn, its bf16 planes freed as it goes (Uploader::to_q8).
         let copies = if gemm8_request(m.precision).is_some() {
-            q8_copy_bytes(m)
+            block_q8_bytes(&m.geo)
         } else {
             0
         };
@@ -1294,13 +1315,14 @@ impl CudaDit {
             dequant: &k.dequant,
             shapes: block_plane_shapes(&m.geo),
         };
-        // Blocks upload on several threads (Dev::each_parallel); their 8-bit copies, made on
-        // the device from the bf16 planes, follow on this one.
+        // Blocks upload on several threads (Dev::each_parallel) in bf16; where the 8-bit path
+        // is on, this thread then turns their planes 8-bit on the device (Gemm8's cuBLASLt
+        // state is not Sync), freeing each bf16 plane as it goes.
         let blocks = |bs: &[DitBlockWeights]| -> DResult<Vec<Block>> {
             let mut blocks = dev.each_parallel(bs, Dev::LOADER_THREADS, |b| up.block(b))?;
             if let Some(g) = &gemm8 {
                 for b in &mut blocks {
-                    up.add_q8(g, b)?;
+                    up.to_q8(g, b)?;
                 }
             }
             Ok(blocks)
@@ -1376,8 +1398,46 @@ impl CudaDit {
             .chain(&self.ctx)
             .chain(&self.layers)
             .flat_map(|b| [&b.qkv, &b.out, &b.w13, &b.w2])
-            .filter(|p| p.q8.is_some())
+            .filter(|p| p.q8().is_some())
             .count()
+    }
+
+    /// Device bytes of the resident weights: every buffer the model holds between runs (the
+    /// GEMM planes once each, in the encoding they run in; the vectors; the x_pad/cap_pad rows).
+    pub fn weight_bytes(&self) -> u64 {
+        let pair = |p: &(DBuf, DBuf)| p.0.len() + p.1.len();
+        let block = |b: &Block| {
+            [&b.qkv, &b.out, &b.w13, &b.w2]
+                .iter()
+                .map(|p| p.bytes())
+                .sum::<usize>()
+                + [&b.norm_q, &b.norm_k, &b.n1, &b.n2, &b.f1, &b.f2]
+                    .iter()
+                    .map(|v| v.len())
+                    .sum::<usize>()
+        };
+        let blocks: usize = self
+            .noise
+            .iter()
+            .chain(&self.ctx)
+            .chain(&self.layers)
+            .map(block)
+            .sum();
+        let rest = [
+            &self.x_embed,
+            &self.cap_embed,
+            &self.ada,
+            &self.final_ada,
+            &self.final_lin,
+        ]
+        .iter()
+        .map(|p| pair(p))
+        .sum::<usize>()
+            + self.x_pad.len()
+            + self.cap_norm.len()
+            + self.cap_pad.len()
+            + self.ada_norms.len();
+        (blocks + rest) as u64
     }
 
     /// Device ms per [`PROFILE_CATEGORIES`] since the last call (None unless `CMF_DIT_PROFILE=1`).
@@ -1477,7 +1537,7 @@ impl CudaDit {
     }
 
     /// `a[r, 0..k) · Wᵀ` for block plane `w` (`n × k`) and the activation rows `a` where
-    /// [`Work::gemm_input`] put them: in 8 bits from the plane's 8-bit copy when it has one,
+    /// [`Work::gemm_input`] put them: in 8 bits where the plane is 8-bit,
     /// else bf16 from `hb`. Returns where the rows are: bf16 rows `[r, n]` at `out`, or, on the
     /// int8 path where `sums` allows (a consumer that reads them: swiglu, residual_norm), the
     /// s32 sums in `work.acc` with their scales.
@@ -1490,7 +1550,7 @@ impl CudaDit {
         out: u64,
         sums: bool,
     ) -> DResult<GemmRows> {
-        if let (Some((xq, xs)), Some(p)) = (work.q8_input(w), &w.q8) {
+        if let (Some((xq, xs)), Plane::Q8(p)) = (work.q8_input(w), w) {
             let g8 = self
                 .gemm8
                 .as_ref()
@@ -1511,8 +1571,13 @@ impl CudaDit {
                 }
             }
         } else {
+            let Plane::Bf16(w) = w else {
+                return Err(DevError(
+                    "an 8-bit plane without 8-bit activation buffers".into(),
+                ));
+            };
             self.blas
-                .gemm_bf16_out(w.w.ptr(), work.hb.ptr(), out, n, r, k, n)?;
+                .gemm_bf16_out(w.ptr(), work.hb.ptr(), out, n, r, k, n)?;
         }
         Ok(GemmRows::Bf16(out))
     }
@@ -2213,7 +2278,7 @@ struct Layout {
     rows: usize,
 }
 
-/// Device bytes of the bf16 planes and f32 vectors.
+/// Device bytes of the weights as bf16 planes (the vectors not counted: a rounding error).
 fn weight_bytes(m: &DitModel) -> u64 {
     let w = |w: &Weight| (w.rows * w.cols * 2) as u64;
     let blk = |b: &DitBlockWeights| {
@@ -2242,15 +2307,13 @@ fn weight_bytes(m: &DitModel) -> u64 {
         .sum::<u64>()
 }
 
-/// Device bytes of the 8-bit copies (rows and row scales) of the block planes that run in 8 bits.
-fn q8_copy_bytes(m: &DitModel) -> u64 {
-    let blocks = m.noise_refiner.len() + m.context_refiner.len() + m.layers.len();
-    let per_block: usize = block_plane_shapes(&m.geo)
+/// Device bytes of one block's 8-bit planes (rows and row scales; those that run in 8 bits).
+fn block_q8_bytes(g: &DitGeometry) -> u64 {
+    block_plane_shapes(g)
         .iter()
         .filter(|&&(n, k)| q8_fits(n, k))
-        .map(|&(n, k)| n * k + 4 * n)
-        .sum();
-    (blocks * per_block) as u64
+        .map(|&(n, k)| (n * k + 4 * n) as u64)
+        .sum()
 }
 
 /// `w` decoded to bf16 bytes on the host (the slow path for odd column counts).
@@ -2264,8 +2327,8 @@ fn host_bf16(w: &Weight) -> Vec<u8> {
     out
 }
 
-/// Weight upload: any codec → a bf16 plane on the device; [`Uploader::add_q8`] adds the 8-bit
-/// copies of a block's GEMM planes when an 8-bit path is on.
+/// Weight upload: any codec → a bf16 plane on the device; [`Uploader::to_q8`] turns a block's
+/// GEMM planes 8-bit when an 8-bit path is on.
 struct Uploader<'u> {
     dev: &'u Dev,
     /// `dequant_rows` (rowops.cu).
@@ -2315,20 +2378,12 @@ impl Uploader<'_> {
         Ok((self.plane(&[&l.w])?, self.vec(&b)?))
     }
 
-    /// `ws` stacked into a block GEMM plane (bf16 only; see [`Uploader::add_q8`]).
-    fn gemm_plane(&self, ws: &[&Weight]) -> DResult<Plane> {
-        Ok(Plane {
-            w: self.plane(ws)?,
-            q8: None,
-        })
-    }
-
     fn block(&self, b: &DitBlockWeights) -> DResult<Block> {
         Ok(Block {
-            qkv: self.gemm_plane(&[&b.to_q, &b.to_k, &b.to_v])?,
-            out: self.gemm_plane(&[&b.to_out])?,
-            w13: self.gemm_plane(&[&b.w1, &b.w3])?,
-            w2: self.gemm_plane(&[&b.w2])?,
+            qkv: Plane::Bf16(self.plane(&[&b.to_q, &b.to_k, &b.to_v])?),
+            out: Plane::Bf16(self.plane(&[&b.to_out])?),
+            w13: Plane::Bf16(self.plane(&[&b.w1, &b.w3])?),
+            w2: Plane::Bf16(self.plane(&[&b.w2])?),
             norm_q: self.vec(b.norm_q)?,
             norm_k: self.vec(b.norm_k)?,
             k8_scale: k8_scale(b.norm_k, b.norm_k.len()),
@@ -2338,13 +2393,17 @@ impl Uploader<'_> {
             f2: self.vec(b.ffn_norm2)?,
         })
     }
+}
 
-    /// The 8-bit copy of each of `b`'s GEMM planes whose shape cuBLASLt runs in 8 bits.
-    fn add_q8(&self, g: &Gemm8, b: &mut Block) -> DResult<()> {
+impl Uploader<'_> {
+    /// Each of `b`'s GEMM planes whose shape cuBLASLt runs in 8 bits, made 8-bit on the device;
+    /// the bf16 plane is freed in stream order right after (so a load peaks at the bf16 planes
+    /// plus one block's 8-bit ones, and keeps the 8-bit ones only).
+    fn to_q8(&self, g: &Gemm8, b: &mut Block) -> DResult<()> {
         let planes = [&mut b.qkv, &mut b.out, &mut b.w13, &mut b.w2];
         for (p, (n, k)) in planes.into_iter().zip(self.shapes) {
-            if q8_fits(n, k) {
-                p.q8 = Some(Plane8::of(self.dev, g, &p.w, n, k)?);
+            if let (Plane::Bf16(w), true) = (&*p, q8_fits(n, k)) {
+                *p = Plane::Q8(Plane8::of(self.dev, g, w, n, k)?);
             }
         }
         Ok(())
@@ -2442,6 +2501,9 @@ impl DitDevice for CudaDit {
 
     fn gemm8_planes(&self) -> usize {
         CudaDit::gemm8_planes(self)
+    }
+    fn weight_bytes(&self) -> u64 {
+        CudaDit::weight_bytes(self)
     }
 }
 

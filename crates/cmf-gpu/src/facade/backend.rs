@@ -101,6 +101,11 @@ pub trait DitDevice: Send {
     fn gemm8_planes(&self) -> usize {
         0
     }
+    /// Device bytes the resident weights take (each GEMM plane once, in the encoding it runs
+    /// in; 0 where a backend does not count them).
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// A model resident on a device. Positions are explicit: a call at `start` overwrites KV rows

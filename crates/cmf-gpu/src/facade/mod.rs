@@ -321,8 +321,9 @@ impl Gpu {
         let t0 = std::time::Instant::now();
         let dev = backend.load_dit(model).map_err(Refusal::logged)?;
         log::debug(&format!(
-            "dit: resident on the device (uploaded in {:.2} s)",
-            t0.elapsed().as_secs_f64()
+            "dit: resident on the device (uploaded in {:.2} s, weights {:.2} GB)",
+            t0.elapsed().as_secs_f64(),
+            dev.weight_bytes() as f64 / 1e9
         ));
         Ok(GpuDit {
             dev,
@@ -430,6 +431,10 @@ impl GpuDit {
     /// See [`DitDevice::gemm8_planes`].
     pub fn gemm8_planes(&self) -> usize {
         self.dev.gemm8_planes()
+    }
+    /// See [`DitDevice::weight_bytes`].
+    pub fn weight_bytes(&self) -> u64 {
+        self.dev.weight_bytes()
     }
     /// The precision asked for at load (what runs may differ: see [`GpuDit::gemm8_planes`]).
     pub fn precision(&self) -> crate::dit::DitPrecision {
