@@ -98,6 +98,14 @@ impl Kernels {
         if row8_s8 {
             dit_defs.push(("ROW8_S8", "1".to_string()));
         }
+        // residual_norm's register cap (kernels/dit.cu, an A/B switch): a value other than the
+        // source's 32 compiles the module through NVRTC at run time.
+        if let Some(v) = std::env::var("CMF_DIT_RN_REGS")
+            .ok()
+            .filter(|v| v.parse::<u32>().is_ok())
+        {
+            dit_defs.push(("RN_MAXNREG", v));
+        }
         let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
         let variant = attention_variant(dev, hd, &choice);
         // Every module compiles at once (a first run on a machine), then each loads.

@@ -242,7 +242,19 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const GemmRow& orow, c
 // with scales o_xs, o_ws: GemmRow), then, when out_b or out_q:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
-extern "C" __global__ void residual_norm(xt* x, const u16* o, const int* o_acc, const float* o_xs, const float* o_ws,
+// The register cap (RN_MAXNREG; 0: none; A/B builds: CMF_DIT_RN_REGS) decides the blocks an SM:
+// at 256 threads 36 registers held six, 32 hold eight. Latency-bound (ncu, session 22: DRAM at
+// 39 % of peak, warps stalled on their loads), so more rows in flight pay: 53.5 → 46.4 µs on
+// bf16 rows, 67.3 → 61.1 on the int8 sums (warps active 68 → 91 %).
+#ifndef RN_MAXNREG
+#define RN_MAXNREG 32
+#endif
+#if RN_MAXNREG
+#define RN_BOUNDS __maxnreg__(RN_MAXNREG)
+#else
+#define RN_BOUNDS
+#endif
+extern "C" __global__ void RN_BOUNDS residual_norm(xt* x, const u16* o, const int* o_acc, const float* o_xs, const float* o_ws,
                                          const float* w, float eps, int D, const float* mod,
                                          int gate_slot, const float* next_w, const float* next_mod, int next_slot,
                                          long long mod_stride, const int* map, u16* out_b, u8* out_q, float* out_s) {
@@ -445,6 +457,8 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
 #define KR_WARPS 8
 #define KR_ROWS (KR_WARPS * KR_RPW)
 
+// Capping it to 40 or 32 registers (six or eight blocks an SM) measured slower: 48 and 58 against
+// 21 µs (ncu, session 22).
 extern "C" __global__ void __launch_bounds__(32 * KR_WARPS)
 k_norm_rope(const u16* qkv, const float* norm_k, float eps, const float* cosb, const float* sinb, const int* map,
             int NH, int R, int kchunks, u16* kc, u8* k8, float k8_inv, unsigned* v_amax) {
