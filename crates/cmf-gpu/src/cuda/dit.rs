@@ -1290,7 +1290,7 @@ impl CudaDit {
         } else {
             0
         };
-        let need = weight_bytes(m) + copies;
+        let need = bf16_weight_bytes(m) + copies;
         let budget = (dev.free_bytes() as f64 * 0.9) as u64;
         if need > budget {
             return Err(Refusal::new(
@@ -2287,7 +2287,7 @@ struct Layout {
 }
 
 /// Device bytes of the weights as bf16 planes (the vectors not counted: a rounding error).
-fn weight_bytes(m: &DitModel) -> u64 {
+fn bf16_weight_bytes(m: &DitModel) -> u64 {
     let w = |w: &Weight| (w.rows * w.cols * 2) as u64;
     let blk = |b: &DitBlockWeights| {
         [&b.to_q, &b.to_k, &b.to_v, &b.to_out, &b.w1, &b.w2, &b.w3]
@@ -2401,9 +2401,7 @@ impl Uploader<'_> {
             f2: self.vec(b.ffn_norm2)?,
         })
     }
-}
 
-impl Uploader<'_> {
     /// Each of `b`'s GEMM planes whose shape cuBLASLt runs in 8 bits, made 8-bit on the device;
     /// the bf16 plane is freed in stream order right after (so a load peaks at the bf16 planes
     /// plus one block's 8-bit ones, and keeps the 8-bit ones only).
