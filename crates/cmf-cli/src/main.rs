@@ -3,6 +3,7 @@
 
 mod commands;
 mod exit;
+mod malloc_policy;
 
 use std::process::ExitCode;
 

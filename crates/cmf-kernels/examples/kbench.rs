@@ -1,6 +1,6 @@
 //! Kernel microbenchmarks.
 //!
-//! cargo run --release -p cmf-kernels --example kbench -- [mem|matvec|matmul|attn|actq|all] [--threads N]
+//! cargo run --release -p cmf-kernels --example kbench -- [mem|matvec|matmul|attn|actq|conv|all] [--threads N]
 //!     [--isa portable|avx2|avx512] [--codecs q8_row,q4_tiled,...] [--n 512] [--secs 1.0]
 //!
 //! - mem: read bandwidth of a 512 MiB buffer (the ceiling for decode), 1 and N threads.
@@ -10,6 +10,7 @@
 //!   the kernels' own speed on cache-resident weights).
 //! - matmul: GFLOP/s (2·n·rows·cols per call) at n = 512.
 //! - actq: error of per-32-block vs per-row int8 input quantization.
+//! - conv: the VAE decoder's 3×3 convs, GFLOP/s of the tap and im2col schedules.
 //! - attn: decode attention per layer at ctx 512/4096 per KV element type; joint attention GFLOP/s.
 //!
 //! Times are the best of repeated runs (the machine is shared; the best run is the least disturbed).
@@ -436,6 +437,60 @@ fn actq(_args: &Args) {
     }
 }
 
+/// The Flux VAE decoder's 3×3 convs (channels in → out at h × w), as a 512² image has them, and
+/// a 1024² image's largest: GFLOP/s of each schedule (2·c_out·c_in·9·h·w per call).
+fn conv(args: &Args) {
+    use cmf_kernels::conv::{conv2d_schedule_with, Schedule};
+    const SHAPES: [(usize, usize, usize); 5] = [
+        (512, 512, 64),
+        (512, 512, 128),
+        (512, 256, 256),
+        (256, 256, 256),
+        (128, 128, 512),
+    ];
+    println!("## conv 3×3 (isa {}), f32 weights: GFLOP/s", args.isa);
+    for (c_in, c_out, hw) in SHAPES {
+        let bytes = random_payload(Dtype::F32, c_out, c_in * 9, 7);
+        let w = Weight::new(Dtype::F32, c_out, c_in * 9, &bytes).unwrap();
+        let x: Vec<f32> = (0..c_in * hw * hw)
+            .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+            .collect();
+        let bias = vec![0.5f32; c_out];
+        let mut y = vec![0f32; c_out * hw * hw];
+        let flop = 2.0 * (c_out * c_in * 9 * hw * hw) as f64;
+        for &t in &args.threads {
+            set_num_threads(t);
+            let mut line = format!("{c_in:>3}→{c_out:<3} at {hw}² threads {t}:");
+            for (name, sch) in [
+                (
+                    "taps",
+                    Schedule::Taps {
+                        band_bytes: 24 << 20,
+                    },
+                ),
+                ("im2col", Schedule::Im2col),
+            ] {
+                let secs = best_time(args.secs, || {
+                    conv2d_schedule_with(
+                        args.isa,
+                        sch,
+                        &x,
+                        c_in,
+                        hw,
+                        hw,
+                        &w,
+                        3,
+                        Some(&bias),
+                        &mut y,
+                    )
+                });
+                line += &format!("  {name} {:.1}", flop / secs / 1e9);
+            }
+            println!("{line}");
+        }
+    }
+}
+
 fn main() {
     let args = parse();
     println!(
@@ -449,12 +504,13 @@ fn main() {
         "matmul" => matmul(&args),
         "attn" => attn(&args),
         "actq" => actq(&args),
+        "conv" => conv(&args),
         "all" => {
             mem(&args);
             matvec(&args);
             matmul(&args);
             attn(&args);
         }
-        other => panic!("unknown benchmark {other}: mem|matvec|matmul|all"),
+        other => panic!("unknown benchmark {other}: mem|matvec|matmul|attn|actq|conv|all"),
     }
 }

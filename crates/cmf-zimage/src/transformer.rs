@@ -237,21 +237,33 @@ impl<'a> Block<'a> {
         }
     }
 
-    /// `x` `[rows, D]` in place; each segment attends over its own rows only.
-    fn forward(&self, x: &mut [f32], segs: &[Segment], cfg: &DitConfig) {
+    /// `x` `[rows, D]` in place; each segment attends over its own rows only. `ws` holds the
+    /// intermediates, reused from block to block.
+    fn forward(&self, x: &mut [f32], segs: &[Segment], cfg: &DitConfig, ws: &mut BlockScratch) {
         let d = cfg.dim;
         let (heads, hd) = (cfg.n_heads, cfg.head_dim());
         let rows = x.len() / d;
-        let mut h = vec![0f32; rows * d];
+        let ffn = self.w1.out_dim();
+        let BlockScratch {
+            h,
+            q,
+            k,
+            v,
+            o,
+            a,
+            b,
+        } = ws;
+        let [h, q, k, v, o] = [h, q, k, v, o].map(|buf| sized(buf, rows * d));
+        let [a, b] = [a, b].map(|buf| sized(buf, rows * ffn));
 
         // attention: x += tanh(g_msa) · norm2(attn(norm1(x) · (1 + s_msa)))
-        ops::rms_norm(x, d, &self.attention_norm1, cfg.norm_eps, &mut h);
-        scale_rows(&mut h, d, segs, |m| &m.scale_msa);
-        let mut q = self.to_q.forward(&h, rows);
-        let mut k = self.to_k.forward(&h, rows);
-        let v = self.to_v.forward(&h, rows);
-        ops::rms_norm_inplace(&mut q, hd, &self.norm_q, QK_NORM_EPS);
-        ops::rms_norm_inplace(&mut k, hd, &self.norm_k, QK_NORM_EPS);
+        ops::rms_norm(x, d, &self.attention_norm1, cfg.norm_eps, h);
+        scale_rows(h, d, segs, |m| &m.scale_msa);
+        self.to_q.forward_into(h, rows, q);
+        self.to_k.forward_into(h, rows, k);
+        self.to_v.forward_into(h, rows, v);
+        ops::rms_norm_inplace(q, hd, &self.norm_q, QK_NORM_EPS);
+        ops::rms_norm_inplace(k, hd, &self.norm_k, QK_NORM_EPS);
         for s in segs {
             let r = s.start * d..(s.start + s.len) * d;
             ops::rope_interleaved(&mut q[r.clone()], s.len, heads, hd, s.rope, s.rope_row0);
@@ -266,23 +278,40 @@ impl<'a> Block<'a> {
                 &mut h[r],
             );
         }
-        drop((q, k, v));
-        let mut o = self.to_out.forward(&h, rows);
-        ops::rms_norm_inplace(&mut o, d, &self.attention_norm2, cfg.norm_eps);
-        add_gated(x, &o, d, segs, |m| &m.gate_msa);
+        self.to_out.forward_into(h, rows, o);
+        ops::rms_norm_inplace(o, d, &self.attention_norm2, cfg.norm_eps);
+        add_gated(x, o, d, segs, |m| &m.gate_msa);
 
         // FFN: x += tanh(g_mlp) · ffn_norm2(w2(silu(w1 h) · w3 h)), h = ffn_norm1(x) · (1 + s_mlp)
-        ops::rms_norm(x, d, &self.ffn_norm1, cfg.norm_eps, &mut h);
-        scale_rows(&mut h, d, segs, |m| &m.scale_mlp);
-        let mut a = self.w1.forward(&h, rows);
-        let b = self.w3.forward(&h, rows);
-        ops::swiglu_inplace(&mut a, &b);
-        drop(b);
-        self.w2.forward_into(&a, rows, &mut o);
-        drop(a);
-        ops::rms_norm_inplace(&mut o, d, &self.ffn_norm2, cfg.norm_eps);
-        add_gated(x, &o, d, segs, |m| &m.gate_mlp);
+        ops::rms_norm(x, d, &self.ffn_norm1, cfg.norm_eps, h);
+        scale_rows(h, d, segs, |m| &m.scale_mlp);
+        self.w1.forward_into(h, rows, a);
+        self.w3.forward_into(h, rows, b);
+        ops::swiglu_inplace(a, b);
+        self.w2.forward_into(a, rows, o);
+        ops::rms_norm_inplace(o, d, &self.ffn_norm2, cfg.norm_eps);
+        add_gated(x, o, d, segs, |m| &m.gate_mlp);
     }
+}
+
+/// A block's intermediates (normed rows, q, k, v, projections, the FFN's two halves), kept across
+/// the blocks of a forward: at 1024² they are ~0.65 GB a block, which freshly allocated cost
+/// the kernel a page fault and a page clear per 4 KiB every block.
+#[derive(Default)]
+struct BlockScratch {
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+}
+
+/// `buf` as exactly `len` values (grown with zeros when short; every user overwrites it).
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..]
 }
 
 /// `h[row] *= pick(modulation)` for the rows of each modulated segment.
@@ -415,8 +444,9 @@ impl<'a> ZImageDit<'a> {
             rope_row0: 0,
             modulation: None,
         }];
+        let mut ws = BlockScratch::default();
         for b in &self.context_refiner {
-            b.forward(&mut rows, &seg, &self.cfg);
+            b.forward(&mut rows, &seg, &self.cfg, &mut ws);
         }
         Conditioning {
             rows,
@@ -503,6 +533,7 @@ impl<'a> ZImageDit<'a> {
             .collect();
 
         // 2. noise refiner over the image rows of each item.
+        let mut ws = BlockScratch::default();
         for (b, mods) in self.noise_refiner.iter().zip(&refiner_mods) {
             let segs: Vec<Segment> = (0..nb)
                 .map(|i| Segment {
@@ -513,7 +544,7 @@ impl<'a> ZImageDit<'a> {
                     modulation: Some(&mods[i]),
                 })
                 .collect();
-            b.forward(&mut img, &segs, cfg);
+            b.forward(&mut img, &segs, cfg, &mut ws);
         }
 
         // 3./4. joint sequence [image ; caption] per item, through the main layers.
@@ -540,7 +571,7 @@ impl<'a> ZImageDit<'a> {
                     modulation: Some(&mods[i]),
                 })
                 .collect();
-            b.forward(&mut x, &segs, cfg);
+            b.forward(&mut x, &segs, cfg, &mut ws);
         }
 
         // 5. final layer on the real image rows, unpatchify.

@@ -65,6 +65,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t_all = Instant::now();
+    crate::malloc_policy::keep_transient_buffers();
     if let Some(n) = args.threads {
         if n == 0 {
             return Err(UsageError("--threads: must be at least 1".into()).into());

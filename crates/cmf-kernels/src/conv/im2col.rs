@@ -1,37 +1,14 @@
-//! 2-D convolution for the Flux VAE decoder: NCHW, stride 1, kernel 1×1 or 3×3 with "same"
-//! padding (1 for 3×3), via im2col + [`crate::matmul`] (so every weight codec works and the
-//! products run on the packed GEMM tiles).
-//!
-//! The image is processed in bands of output rows so that the im2col matrix stays near
-//! `BAND_BYTES` however large the image (the decoder's last stages are 128 channels × 1024²).
+//! The im2col schedule: per band of output rows, one row of `c_in·k·k` patch values per output
+//! pixel, multiplied on the weight codec's packed GEMM, then transposed to NCHW with the bias.
 
+use super::BAND_BYTES;
 use crate::cpu::Isa;
 use crate::pool::{self, SendPtr};
 use crate::Weight;
 
-/// Target size of one band's im2col matrix.
-const BAND_BYTES: usize = 24 << 20;
-
-/// out[c_out, h, w] = conv(x[c_in, h, w], weight) + bias, for one sample.
-/// `weight` is `[c_out, c_in·k·k]` (PyTorch's `[c_out, c_in, k, k]` flattened), k = 1 or 3.
+/// [`super::conv2d_with`] for any weight codec; shapes checked by the caller.
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d(
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    conv2d_with(crate::cpu::active(), x, c_in, h, w, weight, k, bias, out)
-}
-
-/// [`conv2d`] on a given path (tests and benchmarks).
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn conv2d_with(
+pub(super) fn conv(
     isa: Isa,
     x: &[f32],
     c_in: usize,
@@ -42,26 +19,8 @@ pub fn conv2d_with(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert!(k == 1 || k == 3, "conv2d: kernel {k} (only 1×1 and 3×3)");
     let c_out = weight.rows;
     let kk = c_in * k * k;
-    assert_eq!(
-        weight.cols, kk,
-        "conv2d: weight has {} columns, c_in·k·k = {kk}",
-        weight.cols
-    );
-    assert_eq!(x.len(), c_in * h * w, "conv2d: x is not [{c_in}, {h}, {w}]");
-    assert_eq!(
-        out.len(),
-        c_out * h * w,
-        "conv2d: out is not [{c_out}, {h}, {w}]"
-    );
-    if let Some(b) = bias {
-        assert_eq!(b.len(), c_out, "conv2d: bias needs {c_out} values");
-    }
-    if h == 0 || w == 0 {
-        return;
-    }
     let band = (BAND_BYTES / (w * kk * 4).max(1)).clamp(1, h);
     let mut cols = vec![0f32; band * w * kk];
     let mut y = vec![0f32; band * w * c_out];

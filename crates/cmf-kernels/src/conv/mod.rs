@@ -1,0 +1,132 @@
+//! 2-D convolution for the Flux VAE decoder: NCHW, stride 1, kernel 1×1 or 3×3 with "same"
+//! padding (1 for 3×3). Two schedules, both in bands of output rows so that their scratch stays
+//! near `BAND_BYTES` however large the image (the decoder's last stages are 128 channels × 1024²):
+//! - float weights (f32 / f16 / bf16, what the converters write for the VAE): [`taps`], one f32
+//!   GEMM per kernel tap over the input read in place at the tap's offset;
+//! - quantized weights: [`im2col`], the patches copied out and multiplied on the codec's packed
+//!   GEMM ([`crate::matmul_with`]), so every weight codec works.
+
+mod im2col;
+mod taps;
+
+use cmf_format::Dtype;
+
+use crate::cpu::Isa;
+use crate::Weight;
+
+/// Target size of one band's scratch (the im2col matrix; the padded input band and its output).
+const BAND_BYTES: usize = 24 << 20;
+
+/// out[c_out, h, w] = conv(x[c_in, h, w], weight) + bias, for one sample.
+/// `weight` is `[c_out, c_in·k·k]` (PyTorch's `[c_out, c_in, k, k]` flattened), k = 1 or 3.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d(
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weight: &Weight,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    conv2d_with(crate::cpu::active(), x, c_in, h, w, weight, k, bias, out)
+}
+
+/// [`conv2d`] on a given path (tests and benchmarks).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_with(
+    isa: Isa,
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weight: &Weight,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let schedule = if matches!(weight.dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16) {
+        Schedule::Taps {
+            band_bytes: BAND_BYTES,
+        }
+    } else {
+        Schedule::Im2col
+    };
+    conv2d_schedule_with(isa, schedule, x, c_in, h, w, weight, k, bias, out)
+}
+
+/// Which schedule [`conv2d_schedule_with`] runs.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum Schedule {
+    /// Patches copied out, any codec.
+    Im2col,
+    /// One GEMM per tap (float codecs only), in bands of about `band_bytes` of scratch.
+    Taps { band_bytes: usize },
+}
+
+/// [`conv2d_with`] on a chosen schedule (the schedules' tests, with bands small enough that a
+/// test image spans several, and A/B benchmarks).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_schedule_with(
+    isa: Isa,
+    schedule: Schedule,
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weight: &Weight,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    if check(x, c_in, h, w, weight, k, bias, out) {
+        match schedule {
+            Schedule::Im2col => im2col::conv(isa, x, c_in, h, w, weight, k, bias, out),
+            Schedule::Taps { band_bytes } => {
+                assert!(
+                    matches!(weight.dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16),
+                    "conv2d: the tap schedule takes float weights, not {}",
+                    weight.dtype
+                );
+                taps::conv(isa, x, c_in, h, w, weight, k, bias, band_bytes, out)
+            }
+        }
+    }
+}
+
+/// Panics on inconsistent shapes (a caller's bug, not bad input: the VAE checks the file's
+/// shapes at load); false when there is nothing to compute.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    x: &[f32],
+    c_in: usize,
+    h: usize,
+    w: usize,
+    weight: &Weight,
+    k: usize,
+    bias: Option<&[f32]>,
+    out: &[f32],
+) -> bool {
+    assert!(k == 1 || k == 3, "conv2d: kernel {k} (only 1×1 and 3×3)");
+    let c_out = weight.rows;
+    let kk = c_in * k * k;
+    assert_eq!(
+        weight.cols, kk,
+        "conv2d: weight has {} columns, c_in·k·k = {kk}",
+        weight.cols
+    );
+    assert_eq!(x.len(), c_in * h * w, "conv2d: x is not [{c_in}, {h}, {w}]");
+    assert_eq!(
+        out.len(),
+        c_out * h * w,
+        "conv2d: out is not [{c_out}, {h}, {w}]"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), c_out, "conv2d: bias needs {c_out} values");
+    }
+    h > 0 && w > 0 && c_out > 0
+}
