@@ -461,15 +461,7 @@ fn conv(args: &Args) {
         for &t in &args.threads {
             set_num_threads(t);
             let mut line = format!("{c_in:>3}→{c_out:<3} at {hw}² threads {t}:");
-            for (name, sch) in [
-                (
-                    "taps",
-                    Schedule::Taps {
-                        band_bytes: 24 << 20,
-                    },
-                ),
-                ("im2col", Schedule::Im2col),
-            ] {
+            for (name, sch) in [("taps", Schedule::TAPS), ("im2col", Schedule::Im2col)] {
                 let secs = best_time(args.secs, || {
                     conv2d_schedule_with(
                         args.isa,

@@ -9,9 +9,8 @@
 mod im2col;
 mod taps;
 
-use cmf_format::Dtype;
-
 use crate::cpu::Isa;
+use crate::linear::FloatW;
 use crate::Weight;
 
 /// Target size of one band's scratch (the im2col matrix; the padded input band and its output).
@@ -47,10 +46,8 @@ pub fn conv2d_with(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let schedule = if matches!(weight.dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16) {
-        Schedule::Taps {
-            band_bytes: BAND_BYTES,
-        }
+    let schedule = if FloatW::of(weight).is_some() {
+        Schedule::TAPS
     } else {
         Schedule::Im2col
     };
@@ -65,6 +62,13 @@ pub enum Schedule {
     Im2col,
     /// One GEMM per tap (float codecs only), in bands of about `band_bytes` of scratch.
     Taps { band_bytes: usize },
+}
+
+impl Schedule {
+    /// The tap schedule with the bands [`conv2d_with`] uses.
+    pub const TAPS: Schedule = Schedule::Taps {
+        band_bytes: BAND_BYTES,
+    };
 }
 
 /// [`conv2d_with`] on a chosen schedule (the schedules' tests, with bands small enough that a
@@ -88,7 +92,7 @@ pub fn conv2d_schedule_with(
             Schedule::Im2col => im2col::conv(isa, x, c_in, h, w, weight, k, bias, out),
             Schedule::Taps { band_bytes } => {
                 assert!(
-                    matches!(weight.dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16),
+                    FloatW::of(weight).is_some(),
                     "conv2d: the tap schedule takes float weights, not {}",
                     weight.dtype
                 );

@@ -71,7 +71,7 @@ pub(super) fn conv(
                 }
             }
         });
-        let n = (rows * wp).div_ceil(NR) * NR;
+        let n = positions(rows, wp);
         let (chunks, co_blocks) = (n.div_ceil(CHUNK), c_out.div_ceil(CO_BLOCK));
         pool::for_each_task(chunks * co_blocks, |task| {
             let (q0, co0) = ((task / co_blocks) * CHUNK, (task % co_blocks) * CO_BLOCK);
@@ -125,7 +125,7 @@ pub(super) fn conv(
 /// whole cache lines and made an odd number of them, so that a B column block's c_in lines (one
 /// per plane) spread over the cache sets instead of sharing a few.
 fn geometry(rows: usize, wp: usize, k: usize) -> (usize, usize) {
-    let n = (rows * wp).div_ceil(NR) * NR;
+    let n = positions(rows, wp);
     let mut stride = (n + (k - 1) * (wp + 1)).div_ceil(16) * 16;
     if (stride / 16).is_multiple_of(2) {
         stride += 16;
@@ -133,15 +133,17 @@ fn geometry(rows: usize, wp: usize, k: usize) -> (usize, usize) {
     (n, stride)
 }
 
+/// Positions computed for a band of `rows` output rows of pitch `wp`: a whole number of [`NR`]
+/// columns.
+fn positions(rows: usize, wp: usize) -> usize {
+    (rows * wp).div_ceil(NR) * NR
+}
+
 /// The weight `[c_out, c_in·taps]` (PyTorch's `[c_out, c_in, ky, kx]`) as f32 per tap:
 /// `[taps][c_out][c_in]`, so that a tap's matrix is a plain row-major A operand.
 fn tap_weights(weight: &Weight, c_in: usize, taps: usize) -> Vec<f32> {
     let c_out = weight.rows;
-    let fw = FloatW {
-        dtype: weight.dtype,
-        data: weight.data,
-        cols: weight.cols,
-    };
+    let fw = FloatW::of(weight).expect("conv2d_schedule_with checked the codec");
     let mut wt = vec![0f32; taps * c_out * c_in];
     let wp = SendPtr(wt.as_mut_ptr());
     const ROWS: usize = 16;

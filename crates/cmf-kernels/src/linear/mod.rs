@@ -37,7 +37,16 @@ pub(crate) struct FloatW<'a> {
     pub cols: usize,
 }
 
-impl FloatW<'_> {
+impl<'a> FloatW<'a> {
+    /// `w` read as a float matrix; `None` for the quantized codecs.
+    pub fn of(w: &Weight<'a>) -> Option<Self> {
+        matches!(w.dtype, Dtype::F32 | Dtype::F16 | Dtype::Bf16).then_some(FloatW {
+            dtype: w.dtype,
+            data: w.data,
+            cols: w.cols,
+        })
+    }
+
     /// Decodes row `r` to f32 (exact for every float codec).
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
@@ -81,12 +90,10 @@ pub(crate) enum Plan<'a> {
 }
 
 fn plan<'a>(w: &Weight<'a>) -> Plan<'a> {
+    if let Some(f) = FloatW::of(w) {
+        return Plan::Float(f);
+    }
     match w.dtype {
-        Dtype::F32 | Dtype::F16 | Dtype::Bf16 => Plan::Float(FloatW {
-            dtype: w.dtype,
-            data: w.data,
-            cols: w.cols,
-        }),
         Dtype::Q8Row | Dtype::Q8_2f => Plan::Q8(Q8::new(w)),
         Dtype::Q4Block | Dtype::Q4Tiled | Dtype::Q4Tp => match Q4::new(w) {
             Some(q) => Plan::Q4(q),
