@@ -440,7 +440,7 @@ fn actq(_args: &Args) {
 /// The Flux VAE decoder's 3×3 convs (channels in → out at h × w), as a 512² image has them, and
 /// a 1024² image's largest: GFLOP/s of each schedule (2·c_out·c_in·9·h·w per call).
 fn conv(args: &Args) {
-    use cmf_kernels::conv::{conv2d_schedule_with, Schedule};
+    use cmf_kernels::conv::{conv2d_schedule_with, Conv2d, Schedule};
     const SHAPES: [(usize, usize, usize); 5] = [
         (512, 512, 64),
         (512, 512, 128),
@@ -462,19 +462,13 @@ fn conv(args: &Args) {
             set_num_threads(t);
             let mut line = format!("{c_in:>3}→{c_out:<3} at {hw}² threads {t}:");
             for (name, sch) in [("taps", Schedule::TAPS), ("im2col", Schedule::Im2col)] {
+                let layer = Conv2d {
+                    weight: &w,
+                    k: 3,
+                    bias: Some(&bias),
+                };
                 let secs = best_time(args.secs, || {
-                    conv2d_schedule_with(
-                        args.isa,
-                        sch,
-                        &x,
-                        c_in,
-                        hw,
-                        hw,
-                        &w,
-                        3,
-                        Some(&bias),
-                        &mut y,
-                    )
+                    conv2d_schedule_with(args.isa, sch, layer, &x, hw, hw, &mut y)
                 });
                 line += &format!("  {name} {:.1}", flop / secs / 1e9);
             }

@@ -26,7 +26,7 @@ mod simd;
 use cmf_format::Dtype;
 
 pub use attention::{attention, attention_decode, AttnParams, Kv, KvCache, KvDtype, KvSlice};
-pub use conv::conv2d;
+pub use conv::{conv2d, Conv2d};
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_multi_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};

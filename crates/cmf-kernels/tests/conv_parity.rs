@@ -7,6 +7,7 @@ mod common;
 
 use cmf_format::Dtype;
 use cmf_kernels::conv::{conv2d_schedule_with, conv2d_with, Schedule};
+use cmf_kernels::Conv2d;
 use cmf_kernels::{reference, Isa, Weight};
 use common::Rng;
 
@@ -74,20 +75,14 @@ fn conv_matches_reference() {
             for isa in Isa::all_supported() {
                 for (name, schedule) in float_schedules() {
                     let mut got = vec![f32::NAN; c_out * h * w];
+                    let layer = Conv2d {
+                        weight: &weight,
+                        k,
+                        bias: Some(&bias),
+                    };
                     match schedule {
-                        None => conv2d_with(isa, &x, c_in, h, w, &weight, k, Some(&bias), &mut got),
-                        Some(s) => conv2d_schedule_with(
-                            isa,
-                            s,
-                            &x,
-                            c_in,
-                            h,
-                            w,
-                            &weight,
-                            k,
-                            Some(&bias),
-                            &mut got,
-                        ),
+                        None => conv2d_with(isa, layer, &x, h, w, &mut got),
+                        Some(s) => conv2d_schedule_with(isa, s, layer, &x, h, w, &mut got),
                     }
                     for i in 0..got.len() {
                         assert!(
@@ -119,7 +114,12 @@ fn conv_with_quantized_weight() {
     let scale = abs_conv(&x, c_in, h, w, &wt, c_out, k);
     for isa in Isa::all_supported() {
         let mut got = vec![0f32; c_out * h * w];
-        conv2d_with(isa, &x, c_in, h, w, &weight, k, None, &mut got);
+        let layer = Conv2d {
+            weight: &weight,
+            k,
+            bias: None,
+        };
+        conv2d_with(isa, layer, &x, h, w, &mut got);
         for i in 0..got.len() {
             assert!(
                 (got[i] - want[i]).abs() <= 2e-2 * scale[i] + 1e-6,

@@ -134,19 +134,9 @@ pub fn group_norm(
     k::group_norm(x, channels, hw, groups, w, b, eps, silu, out)
 }
 
-/// 3×3 or 1×1 "same" convolution of one NCHW sample: `out[c_out, h, w]`.
-#[allow(clippy::too_many_arguments)]
-pub fn conv2d(
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    ksize: usize,
-    bias: &[f32],
-    out: &mut [f32],
-) {
-    cmf_kernels::conv2d(x, c_in, h, w, weight, ksize, Some(bias), out)
+/// 3×3 or 1×1 "same" convolution of one NCHW sample `x[c_in, h, w]`: `out[c_out, h, w]`.
+pub fn conv2d(layer: cmf_kernels::Conv2d, x: &[f32], h: usize, w: usize, out: &mut [f32]) {
+    cmf_kernels::conv2d(layer, x, h, w, out)
 }
 
 /// Nearest-neighbour ×2 upsampling of `x[c, h, w]` → `[c, 2h, 2w]` (torch `interpolate(mode="nearest")`).

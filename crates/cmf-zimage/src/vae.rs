@@ -199,9 +199,12 @@ impl<'a> Conv2d<'a> {
     fn forward(&self, x: &Tensor3) -> Tensor3 {
         assert_eq!(x.c, self.cin);
         let mut out = vec![0f32; self.cout * x.h * x.w];
-        ops::conv2d(
-            &x.data, x.c, x.h, x.w, &self.w, self.k, &self.bias, &mut out,
-        );
+        let layer = cmf_kernels::Conv2d {
+            weight: &self.w,
+            k: self.k,
+            bias: Some(&self.bias),
+        };
+        ops::conv2d(layer, &x.data, x.h, x.w, &mut out);
         Tensor3 {
             c: self.cout,
             h: x.h,

@@ -1,25 +1,14 @@
 //! The im2col schedule: per band of output rows, one row of `c_in·k·k` patch values per output
 //! pixel, multiplied on the weight codec's packed GEMM, then transposed to NCHW with the bias.
 
-use super::BAND_BYTES;
+use super::{Conv2d, BAND_BYTES};
 use crate::cpu::Isa;
 use crate::pool::{self, SendPtr};
-use crate::Weight;
 
 /// [`super::conv2d_with`] for any weight codec; shapes checked by the caller.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn conv(
-    isa: Isa,
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let c_out = weight.rows;
+pub(super) fn conv(isa: Isa, layer: Conv2d, x: &[f32], h: usize, w: usize, out: &mut [f32]) {
+    let Conv2d { weight, k, bias } = layer;
+    let (c_in, c_out) = (layer.c_in(), layer.c_out());
     let kk = c_in * k * k;
     let band = (BAND_BYTES / (w * kk * 4).max(1)).clamp(1, h);
     let mut cols = vec![0f32; band * w * kk];

@@ -16,42 +16,40 @@ use crate::Weight;
 /// Target size of one band's scratch (the im2col matrix; the padded input band and its output).
 const BAND_BYTES: usize = 24 << 20;
 
-/// out[c_out, h, w] = conv(x[c_in, h, w], weight) + bias, for one sample.
-/// `weight` is `[c_out, c_in·k·k]` (PyTorch's `[c_out, c_in, k, k]` flattened), k = 1 or 3.
-#[allow(clippy::too_many_arguments)]
-pub fn conv2d(
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    conv2d_with(crate::cpu::active(), x, c_in, h, w, weight, k, bias, out)
+/// One convolution layer: `weight` is `[c_out, c_in·k·k]` (PyTorch's `[c_out, c_in, k, k]`
+/// flattened), k = 1 or 3, and an optional bias of c_out values.
+#[derive(Clone, Copy, Debug)]
+pub struct Conv2d<'a> {
+    pub weight: &'a Weight<'a>,
+    pub k: usize,
+    pub bias: Option<&'a [f32]>,
+}
+
+impl Conv2d<'_> {
+    /// Input channels: the weight's columns over the kernel's taps.
+    pub fn c_in(&self) -> usize {
+        self.weight.cols / (self.k * self.k).max(1)
+    }
+
+    pub fn c_out(&self) -> usize {
+        self.weight.rows
+    }
+}
+
+/// out[c_out, h, w] = conv(x[c_in, h, w]) + bias, for one sample.
+pub fn conv2d(layer: Conv2d, x: &[f32], h: usize, w: usize, out: &mut [f32]) {
+    conv2d_with(crate::cpu::active(), layer, x, h, w, out)
 }
 
 /// [`conv2d`] on a given path (tests and benchmarks).
 #[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn conv2d_with(
-    isa: Isa,
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-) {
-    let schedule = if FloatW::of(weight).is_some() {
+pub fn conv2d_with(isa: Isa, layer: Conv2d, x: &[f32], h: usize, w: usize, out: &mut [f32]) {
+    let schedule = if FloatW::of(layer.weight).is_some() {
         Schedule::TAPS
     } else {
         Schedule::Im2col
     };
-    conv2d_schedule_with(isa, schedule, x, c_in, h, w, weight, k, bias, out)
+    conv2d_schedule_with(isa, schedule, layer, x, h, w, out)
 }
 
 /// Which schedule [`conv2d_schedule_with`] runs.
@@ -74,29 +72,25 @@ impl Schedule {
 /// [`conv2d_with`] on a chosen schedule (the schedules' tests, with bands small enough that a
 /// test image spans several, and A/B benchmarks).
 #[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
 pub fn conv2d_schedule_with(
     isa: Isa,
     schedule: Schedule,
+    layer: Conv2d,
     x: &[f32],
-    c_in: usize,
     h: usize,
     w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    if check(x, c_in, h, w, weight, k, bias, out) {
+    if check(layer, x, h, w, out) {
         match schedule {
-            Schedule::Im2col => im2col::conv(isa, x, c_in, h, w, weight, k, bias, out),
+            Schedule::Im2col => im2col::conv(isa, layer, x, h, w, out),
             Schedule::Taps { band_bytes } => {
                 assert!(
-                    FloatW::of(weight).is_some(),
+                    FloatW::of(layer.weight).is_some(),
                     "conv2d: the tap schedule takes float weights, not {}",
-                    weight.dtype
+                    layer.weight.dtype
                 );
-                taps::conv(isa, x, c_in, h, w, weight, k, bias, band_bytes, out)
+                taps::conv(isa, layer, x, h, w, band_bytes, out)
             }
         }
     }
@@ -104,24 +98,16 @@ pub fn conv2d_schedule_with(
 
 /// Panics on inconsistent shapes (a caller's bug, not bad input: the VAE checks the file's
 /// shapes at load); false when there is nothing to compute.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    x: &[f32],
-    c_in: usize,
-    h: usize,
-    w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
-    out: &[f32],
-) -> bool {
+fn check(layer: Conv2d, x: &[f32], h: usize, w: usize, out: &[f32]) -> bool {
+    let k = layer.k;
     assert!(k == 1 || k == 3, "conv2d: kernel {k} (only 1×1 and 3×3)");
-    let c_out = weight.rows;
-    let kk = c_in * k * k;
+    let (c_in, c_out) = (layer.c_in(), layer.c_out());
     assert_eq!(
-        weight.cols, kk,
-        "conv2d: weight has {} columns, c_in·k·k = {kk}",
-        weight.cols
+        layer.weight.cols % (k * k),
+        0,
+        "conv2d: weight has {} columns, not a multiple of k·k = {}",
+        layer.weight.cols,
+        k * k
     );
     assert_eq!(x.len(), c_in * h * w, "conv2d: x is not [{c_in}, {h}, {w}]");
     assert_eq!(
@@ -129,7 +115,7 @@ fn check(
         c_out * h * w,
         "conv2d: out is not [{c_out}, {h}, {w}]"
     );
-    if let Some(b) = bias {
+    if let Some(b) = layer.bias {
         assert_eq!(b.len(), c_out, "conv2d: bias needs {c_out} values");
     }
     h > 0 && w > 0 && c_out > 0

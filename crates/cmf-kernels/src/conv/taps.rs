@@ -11,6 +11,7 @@
 //! Tasks take `CHUNK` positions × `CO_BLOCK` output channels, so that a tap's B block (c_in ×
 //! CHUNK floats) stays in L2 while every 8-row block of W_t passes over it.
 
+use super::Conv2d;
 use crate::cpu::Isa;
 use crate::linear::FloatW;
 use crate::pool::{self, SendPtr};
@@ -23,20 +24,17 @@ const CHUNK: usize = 256;
 const CO_BLOCK: usize = 128;
 
 /// [`super::conv2d_with`] for f32 / f16 / bf16 weights; shapes checked by the caller.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn conv(
     isa: Isa,
+    layer: Conv2d,
     x: &[f32],
-    c_in: usize,
     h: usize,
     w: usize,
-    weight: &Weight,
-    k: usize,
-    bias: Option<&[f32]>,
     band_bytes: usize,
     out: &mut [f32],
 ) {
-    let c_out = weight.rows;
+    let Conv2d { weight, k, bias } = layer;
+    let (c_in, c_out) = (layer.c_in(), layer.c_out());
     let (pad, taps) = (k / 2, k * k);
     let wp = w + 2 * pad;
     let wt = tap_weights(weight, c_in, taps);
