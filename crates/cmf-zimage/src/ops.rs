@@ -118,21 +118,9 @@ pub fn attention(
     cmf_kernels::attention(q, Kv::f32(kk, v, n), &p, None, out)
 }
 
-/// GroupNorm of `x[channels, hw]` (per-channel affine, eps), optionally followed by SiLU.
-#[allow(clippy::too_many_arguments)]
-pub fn group_norm(
-    x: &[f32],
-    channels: usize,
-    hw: usize,
-    groups: usize,
-    w: &[f32],
-    b: &[f32],
-    eps: f32,
-    silu: bool,
-    out: &mut [f32],
-) {
-    k::group_norm(x, channels, hw, groups, w, b, eps, silu, out)
-}
+/// GroupNorm of `x[channels, hw]` (per-channel affine, eps), optionally followed by SiLU: the
+/// kernel's own signature, nothing to adapt.
+pub use k::group_norm;
 
 /// 3×3 or 1×1 "same" convolution of one NCHW sample `x[c_in, h, w]`: `out[c_out, h, w]`.
 pub fn conv2d(layer: cmf_kernels::Conv2d, x: &[f32], h: usize, w: usize, out: &mut [f32]) {

@@ -8,8 +8,8 @@
 //! (cuda/dit_rows.rs, kernels/e4m3.cuh); images 38.0–38.8 dB PSNR from the bf16 ones on the
 //! random-weight full-size pack.
 
-use super::device::{Arg, DResult, Dev, DevError};
-use super::kernels::{Func, Module, FP8};
+use super::device::{DResult, Dev, DevError};
+use super::kernels::{launch_quant_rows, Func, Module, FP8};
 pub use super::lt::LtOut as Fp8Out;
 use super::lt::{LtCall, LtGemm, LtIn};
 use std::sync::Arc;
@@ -61,19 +61,7 @@ impl Fp8Gemm {
                 "e4m3 rows need an even column count, not {cols}"
             )));
         }
-        self.dev.launch(
-            &self.quant,
-            (rows as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                Arg::I32(cols as i32),
-                Arg::U64(ld as u64),
-                Arg::Ptr(q),
-                Arg::Ptr(scale),
-            ],
-        )
+        launch_quant_rows(&self.dev, &self.quant, x, (rows, cols, ld), q, scale)
     }
 
     /// `out[m, n] = xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]` (see the module notes).

@@ -12,7 +12,7 @@
 //! take no bf16 output), so the scales are applied after the GEMM.
 
 use super::device::{Arg, DResult, Dev, DevError};
-use super::kernels::{Func, Module, INT8};
+use super::kernels::{launch_quant_rows, Func, Module, INT8};
 use super::lt::{LtCall, LtGemm, LtIn, LtOut};
 use std::sync::Arc;
 
@@ -61,19 +61,7 @@ impl Int8Gemm {
                 "s8 rows: {cols} values a row, stride {ld} (both must be multiples of 4)"
             )));
         }
-        self.dev.launch(
-            &self.quant,
-            (rows as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                Arg::I32(cols as i32),
-                Arg::U64(ld as u64),
-                Arg::Ptr(q),
-                Arg::Ptr(scale),
-            ],
-        )
+        launch_quant_rows(&self.dev, &self.quant, x, (rows, cols, ld), q, scale)
     }
 
     /// `out[m, n]` (bf16, row stride `ldc`) `= xs[m] · ws[n] · Σ_k x[m, k] · w[n, k]` for s8

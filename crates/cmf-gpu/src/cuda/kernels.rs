@@ -7,7 +7,7 @@
 //! others. A loader compiles its modules in parallel ([`compile_parallel`]); a first run on a
 //! machine waits for the slowest module, not for their sum.
 
-use super::device::{Ctx, DResult, Dev, DevError};
+use super::device::{Arg, Ctx, DResult, Dev, DevError};
 use super::nvrtc;
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
@@ -202,6 +202,33 @@ pub const fn ws8_smem(slots: usize) -> usize {
 const _: () = assert!(ws8_smem(6) <= 227 * 1024);
 
 /// The source NVRTC sees: the common helpers, then the op family.
+/// Launches one of the row quantisers (fp8.cu's `quant_rows_e4m3`, int8.cu's `quant_rows_s8`:
+/// one signature, one 256-thread block a row): `rows` bf16 rows of `cols` values with row stride
+/// `ld` at `x` become 8-bit rows at `q` and one f32 scale a row at `scale`. The callers check
+/// the shapes their codec needs first.
+pub fn launch_quant_rows(
+    dev: &Dev,
+    f: &Func,
+    x: u64,
+    (rows, cols, ld): (usize, usize, usize),
+    q: u64,
+    scale: u64,
+) -> DResult<()> {
+    dev.launch(
+        f,
+        (rows as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(x),
+            Arg::I32(cols as i32),
+            Arg::U64(ld as u64),
+            Arg::Ptr(q),
+            Arg::Ptr(scale),
+        ],
+    )
+}
+
 pub fn full_source(src: &str) -> String {
     format!("{COMMON}\n{src}")
 }

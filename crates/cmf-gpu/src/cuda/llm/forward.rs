@@ -547,38 +547,21 @@ impl CudaLlm {
                 self.rmsnorm_rows(pf.h.ptr(), d.attn_norm.ptr(), t, h, pf.xn.ptr())?;
                 self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())
             }
-            1 => {
-                self.gemm(
-                    &d.q,
-                    pf.xn.ptr(),
-                    pf.xb.ptr(),
-                    t,
-                    pf.qkv.ptr(),
-                    ld,
-                    0,
-                    false,
-                )?;
-                self.gemm(
-                    &d.k,
-                    pf.xn.ptr(),
-                    pf.xb.ptr(),
-                    t,
-                    pf.qkv.ptr(),
-                    ld,
-                    q,
-                    false,
-                )?;
-                self.gemm(
-                    &d.v,
-                    pf.xn.ptr(),
-                    pf.xb.ptr(),
-                    t,
-                    pf.qkv.ptr(),
-                    ld,
-                    q + kv,
-                    false,
-                )
-            }
+            // q, k and v side by side in the rows of pf.qkv.
+            1 => [(&d.q, 0), (&d.k, q), (&d.v, q + kv)]
+                .into_iter()
+                .try_for_each(|(w, col0)| {
+                    self.gemm(
+                        w,
+                        pf.xn.ptr(),
+                        pf.xb.ptr(),
+                        t,
+                        pf.qkv.ptr(),
+                        ld,
+                        col0,
+                        false,
+                    )
+                }),
             2 => self.rope(l, pf.qkv.ptr(), t, pf.start.ptr(), pf.qr.ptr(), true),
             3 => self.enqueue_attention_prefill(l, t),
             4 => {
@@ -588,26 +571,21 @@ impl CudaLlm {
             5 => {
                 self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
                 self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
-                self.gemm(
-                    &d.gate,
-                    pf.xn.ptr(),
-                    pf.xb.ptr(),
-                    t,
-                    pf.gu.ptr(),
-                    2 * i,
-                    0,
-                    false,
-                )?;
-                self.gemm(
-                    &d.up,
-                    pf.xn.ptr(),
-                    pf.xb.ptr(),
-                    t,
-                    pf.gu.ptr(),
-                    2 * i,
-                    i,
-                    false,
-                )
+                // gate and up side by side in the rows of pf.gu, as swiglu_rows reads them.
+                [(&d.gate, 0), (&d.up, i)]
+                    .into_iter()
+                    .try_for_each(|(w, col0)| {
+                        self.gemm(
+                            w,
+                            pf.xn.ptr(),
+                            pf.xb.ptr(),
+                            t,
+                            pf.gu.ptr(),
+                            2 * i,
+                            col0,
+                            false,
+                        )
+                    })
             }
             6 => {
                 let f32_act = self.opts.precise || !d.down.codec.gemm_in_bf16();
