@@ -533,6 +533,21 @@ impl CudaLlm {
         "down GEMM (+res)",
     ];
 
+    /// The normed rows pf.xn (and their bf16 copy pf.xb) times each weight, the products side
+    /// by side in the rows of `out` (row stride `ld`), each from its column offset on.
+    fn gemms_side_by_side(
+        &self,
+        parts: &[(&DevWeight, usize)],
+        t: usize,
+        out: u64,
+        ld: usize,
+    ) -> DResult<()> {
+        let pf = self.pf.as_ref().expect("prefill workspace");
+        parts.iter().try_for_each(|&(w, col0)| {
+            self.gemm(w, pf.xn.ptr(), pf.xb.ptr(), t, out, ld, col0, false)
+        })
+    }
+
     /// One stage of layer `l` over pf.h[t, H] at positions *pf.start + i.
     pub(super) fn prefill_stage(&self, l: usize, t: usize, stage: usize) -> DResult<()> {
         let (s, pf, d) = (
@@ -548,20 +563,12 @@ impl CudaLlm {
                 self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())
             }
             // q, k and v side by side in the rows of pf.qkv.
-            1 => [(&d.q, 0), (&d.k, q), (&d.v, q + kv)]
-                .into_iter()
-                .try_for_each(|(w, col0)| {
-                    self.gemm(
-                        w,
-                        pf.xn.ptr(),
-                        pf.xb.ptr(),
-                        t,
-                        pf.qkv.ptr(),
-                        ld,
-                        col0,
-                        false,
-                    )
-                }),
+            1 => self.gemms_side_by_side(
+                &[(&d.q, 0), (&d.k, q), (&d.v, q + kv)],
+                t,
+                pf.qkv.ptr(),
+                ld,
+            ),
             2 => self.rope(l, pf.qkv.ptr(), t, pf.start.ptr(), pf.qr.ptr(), true),
             3 => self.enqueue_attention_prefill(l, t),
             4 => {
@@ -572,20 +579,7 @@ impl CudaLlm {
                 self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
                 self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
                 // gate and up side by side in the rows of pf.gu, as swiglu_rows reads them.
-                [(&d.gate, 0), (&d.up, i)]
-                    .into_iter()
-                    .try_for_each(|(w, col0)| {
-                        self.gemm(
-                            w,
-                            pf.xn.ptr(),
-                            pf.xb.ptr(),
-                            t,
-                            pf.gu.ptr(),
-                            2 * i,
-                            col0,
-                            false,
-                        )
-                    })
+                self.gemms_side_by_side(&[(&d.gate, 0), (&d.up, i)], t, pf.gu.ptr(), 2 * i)
             }
             6 => {
                 let f32_act = self.opts.precise || !d.down.codec.gemm_in_bf16();
