@@ -7,12 +7,16 @@
 //! - Tokens are pseudo-random ids (llama-bench: `rand() % n_vocab`; here a fixed-seed
 //!   xoshiro256**), after one untimed warm-up run of each test; each repetition starts from an
 //!   empty cache. Reported: mean ± sample standard deviation of the per-repetition tok/s.
+//! - On the GPU, tg feeds each step the token the device's arg-max drew, as generation does:
+//!   the work of a step does not depend on the token's value, and a fed-back token lets the
+//!   device run the next step's graph while the host reads this one's token (decode ahead).
+//!   Fed random ids instead, every step launched ahead would be thrown away and run again.
 
 use crate::error::Result;
 use crate::gpu::{refused, GpuModel};
 use crate::model::Model;
 use crate::sampling::Xoshiro256;
-use cmf_gpu::llm::Logits;
+use cmf_gpu::llm::{Logits, Sampler};
 use cmf_kernels::KvDtype;
 use std::time::Instant;
 
@@ -117,7 +121,9 @@ pub fn run_on(
         let ids = random_ids(cfg.gen_tokens);
         match gpu.as_deref_mut() {
             Some(g) => {
-                g.decode(ids[0], 0, false).map_err(refused)?;
+                // Captures the graphs; the step launched ahead is settled by the next call.
+                g.decode_sampled(ids[0], 0, &Sampler::Greedy)
+                    .map_err(refused)?;
             }
             None => {
                 model.decode(&mut st, ids[0])?;
@@ -129,9 +135,15 @@ pub fn run_on(
             let t = Instant::now();
             match gpu.as_deref_mut() {
                 Some(g) => {
-                    for (i, &id) in ids.iter().enumerate() {
-                        g.decode(id, i, false).map_err(refused)?;
+                    // The last step launches nothing ahead, so no work spills into the
+                    // next repetition's time.
+                    let mut tok = ids[0];
+                    for i in 0..ids.len() - 1 {
+                        tok = g
+                            .decode_sampled(tok, i, &Sampler::Greedy)
+                            .map_err(refused)?;
                     }
+                    g.decode(tok, ids.len() - 1, true).map_err(refused)?;
                 }
                 None => {
                     for &id in &ids {

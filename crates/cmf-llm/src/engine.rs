@@ -4,6 +4,7 @@
 
 use crate::error::Result;
 use crate::model::{Model, State};
+use cmf_gpu::llm::sample::SampleSpec;
 
 pub trait Engine {
     /// Runs `tokens` after the cached ones; returns the logits of the last ([vocab]).
@@ -12,6 +13,14 @@ pub trait Engine {
     /// Runs one token; returns its logits.
     fn decode(&mut self, token: u32) -> Result<&[f32]> {
         self.prefill(&[token])
+    }
+
+    /// Runs one token and draws the next with `spec` on the engine's own sampler (the device's:
+    /// only the token id comes back), or returns None, having run nothing, when the engine has
+    /// no sampler for `spec` (the caller then calls [`Engine::decode`] and samples the logits).
+    /// Either way the draw is `cmf_gpu::llm::sample`'s for this position.
+    fn decode_sampled(&mut self, _token: u32, _spec: &SampleSpec) -> Result<Option<u32>> {
+        Ok(None)
     }
 
     /// Tokens cached (the next token's position).

@@ -116,8 +116,14 @@ pub fn generate_cancellable(
         }
         hit
     };
+    let spec = cfg.sampling.spec();
+    // The token the engine drew on its own sampler, when it has one (then `logits` is stale).
+    let mut drawn: Option<u32> = None;
     while stats.generated_tokens < cfg.max_tokens {
-        let token = sampler.sample(&mut logits, history);
+        let token = match drawn.take() {
+            Some(t) => t,
+            None => sampler.sample(&mut logits, history),
+        };
         if stats.generated_tokens == 0 {
             stats.time_to_first_token = t0.elapsed();
         }
@@ -142,7 +148,10 @@ pub fn generate_cancellable(
             return Ok(stats);
         }
         let t = Instant::now();
-        logits.copy_from_slice(engine.decode(token)?);
+        drawn = engine.decode_sampled(token, &spec)?;
+        if drawn.is_none() {
+            logits.copy_from_slice(engine.decode(token)?);
+        }
         stats.decode_time += t.elapsed();
         stats.decode_steps += 1;
         history.push(token);

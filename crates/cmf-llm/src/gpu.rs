@@ -14,6 +14,7 @@ use crate::model::rope::RopeScaling;
 use crate::model::Model;
 use crate::{LlmError, Result};
 use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
+use cmf_gpu::llm::sample::SampleSpec;
 use cmf_gpu::llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
 };
@@ -119,7 +120,7 @@ pub struct GpuModel {
 impl GpuModel {
     /// Uploads `model` for sequences of up to `max_context` tokens. None when the device
     /// refuses (the facade logs why at debug verbosity) or only part of the model would fit
-    /// (hybrid placement is not wired into this loop yet: the CPU runs all of it then).
+    /// (generation places the whole model or none of it: the CPU runs all of it then).
     pub fn load(
         gpu: &Gpu,
         model: &Model,
@@ -131,7 +132,7 @@ impl GpuModel {
         let llm = load_described(gpu, "llm", desc, max_context, layers)?;
         if !llm.placement().is_whole_model() {
             cmf_gpu::facade::log::debug(
-                "llm: partial placement: the generation loop runs on the CPU",
+                "llm: only part of the model fits: the generation loop runs on the CPU",
             );
             return None;
         }
@@ -168,6 +169,21 @@ impl GpuModel {
         self.llm.prefill(tokens, start, want, &mut out)?;
         self.pos = start + tokens.len();
         Ok(out)
+    }
+
+    /// One token at position `pos`, sampled on the device by `sampler`; only the token comes
+    /// back. The next step's graph is launched before this returns (decode ahead), so the
+    /// caller should feed the token back at `pos + 1`.
+    pub fn decode_sampled(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+    ) -> std::result::Result<u32, Refusal> {
+        let mut out = DecodeOutput::default();
+        self.llm.decode(token, pos, sampler, false, &mut out)?;
+        self.pos = pos + 1;
+        Ok(out.token)
     }
 
     /// One token at position `pos`, greedy on the device: the arg-max (and the logits when
@@ -363,6 +379,26 @@ impl Engine for GpuEngine<'_, '_> {
             .as_mut()
             .expect("CPU after the device")
             .decode(token)
+    }
+
+    fn decode_sampled(&mut self, token: u32, spec: &SampleSpec) -> Result<Option<u32>> {
+        let Some(g) = &mut self.gpu else {
+            return Ok(None);
+        };
+        if spec.device_limit().is_some() {
+            return Ok(None);
+        }
+        match g.decode_sampled(token, self.ids.len(), &Sampler::of(spec)) {
+            Ok(next) => {
+                self.ids.push(token);
+                Ok(Some(next))
+            }
+            Err(_) => {
+                // Nothing of this step was kept; the CPU takes over from the cached ids.
+                self.fall_back()?;
+                Ok(None)
+            }
+        }
     }
 
     fn len(&self) -> usize {

@@ -1,23 +1,18 @@
-//! Choosing the next token from logits.
-//!
-//! Order (transformers' `_get_logits_processor`: processors, then warpers): penalties on the raw
-//! logits → temperature → top-k → top-p → min-p → draw. Temperature 0 (or top-k 1) is greedy: the
-//! argmax after penalties, ties to the lowest id.
+//! Choosing the next token from logits: the user-facing parameters ([`SamplingParams`], what
+//! the CLI and the API accept) and the host sampler. The algorithm itself lives in
+//! `cmf_gpu::llm::sample`, shared with the device sampler so that a seed draws the same tokens
+//! on the CPU and on the GPU: penalties on the raw logits → temperature → top-k → top-p → min-p
+//! → a draw from (seed, position). Its module notes define each step.
 //!
 //! - repetition penalty (CTRL; transformers `RepetitionPenaltyLogitsProcessor`, llama.cpp
-//!   `penalty_repeat`): a logit of a recent token is divided by `p` when positive, multiplied
-//!   when negative;
-//! - presence / frequency penalty (OpenAI, llama.cpp `penalty_present` / `penalty_freq`):
-//!   `logit −= presence·[count > 0] + frequency·count`;
-//!   all three look at the last `penalty_last_n` tokens of the sequence, prompt included
+//!   `penalty_repeat`); presence / frequency penalty (OpenAI, llama.cpp `penalty_present` /
+//!   `penalty_freq`); all three over the last `penalty_last_n` tokens, prompt included
 //!   (llama.cpp's default window is 64);
-//! - top-p keeps the smallest set of most likely tokens whose probability reaches p (at least
-//!   one); min-p keeps tokens with probability ≥ min_p · p_max.
-//!
-//! The PRNG is xoshiro256** (Blackman & Vigna) seeded through splitmix64 from the 64-bit seed, so
-//! a seed reproduces a run on every platform; a draw is `u = (next() >> 11) · 2⁻⁵³` times the
-//! survivors' total, walked along their cumulative probabilities (descending order when top-p
-//! sorted them, vocabulary order otherwise).
+//! - the draw's random number is a pure function of the seed and the token's position (a
+//!   counter-based generator), so a step re-run after a device refusal, or run ahead on the
+//!   device, draws the same token.
+
+use cmf_gpu::llm::sample::{self, SampleSpec};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -76,151 +71,48 @@ impl SamplingParams {
         }
         Ok(())
     }
+}
 
-    fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
-    }
-
-    fn has_penalties(&self) -> bool {
-        self.penalty_last_n > 0
-            && (self.repeat_penalty != 1.0
-                || self.presence_penalty != 0.0
-                || self.frequency_penalty != 0.0)
+impl SamplingParams {
+    /// The shared algorithm's description of these parameters.
+    pub fn spec(&self) -> SampleSpec {
+        SampleSpec {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed: self.seed,
+        }
     }
 }
 
-/// A sampler with its PRNG and scratch space (no allocation per token after the first).
+/// The host sampler.
 pub struct Sampler {
     pub params: SamplingParams,
-    rng: Xoshiro256,
-    candidates: Vec<(u32, f32)>,
-    counts: Vec<(u32, u32)>,
+    spec: SampleSpec,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        let rng = Xoshiro256::seed(params.seed);
-        Sampler {
-            params,
-            rng,
-            candidates: Vec::new(),
-            counts: Vec::new(),
-        }
+        let spec = params.spec();
+        Sampler { params, spec }
     }
 
     /// Picks the next token. `logits` is modified (penalties applied); `history` is the sequence
-    /// so far (prompt and generated), of which the last `penalty_last_n` are penalised.
+    /// so far (prompt and generated, the token these logits follow last): the penalties look at
+    /// its last `penalty_last_n` ids and the draw at its last position.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let p = &self.params;
-        if p.has_penalties() {
-            let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
-            self.counts.clear();
-            for &t in recent {
-                match self.counts.iter_mut().find(|(id, _)| *id == t) {
-                    Some((_, c)) => *c += 1,
-                    None => self.counts.push((t, 1)),
-                }
-            }
-            for &(t, c) in &self.counts {
-                let Some(l) = logits.get_mut(t as usize) else {
-                    continue;
-                };
-                if p.repeat_penalty != 1.0 {
-                    *l = if *l > 0.0 {
-                        *l / p.repeat_penalty
-                    } else {
-                        *l * p.repeat_penalty
-                    };
-                }
-                *l -= p.presence_penalty + p.frequency_penalty * c as f32;
-            }
-        }
-        if p.is_greedy() {
-            return argmax(logits);
-        }
-
-        // Temperature; then truncation, sorting only as much as top-p needs (a full sort of a
-        // 150k vocabulary per token would cost milliseconds).
-        let inv_t = 1.0 / p.temperature;
-        let c = &mut self.candidates;
-        c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, &l)| (i as u32, l * inv_t)),
-        );
-        if c.is_empty() {
-            return 0;
-        }
-        let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, desc);
-            c.truncate(p.top_k);
-        }
-        // Softmax over the survivors.
-        let max = c.iter().map(|e| e.1).fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for e in c.iter_mut() {
-            e.1 = (e.1 - max).exp();
-            sum += e.1 as f64;
-        }
-        for e in c.iter_mut() {
-            e.1 = (e.1 as f64 / sum) as f32;
-        }
-        if p.top_p < 1.0 {
-            // Sort a growing prefix of the most likely tokens until it holds top_p of the mass.
-            let mut k = 64.min(c.len());
-            loop {
-                if k < c.len() {
-                    c.select_nth_unstable_by(k - 1, desc);
-                }
-                c[..k].sort_unstable_by(desc);
-                let mut acc = 0.0f32;
-                let keep = c[..k].iter().position(|e| {
-                    acc += e.1;
-                    acc >= p.top_p
-                });
-                match keep {
-                    Some(i) => {
-                        c.truncate(i + 1);
-                        break;
-                    }
-                    None if k == c.len() => break,
-                    None => k = (k * 4).min(c.len()),
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = p.min_p * c.iter().map(|e| e.1).fold(0.0, f32::max);
-            c.retain(|e| e.1 >= floor);
-        }
-        let total: f32 = c.iter().map(|e| e.1).sum();
-        let u = self.rng.next_f64() as f32 * total;
-        let mut acc = 0.0;
-        for e in c.iter() {
-            acc += e.1;
-            if u < acc {
-                return e.0;
-            }
-        }
-        c[c.len() - 1].0
+        let window = &history[history.len().saturating_sub(self.spec.penalty_last_n)..];
+        let pos = history.len().saturating_sub(1) as u64;
+        sample::sample(logits, window, &self.spec, pos)
     }
 }
 
-/// Index of the largest logit; the lowest index wins ties; NaN never wins.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
-    }
-    best as u32
-}
+pub use sample::argmax;
 
 /// xoshiro256** 1.0 (public-domain reference by Blackman & Vigna), seeded with splitmix64.
 #[derive(Clone, Debug)]
@@ -266,130 +158,34 @@ impl Xoshiro256 {
 mod tests {
     use super::*;
 
-    fn params(temperature: f32) -> SamplingParams {
-        SamplingParams {
-            temperature,
+    /// The window is the history's tail and the draw's position its last index, so sampling a
+    /// suffix of the same history with the same seed draws the same token.
+    #[test]
+    fn window_and_position_come_from_the_history() {
+        let logits: Vec<f32> = (0..40).map(|i| (i as f32 * 0.61).cos()).collect();
+        let params = SamplingParams {
+            temperature: 1.0,
+            repeat_penalty: 1.5,
+            penalty_last_n: 3,
+            seed: 9,
             ..Default::default()
-        }
+        };
+        let history = [5u32, 6, 7, 8, 9, 10];
+        let mut s = Sampler::new(params.clone());
+        let got = s.sample(&mut logits.clone(), &history);
+        let want = sample::sample(&mut logits.clone(), &[8, 9, 10], &params.spec(), 5);
+        assert_eq!(got, want);
+        // The penalised ids are the window's.
+        let mut l = logits.clone();
+        s.sample(&mut l, &history);
+        assert_ne!(l[10], logits[10]);
+        assert_eq!(l[5], logits[5]);
     }
 
     #[test]
     fn greedy_is_argmax_lowest_tie() {
-        let mut s = Sampler::new(params(0.0));
+        let mut s = Sampler::new(SamplingParams::default());
         assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0], &[]), 1);
-    }
-
-    #[test]
-    fn repetition_penalty_divides_positive_and_multiplies_negative() {
-        let mut s = Sampler::new(SamplingParams {
-            repeat_penalty: 2.0,
-            ..params(0.0)
-        });
-        let mut l = [4.0, 3.0, -1.0];
-        assert_eq!(s.sample(&mut l, &[0, 2]), 1);
-        assert_eq!(l, [2.0, 3.0, -2.0]);
-    }
-
-    #[test]
-    fn presence_and_frequency_penalties_within_window() {
-        let p = SamplingParams {
-            presence_penalty: 0.5,
-            frequency_penalty: 0.25,
-            penalty_last_n: 3,
-            ..params(0.0)
-        };
-        let mut s = Sampler::new(p);
-        let mut l = [1.0, 1.0, 1.0];
-        s.sample(&mut l, &[2, 0, 0, 1]); // window = [0, 0, 1]
-        assert_eq!(l, [1.0 - 0.5 - 0.5, 1.0 - 0.5 - 0.25, 1.0]);
-    }
-
-    #[test]
-    fn top_k_top_p_min_p_restrict_the_support() {
-        let logits = [0.0f32, 1.0, 2.0, 3.0, 4.0];
-        for (p, allowed) in [
-            (
-                SamplingParams {
-                    top_k: 2,
-                    ..params(1.0)
-                },
-                vec![3, 4],
-            ),
-            (
-                SamplingParams {
-                    top_p: 0.5,
-                    ..params(1.0)
-                },
-                vec![4],
-            ), // p(4) ≈ 0.64
-            (
-                SamplingParams {
-                    min_p: 0.3,
-                    ..params(1.0)
-                },
-                vec![3, 4],
-            ), // p(3)/p(4) ≈ 0.37
-        ] {
-            let mut s = Sampler::new(SamplingParams { seed: 7, ..p });
-            for _ in 0..200 {
-                let t = s.sample(&mut logits.clone(), &[]);
-                assert!(allowed.contains(&t), "{t} not in {allowed:?}");
-            }
-        }
-    }
-
-    /// Top-p over a flat distribution keeps just enough tokens (past the first sorted block of 64).
-    #[test]
-    fn top_p_grows_its_sorted_prefix() {
-        let mut logits = vec![0.0f32; 1000];
-        logits[999] = 0.5; // one slightly likelier token, always kept first
-        let mut s = Sampler::new(SamplingParams {
-            top_p: 0.5,
-            seed: 1,
-            ..params(1.0)
-        });
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..4000 {
-            seen.insert(s.sample(&mut logits.clone(), &[]));
-        }
-        assert!(seen.contains(&999));
-        // 0.5 of the mass is ≈ 499 tokens; every draw must come from that set.
-        assert!(seen.len() > 400 && seen.len() <= 500, "{}", seen.len());
-        assert!(s.candidates.len() <= 500);
-    }
-
-    /// With temperature 1 the empirical frequencies follow softmax(logits).
-    #[test]
-    fn draws_follow_the_distribution() {
-        let logits = [0.0f32, (2.0f32).ln(), (5.0f32).ln()]; // probabilities 1/8, 2/8, 5/8
-        let mut s = Sampler::new(SamplingParams {
-            seed: 42,
-            ..params(1.0)
-        });
-        let mut counts = [0usize; 3];
-        let n = 40_000;
-        for _ in 0..n {
-            counts[s.sample(&mut logits.clone(), &[]) as usize] += 1;
-        }
-        for (c, p) in counts.iter().zip([0.125, 0.25, 0.625]) {
-            assert!((*c as f64 / n as f64 - p).abs() < 0.01, "{counts:?}");
-        }
-    }
-
-    #[test]
-    fn same_seed_same_tokens() {
-        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let run = |seed| {
-            let mut s = Sampler::new(SamplingParams {
-                seed,
-                ..params(0.8)
-            });
-            (0..20)
-                .map(|_| s.sample(&mut logits.clone(), &[]))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(run(3), run(3));
-        assert_ne!(run(3), run(4));
     }
 
     /// First outputs of xoshiro256** for the state {1, 2, 3, 4} (reference C implementation).

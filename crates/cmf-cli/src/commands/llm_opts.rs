@@ -23,8 +23,9 @@ pub struct EngineOpts {
 
 impl EngineOpts {
     /// The model on the GPU when the facade opens a device and the whole model fits (`ctx`
-    /// positions of KV cache), else None (the CPU runs it). `--gpu cuda` without a device is
-    /// an error; refusals in `auto` are silent (`CMF_LOG=debug` says why).
+    /// positions of KV cache), else None (the CPU runs it, and a note says so). LLM commands
+    /// place the whole model or none of it: `--gpu-layers` naming only some layers is a usage
+    /// error. `--gpu cuda` without a device, or with a model it cannot hold, is an error.
     pub fn gpu_model(
         &self,
         model: &cmf_llm::Model,
@@ -32,17 +33,36 @@ impl EngineOpts {
     ) -> anyhow::Result<Option<cmf_llm::gpu::GpuModel>> {
         use cmf_gpu::facade::{Gpu, GpuMode};
         let (mode, layers) = self.gpu_settings()?;
+        let n = model.config.num_layers;
+        if let Some(set) = &layers {
+            let on = (0..n).filter(|&l| set.contains(l)).count();
+            if on == 0 {
+                return Ok(None);
+            }
+            if on < n {
+                return Err(UsageError(format!(
+                    "--gpu-layers: {on} of the model's {n} layers named; LLM commands run the whole \
+                     model on the device or none of it (all, none)"
+                ))
+                .into());
+            }
+        }
         let gpu = Gpu::open(mode)?;
         if !gpu.is_active() {
             return Ok(None);
         }
-        match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, layers.as_ref()) {
+        match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, None) {
             Some(g) => Ok(Some(g)),
             None if mode == GpuMode::Cuda => Err(UsageError(
                 "--gpu cuda: the model cannot run on the device (CMF_LOG=debug says why)".into(),
             )
             .into()),
-            None => Ok(None),
+            None => {
+                eprintln!(
+                    "note: the GPU cannot hold this model with a {ctx}-token context; it runs on the CPU (CMF_LOG=debug says why)"
+                );
+                Ok(None)
+            }
         }
     }
 

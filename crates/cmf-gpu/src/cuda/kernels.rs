@@ -409,7 +409,8 @@ pub struct CommonKernels {
     /// [`MatvecConfig::SMALL_BYTES`], or `CMF_GPU_MV_SMALL_MIB` (A/B runs).
     pub mv_small_bytes: u64,
     pub topk_partial: Func,
-    pub topk_final: Func,
+    pub sample_final: Func,
+    pub penalize: Func,
     /// Most shared memory (static + dynamic) a block may opt into on this device
     /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 227 KiB on Hopper; 48 KiB if the query fails).
     pub max_block_smem: usize,
@@ -533,7 +534,8 @@ impl CommonKernels {
             f.allow_smem(max_block_smem.saturating_sub(f.static_smem()))?;
         }
         let topk_partial = sample.func("topk_partial")?;
-        let topk_final = sample.func("topk_final")?;
+        let sample_final = sample.func("sample_final")?;
+        let penalize = sample.func("penalize")?;
         let mut mods = vec![mv, sample];
         mods.extend(small);
         Ok(CommonKernels {
@@ -545,7 +547,8 @@ impl CommonKernels {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map_or(MatvecConfig::SMALL_BYTES, |m| m << 20),
             topk_partial,
-            topk_final,
+            sample_final,
+            penalize,
             max_block_smem,
             _mods: mods,
         })

@@ -105,6 +105,7 @@ impl Backend for FakeBackend {
         self.stats.add_resident(owned.bytes);
         Ok(Box::new(FakeLlm {
             cache: RefCache::new(model.spec.num_layers),
+            ids: Vec::new(),
             model: owned,
             placement: placement.clone(),
             stats: self.stats.clone(),
@@ -227,6 +228,8 @@ impl OwnedModel {
 struct FakeLlm {
     model: OwnedModel,
     cache: RefCache,
+    /// The token at each cached position (the penalties' window).
+    ids: Vec<u32>,
     placement: Placement,
     stats: Arc<MemStats>,
 }
@@ -261,16 +264,28 @@ impl LlmDevice for FakeLlm {
         out: &mut DecodeOutput,
     ) -> Result<(), Refusal> {
         self.need_whole("llm.decode")?;
-        if *sampler != Sampler::Greedy {
+        if let Some(why) = match sampler {
+            Sampler::Sample(spec) => spec.device_limit(),
+            Sampler::Greedy => None,
+        } {
             return Err(Refusal::new(
                 "llm.decode",
-                RefusalReason::UnsupportedShape("fake samples greedily only".into()),
+                RefusalReason::UnsupportedShape(why),
             ));
         }
         let kv = self.model.spec.kv_dim();
         self.cache.truncate(pos, kv);
+        self.ids.truncate(pos);
+        self.ids.push(token);
         let logits = reference::forward_token(&self.model.view(), token, pos, &mut self.cache);
-        out.token = reference::argmax(&logits);
+        // The device samplers run the host's algorithm; the fake runs it literally.
+        out.token = match sampler {
+            Sampler::Greedy => reference::argmax(&logits),
+            Sampler::Sample(spec) => {
+                let window = &self.ids[self.ids.len().saturating_sub(spec.penalty_last_n)..];
+                crate::llm::sample::sample(&mut logits.clone(), window, spec, pos as u64)
+            }
+        };
         out.logits = if want_logits { logits } else { Vec::new() };
         self.stats.add_downloaded(4);
         Ok(())
@@ -292,6 +307,8 @@ impl LlmDevice for FakeLlm {
             ));
         }
         self.cache.truncate(start, self.model.spec.kv_dim());
+        self.ids.truncate(start);
+        self.ids.extend_from_slice(tokens);
         let model = self.model.view();
         let mut all = Vec::new();
         for (i, &t) in tokens.iter().enumerate() {

@@ -8,6 +8,7 @@
 //! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3), SwiGLU MLP.
 
 pub mod reference;
+pub mod sample;
 pub mod synth;
 
 use crate::facade::{Refusal, RefusalReason};
@@ -129,15 +130,23 @@ impl Default for LlmOptions {
 /// Token choice on the device at the end of a decode step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampler {
+    /// The arg-max, ties to the lowest id.
     Greedy,
-    /// Softmax over the `k` largest logits divided by `temperature`, cut to the smallest prefix
-    /// with probability ≥ `top_p`, drawn with a counter-based generator from (`seed`, position).
-    TopK {
-        k: usize,
-        temperature: f32,
-        top_p: f32,
-        seed: u64,
-    },
+    /// The whole sampling algorithm of [`sample`] (penalties, temperature, top-k, top-p, min-p,
+    /// a draw from (seed, position)); a backend refuses specs past its limits
+    /// ([`sample::SampleSpec::device_limit`]).
+    Sample(sample::SampleSpec),
+}
+
+impl Sampler {
+    /// `Greedy` for a greedy spec without penalties (the cheaper graph), else `Sample`.
+    pub fn of(spec: &sample::SampleSpec) -> Sampler {
+        if spec.is_greedy() && !spec.has_penalties() {
+            Sampler::Greedy
+        } else {
+            Sampler::Sample(*spec)
+        }
+    }
 }
 
 /// Which logits a prefill returns.

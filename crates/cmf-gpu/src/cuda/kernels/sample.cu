@@ -1,13 +1,21 @@
 // sample.cu — choosing the next token on the device, so a decode step ends with a 4-byte
-// readback instead of the V logits.
+// readback instead of the V logits. The algorithm is cmf_gpu::llm::sample (the host sampler
+// runs that code; its module notes define every step and the rounding); this file computes the
+// same thing in parallel.
 //
-// Design. Two passes over the logits: SAMPLE_BLOCKS blocks each reduce a contiguous slice
-// (argmax, or its k best by repeated arg-max over values held in registers), then one block
-// merges the candidates, draws (top-k), writes the token where the next step's embedding
-// reads it, and advances the device-side position. Ties go to the lower index (torch.argmax);
-// NaN logits never win.
-// RNG: splitmix64 of (seed, position) → u in [0, 1): counter-based, so a replay at the same
-// position draws the same token.
+// Launches: `penalize` (one block, only for specs with penalties) edits the logits of the
+// window's ids in place; `topk_partial` (SAMPLE_BLOCKS blocks) reduces a contiguous slice each
+// to its k best; `sample_final` (one block of 1024) merges the candidates, finds the top-k /
+// top-p / min-p survivors, draws, writes the token where the next step's embedding reads it and
+// into the token ring, records the input token in the penalty ring, and advances the position.
+// Ties rank the lower id first (torch.argmax); NaN logits never win.
+//
+// Weights are 40-bit fixed point in u64, so every sum is an integer sum: the block's parallel
+// reductions equal the host's sequential loops. The draw walks the survivors in vocabulary
+// order: each thread owns a contiguous slice, a block scan of the slices' weights finds the
+// slice holding the target, and its thread walks it. A top-p cut beyond the 64 merged
+// candidates (flat distributions) is found by a three-pass radix select over the logits' order
+// keys, with per-bin weights summed by 64-bit shared-memory atomics (integers: order-free).
 
 #define SAMPLE_BLOCKS 256
 #define SAMPLE_THREADS 256
@@ -76,33 +84,227 @@ topk_partial(const float* logits, int V, int k, float* cv, int* ci) {
     }
 }
 
-__device__ __forceinline__ float rng_uniform(u64 seed, u64 pos) {
+#define FIN_THREADS 1024
+#define RADIX_BINS 2048
+
+// The draw's uniform integer in [0, 2^24) for (seed, position): splitmix64's finaliser
+// (sample.rs: uniform24).
+__device__ __forceinline__ u64 uniform24(u64 seed, u64 pos) {
     u64 z = seed + (pos + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
+    return z >> 40;
 }
 
-// One block of 1024 threads. Merges SAMPLE_BLOCKS·k candidates; k = 1 → arg-max; else softmax
-// of the k best / temperature, cut at top_p, draw. Writes the token to tok[0] (the next step's
-// input), the pair (position, token) to slot position & ring_mask of `ring` (pinned host memory
-// the host reads after the graph: llm/ahead.rs), and advances pos[0] by one.
-extern "C" __global__ void __launch_bounds__(1024)
-topk_final(const float* cv, const int* ci, int k, float temperature, float top_p, u64 seed, int* tok, int* pos,
-           int* ring, int ring_mask) {
+__device__ __forceinline__ u64 fixed_weight(float e) { return (u64)((double)e * 1099511627776.0); }
+
+__device__ __forceinline__ bool reaches(u64 cum, float top_p, u64 total) {
+    return (double)cum >= (double)top_p * (double)total;
+}
+
+// floor(u24 * total / 2^24) without overflow (sample.rs: draw_target).
+__device__ __forceinline__ u64 draw_target(u64 u24, u64 total) {
+    return (total >> 24) * u24 + (((total & 0xffffffull) * u24) >> 24);
+}
+
+// Order key of a logit: ascending key = descending logit (NaN is skipped by every caller).
+__device__ __forceinline__ u32 order_key(float l) {
+    u32 u = __float_as_uint(l);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~u;
+}
+__device__ __forceinline__ float key_value(u32 key) {
+    u32 u = ~key;
+    u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+    return __uint_as_float(u);
+}
+
+// Exclusive prefix sum of one u64 per thread in thread order (FIN_THREADS threads); `total`
+// gets the block's sum. Integer adds: the result does not depend on the reduction's shape.
+__device__ u64 block_scan_u64(u64 x, u64* total) {
+    __shared__ u64 warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u64 incl = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(FULL_MASK, incl, o);
+        if (lane >= o) incl += y;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u64 w = warp_sums[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u64 y = __shfl_up_sync(FULL_MASK, w, o);
+            if (lane >= o) w += y;
+        }
+        warp_sums[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    *total = warp_sums[31];
+    const u64 before_warp = warp == 0 ? 0 : warp_sums[warp - 1];
+    return before_warp + incl - x;
+}
+
+// One block of 1024 with one entry per thread; edits the logits of the ids in the penalty window
+// (positions pos-n+1 ..= pos, n = min(last_n, pos + 1)): divide a positive logit by `repeat`,
+// multiply a negative one, subtract presence + frequency · count; each id once. The window's
+// older ids come from the ring `hist` (the prefill and earlier steps wrote them); the token at
+// `pos` is this step's input, recorded in the ring here.
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const int* pos, int last_n,
+         float repeat, float presence, float frequency) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ int win[FIN_THREADS];
+    const int p = pos[0];
+    const int n = min(min(last_n, p + 1), FIN_THREADS);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int q = p - n + 1 + j;
+        win[j] = q == p ? tok[0] : hist[q & hist_mask];
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int id = win[j];
+        bool first = true;
+        int count = 0;
+        for (int m = 0; m < n; m++) {
+            if (win[m] == id) {
+                count++;
+                if (m < j) first = false;
+            }
+        }
+        if (first && id >= 0 && id < V) {
+            float l = logits[id];
+            if (repeat != 1.f) l = l > 0.f ? l / repeat : l * repeat;
+            logits[id] = l - (presence + frequency * (float)count);
+        }
+    }
+    if (threadIdx.x == 0) hist[p & hist_mask] = tok[0];
+}
+
+// The survivors' rank cut for top-p over the whole vocabulary, when the 64 best did not reach
+// it: a radix select over order keys (11, 11, 10 bits) finds the key of the token whose
+// cumulative weight first reaches top_p · total, then the ties of that key are counted in id
+// order. Writes (value, id) of the last survivor to *cut_v, *cut_i. All threads call it.
+__device__ void radix_top_p(const float* logits, const float* wbuf, int lo, int hi, float top_p,
+                            u64 total, float* cut_v, int* cut_i) {
+    __shared__ u64 bins[RADIX_BINS];
+    __shared__ u64 s_before;
+    __shared__ u32 s_bin;
+    __shared__ int s_tie_need;
+    u64 before = 0;
+    u32 prefix = 0, pmask = 0;
+    const int shifts[3] = {21, 10, 0};
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = shifts[pass];
+        const u32 nb = pass == 2 ? 1024u : 2048u;
+        for (int b = threadIdx.x; b < RADIX_BINS; b += blockDim.x) bins[b] = 0;
+        if (threadIdx.x == 0) {
+            s_bin = nb - 1;  // overwritten by the one thread whose bins cross the target
+            s_before = before;
+        }
+        __syncthreads();
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            if (l != l) continue;
+            const u32 key = order_key(l);
+            if ((key & pmask) != prefix) continue;
+            const u64 w = fixed_weight(wbuf[i]);
+            if (w) atomicAdd(&bins[(key >> shift) & (nb - 1)], w);
+        }
+        __syncthreads();
+        const int b0 = 2 * threadIdx.x;  // each thread owns two bins, in key order
+        const u64 a = b0 < (int)nb ? bins[b0] : 0, c = b0 + 1 < (int)nb ? bins[b0 + 1] : 0;
+        u64 all;
+        const u64 excl = before + block_scan_u64(a + c, &all);
+        if (b0 < (int)nb) {
+            if (!reaches(excl, top_p, total) && reaches(excl + a, top_p, total)) {
+                s_bin = b0;
+                s_before = excl;
+            } else if (!reaches(excl + a, top_p, total) && reaches(excl + a + c, top_p, total)) {
+                s_bin = b0 + 1;
+                s_before = excl + a;
+            }
+        }
+        __syncthreads();
+        prefix |= s_bin << shift;
+        pmask |= (nb - 1) << shift;
+        before = s_before;
+        __syncthreads();
+    }
+    // Ties of the cut key, in id order: the smallest count c with before + c·w reaching top_p.
+    const float cv = key_value(prefix);
+    int ties = 0;
+    int first_tie = -1;
+    for (int i = lo; i < hi; i++) {
+        const float l = logits[i];
+        if (l == l && order_key(l) == prefix) {
+            if (first_tie < 0) first_tie = i;
+            ties++;
+        }
+    }
+    u64 all_ties;
+    const u64 ties_before = block_scan_u64((u64)ties, &all_ties);
+    __shared__ u64 s_wtie;
+    if (ties > 0 && ties_before == 0) s_wtie = fixed_weight(wbuf[first_tie]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u64 wt = s_wtie;
+        u64 c = 1;
+        if (wt > 0) {
+            const double need = (double)top_p * (double)total - (double)before;
+            c = need > 0 ? (u64)ceil(need / (double)wt) : 1;
+            if (c < 1) c = 1;
+            while (c > 1 && reaches(before + (c - 1) * wt, top_p, total)) c--;
+            while (c < all_ties && !reaches(before + c * wt, top_p, total)) c++;
+        }
+        if (c > all_ties) c = all_ties;
+        s_tie_need = (int)c;
+    }
+    __syncthreads();
+    const u64 need = (u64)s_tie_need;  // the need-th tie (1-based) in id order is the last survivor
+    if (ties > 0 && ties_before < need && need <= ties_before + ties) {
+        u64 seen = ties_before;
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            if (l == l && order_key(l) == prefix && ++seen == need) {
+                *cut_v = cv;
+                *cut_i = i;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// One block of 1024. Merges SAMPLE_BLOCKS·k candidates (the k best in rank order; k = 1 for
+// greedy specs), then, unless greedy, the draw of sample.rs over the survivors. Writes the
+// token to tok[0] (the next step's input), the pair (position, token) to slot
+// position & ring_mask of `ring` (pinned host memory the host reads after the graph:
+// llm/ahead.rs), this step's input token to the penalty ring `hist`, and advances pos[0].
+// `wbuf` is V floats of scratch (the weights).
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_final(const float* cv, const int* ci, int k, float temperature, int top_k, float top_p, float min_p,
+             u64 seed, const float* logits, int V, float* wbuf, int* tok, int* pos, int* ring, int ring_mask,
+             int* hist, int hist_mask) {
     pdl_trigger();
     pdl_wait();
     __shared__ float best_v[TOPK_MAX];
     __shared__ int best_i[TOPK_MAX];
+    __shared__ float s_cut_v;
+    __shared__ int s_cut_i, s_has_cut, s_chosen;
     const int n = SAMPLE_BLOCKS * k;
     float v[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
     int id[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
-    const int per = (n + 1023) / 1024;
+    const int per_c = (n + 1023) / 1024;
 #pragma unroll
     for (int e = 0; e < (SAMPLE_BLOCKS * TOPK_MAX) / 1024; e++) {
         int j = threadIdx.x + e * 1024;
-        bool ok = e < per && j < n;
+        bool ok = e < per_c && j < n;
         v[e] = ok ? cv[j] : NEG_INF;
         id[e] = ok ? ci[j] : 0x7fffffff;
     }
@@ -117,31 +319,96 @@ topk_final(const float* cv, const int* ci, int k, float temperature, float top_p
 #pragma unroll
         for (int e = 0; e < (SAMPLE_BLOCKS * TOPK_MAX) / 1024; e++)
             if (e == be && mine == bi) { v[e] = NEG_INF; id[e] = 0x7fffffff; }
-        if (threadIdx.x == 0) { best_v[r] = bv; best_i[r] = bi; }
+        if (threadIdx.x == 0) { best_v[r] = bv; best_i[r] = bi < V ? bi : 0; }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int chosen = best_i[0];
-        if (k > 1 && temperature > 0.f) {
-            float p[TOPK_MAX], sum = 0.f;
-            for (int r = 0; r < k; r++) { p[r] = expf((best_v[r] - best_v[0]) / temperature); sum += p[r]; }
-            int keep = k;
-            float acc = 0.f;
-            for (int r = 0; r < k; r++) {
-                acc += p[r] / sum;
-                if (acc >= top_p) { keep = r + 1; break; }
-            }
-            float tot = 0.f;
-            for (int r = 0; r < keep; r++) tot += p[r];
-            float u = rng_uniform(seed, (u64)pos[0]) * tot;
-            chosen = best_i[keep - 1];
-            float c = 0.f;
-            for (int r = 0; r < keep; r++) {
-                c += p[r];
-                if (u < c) { chosen = best_i[r]; break; }
+    const int p = pos[0];
+    int chosen = best_i[0];
+    const float M = best_v[0];
+    const bool greedy = temperature <= 0.f || top_k == 1 || !(M > NEG_INF && M < -NEG_INF);
+    if (!greedy) {
+        const float inv_t = 1.f / temperature;
+        const int per = (V + FIN_THREADS - 1) / FIN_THREADS;
+        const int lo = min(V, threadIdx.x * per), hi = min(V, lo + per);
+        u64 mine = 0;
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            const float e = l == l ? expf((l - M) * inv_t) : 0.f;
+            wbuf[i] = e;
+            mine += fixed_weight(e);
+        }
+        u64 total_all;
+        block_scan_u64(mine, &total_all);
+        const bool topk_on = top_k > 0 && top_k < V;
+        if (threadIdx.x == 0) {
+            s_has_cut = 0;
+            if (topk_on || top_p < 1.f) {
+                const int kk = topk_on ? top_k : k;  // survivors of top-k, or the merged best
+                u64 total = total_all;
+                if (topk_on) {
+                    total = 0;
+                    for (int r = 0; r < kk; r++) total += fixed_weight(expf((best_v[r] - M) * inv_t));
+                }
+                int last = topk_on ? kk - 1 : -1;
+                if (top_p < 1.f) {
+                    u64 cum = 0;
+                    for (int r = 0; r < kk; r++) {
+                        cum += fixed_weight(expf((best_v[r] - M) * inv_t));
+                        if (reaches(cum, top_p, total)) { last = r; break; }
+                    }
+                }
+                if (last >= 0) {
+                    s_has_cut = 1;
+                    s_cut_v = best_v[last];
+                    s_cut_i = best_i[last];
+                } else {
+                    s_has_cut = 2;  // top-p reaches past the merged candidates
+                }
             }
         }
-        const int p = pos[0];
+        __syncthreads();
+        if (s_has_cut == 2) {
+            radix_top_p(logits, wbuf, lo, hi, top_p, total_all, &s_cut_v, &s_cut_i);
+            if (threadIdx.x == 0) s_has_cut = 1;
+            __syncthreads();
+        }
+        const bool has_cut = s_has_cut == 1;
+        const float cut_v = s_cut_v;
+        const int cut_i = s_cut_i;
+        // The survivors' weights in this thread's slice.
+        mine = 0;
+        for (int i = lo; i < hi; i++) {
+            const float l = logits[i];
+            if (l != l) continue;
+            if (min_p > 0.f && !(wbuf[i] >= min_p)) continue;
+            if (has_cut && better(cut_v, cut_i, l, i)) continue;
+            mine += fixed_weight(wbuf[i]);
+        }
+        u64 kept;
+        const u64 excl = block_scan_u64(mine, &kept);
+        if (threadIdx.x == 0) s_chosen = chosen;
+        __syncthreads();
+        if (kept > 0) {
+            const u64 target = draw_target(uniform24(seed, (u64)p), kept);
+            if (excl <= target && target < excl + mine) {
+                u64 acc = excl;
+                for (int i = lo; i < hi; i++) {
+                    const float l = logits[i];
+                    if (l != l) continue;
+                    if (min_p > 0.f && !(wbuf[i] >= min_p)) continue;
+                    if (has_cut && better(cut_v, cut_i, l, i)) continue;
+                    const u64 w = fixed_weight(wbuf[i]);
+                    if (w == 0) continue;
+                    acc += w;
+                    if (target < acc) { s_chosen = i; break; }
+                }
+            }
+        }
+        __syncthreads();
+        chosen = s_chosen;
+    }
+    if (threadIdx.x == 0) {
+        hist[p & hist_mask] = tok[0];
         tok[0] = chosen;
         pos[0] = p + 1;
         ring[2 * (p & ring_mask)] = p;

@@ -15,8 +15,9 @@ use super::super::device::{bytes_of, Arg, DResult, DevError, Graph};
 use super::super::kernels::{self, Func};
 use super::super::matvec::{self, MvMode, MvSeg};
 use super::super::weights::{DevCodec, DevWeight};
-use super::workspace::{PrefillWs, SAMPLE_BLOCKS};
+use super::workspace::{PrefillWs, HIST_SLOTS, SAMPLE_BLOCKS, TOPK_MAX};
 use super::{AttnKernel, CudaLlm, DevLayer};
+use crate::llm::sample::SampleSpec;
 use crate::llm::{Logits, Sampler};
 use std::ops::Range;
 
@@ -269,16 +270,48 @@ impl CudaLlm {
         )
     }
 
+    /// The sampler's launches (sample.cu): penalties when the spec has them, the per-block
+    /// candidates, the merge and draw.
     pub(super) fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
         let ws = &self.ws;
-        let (k, temp, top_p, seed) = match *sampler {
-            Sampler::Greedy => (1, 0.0, 1.0, 0),
-            Sampler::TopK {
-                k,
-                temperature,
-                top_p,
-                seed,
-            } => (k, temperature, top_p, seed),
+        let v = self.spec.vocab;
+        let spec = match *sampler {
+            Sampler::Greedy => SampleSpec::default(),
+            Sampler::Sample(s) => s,
+        };
+        if spec.has_penalties() {
+            self.go(
+                &self.ck.penalize,
+                (1, 1, 1),
+                (1024, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(ws.logits.ptr()),
+                    Arg::I32(v as i32),
+                    Arg::Ptr(ws.hist.ptr()),
+                    Arg::I32(HIST_SLOTS as i32 - 1),
+                    Arg::Ptr(ws.tok()),
+                    Arg::Ptr(ws.pos()),
+                    Arg::I32(spec.penalty_last_n as i32),
+                    Arg::F32(spec.repeat_penalty),
+                    Arg::F32(spec.presence_penalty),
+                    Arg::F32(spec.frequency_penalty),
+                ],
+            )?;
+        }
+        // Candidates to merge: one for greedy, top-k's k, else the 64 best (top-p looks there
+        // before it searches the whole vocabulary).
+        let k = if spec.is_greedy() {
+            1
+        } else if spec.top_k > 0 && spec.top_k < v {
+            spec.top_k
+        } else {
+            TOPK_MAX.min(v)
+        };
+        let temp = if spec.is_greedy() {
+            0.0
+        } else {
+            spec.temperature
         };
         self.go(
             &self.ck.topk_partial,
@@ -294,7 +327,7 @@ impl CudaLlm {
             ],
         )?;
         self.go(
-            &self.ck.topk_final,
+            &self.ck.sample_final,
             (1, 1, 1),
             (1024, 1, 1),
             0,
@@ -303,12 +336,19 @@ impl CudaLlm {
                 Arg::Ptr(ws.cand_i.ptr()),
                 Arg::I32(k as i32),
                 Arg::F32(temp),
-                Arg::F32(top_p),
-                Arg::U64(seed),
+                Arg::I32(spec.top_k.min(i32::MAX as usize) as i32),
+                Arg::F32(spec.top_p),
+                Arg::F32(spec.min_p),
+                Arg::U64(spec.seed),
+                Arg::Ptr(ws.logits.ptr()),
+                Arg::I32(v as i32),
+                Arg::Ptr(ws.weights.ptr()),
                 Arg::Ptr(ws.tok()),
                 Arg::Ptr(ws.pos()),
                 Arg::Ptr(self.ahead.ring.dev_ptr()),
                 Arg::I32(super::ahead::RING_SLOTS as i32 - 1),
+                Arg::Ptr(ws.hist.ptr()),
+                Arg::I32(HIST_SLOTS as i32 - 1),
             ],
         )
     }

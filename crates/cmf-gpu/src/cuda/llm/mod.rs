@@ -17,7 +17,7 @@ mod profile;
 mod workspace;
 
 use super::blas::Blas;
-use super::device::{DBuf, DResult, Dev, DevError, Graph};
+use super::device::{bytes_of, DBuf, DResult, Dev, DevError, Graph};
 use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
 use super::weights::{self, DevCodec, DevWeight};
 use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
@@ -495,27 +495,42 @@ impl CudaLlm {
     }
 
     fn check_sampler(&self, sampler: &Sampler) -> Result<(), Refusal> {
-        if let Sampler::TopK {
-            k,
-            temperature,
-            top_p,
-            ..
-        } = *sampler
-        {
-            if k == 0
-                || k > 64
-                || k > self.spec.vocab
-                || temperature.is_nan()
-                || temperature < 0.0
-                || !(top_p > 0.0 && top_p <= 1.0)
-            {
-                return Err(Self::refuse(
-                    "llm.decode",
-                    format!("sampler {sampler:?} (k 1..=64, top_p in (0, 1])"),
-                ));
+        if let Sampler::Sample(s) = sampler {
+            let why = s.device_limit().or_else(|| {
+                let ok = s.temperature.is_finite()
+                    && s.temperature >= 0.0
+                    && s.top_p > 0.0
+                    && s.top_p <= 1.0
+                    && (0.0..=1.0).contains(&s.min_p)
+                    && s.repeat_penalty.is_finite()
+                    && s.repeat_penalty > 0.0
+                    && s.presence_penalty.is_finite()
+                    && s.frequency_penalty.is_finite();
+                (!ok).then(|| format!("sampler {s:?} out of range"))
+            });
+            if let Some(why) = why {
+                return Err(Self::refuse("llm.decode", why));
             }
         }
         Ok(())
+    }
+
+    /// Records `tokens` at positions `start..` in the penalty ring (the window of later
+    /// sampled steps).
+    fn record_history(&self, tokens: &[u32], start: usize) -> DResult<()> {
+        use workspace::HIST_SLOTS;
+        let keep = tokens.len().min(HIST_SLOTS);
+        let first = start + tokens.len() - keep;
+        let ids: Vec<i32> = tokens[tokens.len() - keep..]
+            .iter()
+            .map(|&t| t as i32)
+            .collect();
+        // At most two contiguous runs of the ring.
+        let slot = first % HIST_SLOTS;
+        let run = keep.min(HIST_SLOTS - slot);
+        self.dev
+            .upload(self.ws.hist.at(4 * slot), bytes_of(&ids[..run]))?;
+        self.dev.upload(self.ws.hist.ptr(), bytes_of(&ids[run..]))
     }
 
     /// Selects the prefill attention kernel; falls back to `Simple` where the tensor-core
@@ -670,6 +685,8 @@ impl LlmDevice for CudaLlm {
             ));
         }
         self.bind(OP)?;
+        self.record_history(tokens, start)
+            .map_err(|e| e.refusal(OP))?;
         let result = self
             .prefill_all(tokens, start, logits)
             .map_err(|e| e.refusal(OP))?;

@@ -6,8 +6,10 @@ use super::super::weights::DevCodec;
 use crate::llm::{LlmModel, LlmSpec};
 
 /// Candidates per sampler block (`TOPK_MAX` in sample.cu) and blocks (`SAMPLE_BLOCKS`).
-pub const TOPK_MAX: usize = 64;
+pub const TOPK_MAX: usize = crate::llm::sample::DEVICE_TOP_K_MAX;
 pub const SAMPLE_BLOCKS: usize = 256;
+/// Slots of the penalty ring (a power of two: the longest device penalty window).
+pub const HIST_SLOTS: usize = crate::llm::sample::DEVICE_PENALTY_WINDOW;
 
 /// Decode: one token's activations, all f32.
 pub struct DecodeWs {
@@ -26,6 +28,11 @@ pub struct DecodeWs {
     /// Sampler candidates: [SAMPLE_BLOCKS·TOPK_MAX] values and ids.
     pub cand_v: DBuf,
     pub cand_i: DBuf,
+    /// f32 [V]: the sampler's weights (scratch).
+    pub weights: DBuf,
+    /// i32 [HIST_SLOTS]: the token at each recent position, at `pos % HIST_SLOTS` (the
+    /// penalties' window; written by prefill and by every decode step).
+    pub hist: DBuf,
     /// i32 [4]: token (the embedding's input), position, two spare (the sampled token goes to
     /// the token ring: ahead.rs).
     pub io: DBuf,
@@ -34,7 +41,7 @@ pub struct DecodeWs {
 }
 
 impl DecodeWs {
-    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 10] {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 12] {
         [
             4 * s.hidden,
             4 * (s.q_dim() + 2 * s.kv_dim()),
@@ -46,6 +53,8 @@ impl DecodeWs {
             4 * SAMPLE_BLOCKS * TOPK_MAX,
             16,
             4 * s.num_kv_heads,
+            4 * s.vocab,
+            4 * HIST_SLOTS,
         ]
     }
 
@@ -66,6 +75,8 @@ impl DecodeWs {
             cand_i: dev.alloc_zeroed(z[7])?,
             io: dev.alloc_zeroed(z[8])?,
             count: dev.alloc_zeroed(z[9])?,
+            weights: dev.alloc_zeroed(z[10])?,
+            hist: dev.alloc_zeroed(z[11])?,
         })
     }
 
