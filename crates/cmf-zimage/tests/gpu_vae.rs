@@ -1,5 +1,6 @@
 //! The device VAE decoder (`cmf_gpu::cuda::vae::CudaVae`) against the CPU decoder
-//! (`VaeDecoder::decode`). Needs a CUDA device; without one every test prints `skipped: …`.
+//! (`VaeDecoder::decode`). Needs a CUDA device; without one every test prints `SKIPPED: …`
+//! (or fails with `CMF_REQUIRE_GPU=1`).
 //!
 //! Tolerance: the device runs bf16 GEMM operands (every conv input and weight, attention
 //! Q/K/V/P) with f32 accumulation; the CPU runs f32 (float weights) or int8 activations (q8
@@ -26,13 +27,7 @@ use half::bf16;
 use std::time::Instant;
 
 fn backend() -> Option<CudaBackend> {
-    match CudaBackend::open(0) {
-        Ok(b) => Some(b),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    common::gpu_skip::device_or_skip(CudaBackend::open(0))
 }
 
 /// Codec choice per weight matrix.
@@ -389,7 +384,7 @@ fn device_rgb8_is_the_host_conversion_of_the_f32_image() {
 #[test]
 fn bench_flux_geometry() {
     if std::env::var("CMF_VAE_BENCH").as_deref() != Ok("1") {
-        eprintln!("skipped: set CMF_VAE_BENCH=1 to time the full FLUX decoder");
+        eprintln!("SKIPPED: set CMF_VAE_BENCH=1 to time the full FLUX decoder");
         return;
     }
     let Some(be) = backend() else { return };
