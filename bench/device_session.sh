@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One H200 session (issue 4): GPU tests, `cmf run/ppl/bench --gpu` end to end against `--gpu off`,
+# LLMs on the GPU machine: GPU tests, `cmf run/ppl/bench --gpu` end to end against `--gpu off`,
 # bench/gpu_llm.sh, and llama.cpp CUDA (../shared/bench/llamacpp_cuda.sh) on the same geometries in
-# the same session. Runs on the GPU machine from the repository root, with (built here):
+# the same machine. Runs on the GPU machine from the repository root, with (built here):
 #   .dev/bin/{cmf,cmf-gpu-bench}.xz, .dev/tests/{cmf_gpu-lib,cuda-test,gpu_parity-test}.xz
 #     (release builds, stripped, xz-compressed to fit the 64 MiB transfer), this script as .dev/device-run.sh;
 #   .anchor/: llamacpp-src.tgz, tok/ (Qwen3 tokenizer), make_qwen3_random.py, llamacpp_cuda.sh
-# Logs go to $OUT; the 2026-11-30 run's are in bench/results/2026-11-30-h200/.
+# Logs go to $OUT; those of 2026-11-30 are in bench/results/2026-11-30-h200-llm/.
 # Env: SKIP_ANCHOR=1, SKIP_TESTS=1, SKIP_OURS=1, DEADLINE (s, default 570).
 set -u
 cd "$(dirname "$0")/.."
-export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg
+# CMF_REQUIRE_GPU: a GPU test that cannot open the device fails here instead of printing SKIPPED.
+export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg CMF_REQUIRE_GPU=1
 for f in .dev/bin/*.xz .dev/tests/*.xz; do [ -f "$f" ] && xz -d "$f"; done
 chmod +x .dev/bin/* .dev/tests/*
 T0=$SECONDS
