@@ -428,7 +428,7 @@ fn turbo_plan(pack: &ZimagePack) -> Plan {
     Plan::new(&req, &pack.recipe).unwrap()
 }
 
-/// The whole pipeline with the DiT on the device against the CPU pipeline: the image
+/// The whole pipeline with the DiT on the device against the CPU pipeline: the image
 /// criterion (within 2/255 on ≥ 99 % of the values), Turbo and CFG recipes.
 #[test]
 fn pipeline_image_matches_cpu() {
@@ -473,7 +473,7 @@ fn pipeline_image_matches_cpu() {
 /// accumulation, and s8 GEMMs with per-row scales): a step against the CPU within 1.5e-1 for
 /// e4m3 (3 mantissa bits: ~2.5 % RMS per quantised operand, through every chained projection; a
 /// sanity bound, not the quality criterion) and 5e-2 for s8 (a step of amax/127: ~0.5–1 % RMS per
-/// operand), and whole images against the bf16 device path at the criterion, PSNR ≥ 35
+/// operand), and whole images against the bf16 device path at the quality bar, PSNR ≥ 35
 /// dB. Each model is loaded after the variable is set (`generate` uploads the DiT per call), and
 /// each check asserts how many block GEMMs really ran in 8 bits: every plane of the random model
 /// (dim 256, FFN 512: 4 blocks × 4), only q|k|v (384 × 128) and O (128 × 128) of the tiny pack,

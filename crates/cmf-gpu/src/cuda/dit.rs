@@ -558,14 +558,14 @@ fn attn8_request(precision: DitPrecision) -> Option<usize> {
     }
 }
 
-/// Shorter sequences keep the bf16 attention by default. Measured on the H200 (session 9, call 5):
+/// Shorter sequences keep the bf16 attention by default. Measured on the H200 (2026-12-01):
 /// at 512² (1056 keys) the FP8 attention is now faster too (fp8-fast step 15.86 → 15.58 ms; image
-/// 38.3 dB from the bf16 path's, 38.5 with the bf16 attention); in session 7, before its O output
-/// and K scale changed, it was slower there (16.1 → 16.7). Below 1024 keys it was not measured.
+/// 38.3 dB from the bf16 path's, 38.5 with the bf16 attention); before its O output and K scale
+/// changed it was slower there (16.1 → 16.7). Below 1024 keys it was not measured.
 const ATTN8_MIN_KEYS: usize = 1024;
 
 /// Whether `--dit-precision fp8` / `fp8-fast` include the FP8 attention by default. Measured on
-/// the H200 (session 7, one call): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
+/// the H200 (2026-12-01, side by side): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
 /// 58.9 with the FP8 one; the 1024² image 37.8 dB from the bf16 path's (38.1 dB without it).
 const ATTN8_WITH_FP8: bool = true;
 

@@ -16,7 +16,7 @@
 //! the process does not map (and count in its resident set) gigabytes of weights it only
 //! passes through.
 //!
-//! Sizes (BENCH.md, eighteenth run): with four loader threads a model, rings of 8 MiB buffers
+//! Sizes (H200, 2026-12-02): with four loader threads a model, rings of 8 MiB buffers
 //! uploaded the Z-Image text encoder and DiT in 0.65–0.67 s, of 16 MiB in 0.70–0.78, of 32 MiB
 //! in 0.77–0.95: pinning many large buffers at once holds the driver, and the other threads'
 //! copy calls wait behind it.
