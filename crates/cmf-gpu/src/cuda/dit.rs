@@ -1056,7 +1056,7 @@ enum Gemm8Kind {
 /// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run on 8-bit operands with per-row scales
 /// on weights and activations (cuBLASLt), each whose shape cuBLASLt takes ([`q8_fits`]; the
 /// others stay bf16), and in which encoding: the model's [`DitPrecision`], unless
-/// `CMF_DIT_FP8` (`0`, `1`, `fast`, `int8`; tests and A/B runs) overrides it. Read when the
+/// `CMF_DIT_FP8` (`0`, `1`, `fast`, `int8`; the tests and `cmf-dit-bench`) overrides it. Read when the
 /// model loads.
 fn gemm8_request(precision: DitPrecision) -> Option<Gemm8Kind> {
     match std::env::var("CMF_DIT_FP8").as_deref() {
