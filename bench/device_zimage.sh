@@ -37,8 +37,6 @@ DEADLINE=${DEADLINE:-570}
 left() { echo $((DEADLINE - (SECONDS - T0))); }
 stamp() { echo "[$((SECONDS-T0)) s] $*" | tee -a $L/times.txt; }
 has() { case " ${PARTS:-bench e2e anchor} " in *" $1 "*) return 0;; *) return 1;; esac; }
-# cmf-dit-bench takes the precision from CMF_DIT_FP8.
-env8() { case $1 in bf16) echo 0;; fp8) echo 1;; fp8-fast) echo fast;; *) echo "$1";; esac; }
 SIZES=${SIZES:-512 1024}
 PRECISIONS=${PRECISIONS:-bf16 int8 fp8-fast}
 B=./.dev/bin; T=./.dev/tests
@@ -79,10 +77,10 @@ if has bench; then
   # (32 rows, as the fox prompt gets from the Qwen3 tokenizer).
   export XDG_CACHE_HOME=/tmp/xdg-b
   for r in $SIZES; do for p in $PRECISIONS; do for i in $(seq ${REPEAT:-2}); do
-    CMF_DIT_FP8=$(env8 $p) $B/cmf-dit-bench --res $r --steps 20 --cap 30 >> $L/step-$r-$p.log 2>&1
+    $B/cmf-dit-bench --precision $p --res $r --steps 20 --cap 30 >> $L/step-$r-$p.log 2>&1
   done; done; done
   for p in $PRECISIONS; do
-    CMF_DIT_PROFILE=1 CMF_DIT_FP8=$(env8 $p) $B/cmf-dit-bench --res 1024 --steps 10 --cap 30 > $L/profile-$p.log 2>&1
+    CMF_DIT_PROFILE=1 $B/cmf-dit-bench --precision $p --res 1024 --steps 10 --cap 30 > $L/profile-$p.log 2>&1
   done
 fi
 if has e2e; then

@@ -18,7 +18,7 @@
 //! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
-//! 8-bit GEMMs (`DitModel::precision`, or `CMF_DIT_FP8`: see `gemm8_request`): block GEMMs
+//! 8-bit GEMMs (`DitModel::precision`, see `gemm8_request`): block GEMMs
 //! whose plane is 8-bit run on 8-bit operands with per-row scales, FP8 (e4m3,
 //! cuda/fp8.rs) or int8 (s8 with exact s32 sums, cuda/int8.rs); the row kernels feeding them
 //! (rms·(1+s), the fused residual, SwiGLU: cuda/dit_rows.rs) then write 8-bit rows and row
@@ -545,8 +545,9 @@ fn k8_scale(norm_k: &[f32], hd: usize) -> f32 {
 }
 
 /// Whether the DiT attention may run in FP8 (attn_full_ws8), and from how many keys per item
-/// on: `CMF_DIT_ATTN8=1` always, `0` never; else with the FP8 GEMMs ([`gemm8_request`]: the
-/// model's precision or `CMF_DIT_FP8`) from [`ATTN8_MIN_KEYS`]. Read when the model loads.
+/// on: `CMF_DIT_ATTN8=1` always (tests: the FP8 attention beside bf16 GEMMs and at short
+/// lengths), `0` never; else with the FP8 GEMMs (the model's precision) from [`ATTN8_MIN_KEYS`].
+/// Read when the model loads.
 fn attn8_request(precision: DitPrecision) -> Option<usize> {
     match std::env::var("CMF_DIT_ATTN8").as_deref() {
         Ok("1") => Some(0),
@@ -1055,21 +1056,13 @@ enum Gemm8Kind {
 
 /// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run on 8-bit operands with per-row scales
 /// on weights and activations (cuBLASLt), each whose shape cuBLASLt takes ([`q8_fits`]; the
-/// others stay bf16), and in which encoding: the model's [`DitPrecision`], unless
-/// `CMF_DIT_FP8` (`0`, `1`, `fast`, `int8`; the tests and `cmf-dit-bench`) overrides it. Read when the
-/// model loads.
+/// others stay bf16), and in which encoding: the model's [`DitPrecision`].
 fn gemm8_request(precision: DitPrecision) -> Option<Gemm8Kind> {
-    match std::env::var("CMF_DIT_FP8").as_deref() {
-        Ok("0") => None,
-        Ok("1") => Some(Gemm8Kind::Fp8 { fast: false }),
-        Ok("fast") => Some(Gemm8Kind::Fp8 { fast: true }),
-        Ok("int8") => Some(Gemm8Kind::Int8),
-        _ => match precision {
-            DitPrecision::Bf16 => None,
-            DitPrecision::Fp8 => Some(Gemm8Kind::Fp8 { fast: false }),
-            DitPrecision::Fp8Fast => Some(Gemm8Kind::Fp8 { fast: true }),
-            DitPrecision::Int8 => Some(Gemm8Kind::Int8),
-        },
+    match precision {
+        DitPrecision::Bf16 => None,
+        DitPrecision::Fp8 => Some(Gemm8Kind::Fp8 { fast: false }),
+        DitPrecision::Fp8Fast => Some(Gemm8Kind::Fp8 { fast: true }),
+        DitPrecision::Int8 => Some(Gemm8Kind::Int8),
     }
 }
 
