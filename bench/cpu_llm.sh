@@ -34,7 +34,7 @@
 #                        English sentence, after an untimed 8-token warm-up generation;
 #                tg128 = `--tokens 128`, field decode_tok_s_steady: inter-token rate of a 128-token greedy generation
 #                        after a ~40-token prompt (so decode starts at depth ~40, not 0 as in llama-bench).
-#   cmf        cmf bench FILE -p 512 -n 128 -r REPS --threads T --json (issue #3: the llama-bench pp/tg contract;
+#   cmf        cmf bench FILE -p 512 -n 128 -r REPS --threads T --json (the llama-bench pp/tg contract;
 #              it prints llama-bench-shaped JSON rows with samples_ts).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,7 +74,7 @@ if [ -n "$CMF" ] && [ -x "$CMF" ] && "$CMF" bench --help >/dev/null 2>&1; then
   case "$CMF" in *debug*) log "WARNING: $CMF is a debug build; build with cargo build --release -p cmf-cli";; esac
 else
   log "SKIPPED cmf: no cmf binary with a 'bench' subcommand (CMF_BIN, target/release/cmf, target/debug/cmf);"
-  log "         build it with 'cargo build --release -p cmf-cli' once cmf bench exists (issue #3)"
+  log "         build it with 'cargo build --release -p cmf-cli' first"
 fi
 
 # ---------------------------------------------------------------- models

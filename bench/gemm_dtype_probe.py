@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bf16 against fp16 operands for the DiT's block GEMMs at the 700 W cap (issue 5).
+"""bf16 against fp16 operands for the DiT's block GEMMs at the 700 W cap.
 
 Hopper's tensor cores run both at the same nominal rate, but a step at the power cap runs as fast
 as its energy allows, and fp16 carries 10 mantissa bits where bf16 carries 7. This times the four

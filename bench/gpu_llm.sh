@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU LLM benchmark (issue 4): the CUDA backend on random-weight models of Qwen3-0.6B and
+# GPU LLM benchmark: the CUDA backend on random-weight models of Qwen3-0.6B and
 # Qwen3-8B geometry, q8 (q8_row) and bf16, generated in memory on the GPU machine (the same
 # codec payloads `cmf synth` writes; no file round trip).
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Does hiding the DiT's row kernels behind its GEMMs pay at the 700 W cap? (issue 5)
+"""Does hiding the DiT's row kernels behind its GEMMs pay at the 700 W cap?
 
 A 1024² Z-Image DiT step is GEMMs (~64 ms), attention (~15 ms) and memory-bound row kernels
 (~7 ms), one after the other on one stream, with the card at its power cap. This probe runs the

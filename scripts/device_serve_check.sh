@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (binaries staged in .dev/bin, see docs/gpu.md): `cmf serve --gpu off` vs `--gpu cuda`
-# on the qwen3-tiny fixture (f32 and q8): the same greedy answers over HTTP. Run 2026-11-30 (commit 4935aa2):
-# identical for both codecs; log in bench/results/2026-11-30-h200/serve-check.log.
+# on the qwen3-tiny fixture (f32 and q8): the same greedy answers over HTTP (2026-11-30, commit 4935aa2:
+# identical for both codecs).
 set -u
 cd "$(dirname "$0")/.."
 [ -f .dev/bin/cmf.xz ] && xz -d .dev/bin/cmf.xz; chmod +x .dev/bin/cmf

@@ -1,5 +1,6 @@
 //! The GPU path (cmf-gpu through `cmf_llm::gpu`) against transformers on the committed
-//! fixtures. Skips with a printed reason when no CUDA device answers (CI has none).
+//! fixtures. Prints `SKIPPED: …` and passes when no CUDA device answers (CI has none), or fails
+//! with `CMF_REQUIRE_GPU=1`.
 //!
 //! Fixtures are found through `CMF_FIXTURES` (the `fixtures` directory), else `./fixtures`
 //! (the device runs test binaries from a copy of the repo root), else relative to this crate.
@@ -31,7 +32,7 @@ fn fixtures_llm(name: &str) -> PathBuf {
 fn gpu() -> Option<Gpu> {
     let g = Gpu::open(GpuMode::Auto).expect("auto never fails");
     if !g.is_active() {
-        eprintln!("skipped: no CUDA device");
+        gpu_skip::skip_no_device("no CUDA device (`CMF_LOG=debug` says why)");
         return None;
     }
     Some(g)

@@ -676,7 +676,7 @@ fn log_stage(what: &str) {
 
 /// Drops the resident pages of the tensors under `prefix`: the next stage does not need them.
 /// On a thread of its own: after a first run's uploads the DiT's release took 0.1–0.2 s between
-/// the last step and the VAE decode (H200, session 14).
+/// the last step and the VAE decode (H200).
 fn release(pack: &ZimagePack, prefix: &str) {
     pack.model.release_pages_in_background(prefix);
 }

@@ -1,7 +1,7 @@
 //! The DiT on the device (cmf-gpu's CUDA backend, through the facade) against the CPU path
 //! (and the whole pipeline: text encoder, DiT and VAE on the device),
 //! which the other tests tie to diffusers. Needs a CUDA GPU: without one each test prints
-//! `skipped: …` and passes (CI has none).
+//! `SKIPPED: …` and passes (CI has none), or fails with `CMF_REQUIRE_GPU=1`.
 //!
 //! Tolerances: the device multiplies bf16 operands (8-bit mantissa, f32 accumulation) and runs
 //! attention on f16 operands, where the CPU runs f32 throughout; one step's output is held to
@@ -22,7 +22,7 @@ use common::*;
 
 const STEP_TOL: f32 = 2e-2;
 
-/// The device DiT reads `CMF_DIT_ATTN` and `CMF_DIT_FP8` when it loads, and the tests of this
+/// The device DiT reads `CMF_DIT_ATTN8` when it loads, and the tests of this
 /// file run on parallel threads of one process: each holds this lock throughout, so a variable
 /// one test sets never reaches a model another test loads.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -46,13 +46,7 @@ impl Drop for EnvVar {
 }
 
 fn device() -> Option<Gpu> {
-    match Gpu::open(GpuMode::Cuda) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
+    gpu_skip::device_or_skip(Gpu::open(GpuMode::Cuda))
 }
 
 /// A deterministic stream of values in [-1, 1).
@@ -217,25 +211,25 @@ fn random_inputs(
 /// Device vs CPU velocity for `caps` (lengths) and an `h × w` latent; both the whole batch and
 /// (when two items) the second item alone (the CFG-truncation subset).
 fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize, seed: u64) {
-    compare_within(src, cfg, caps, h, w, seed, STEP_TOL);
+    compare_within(src, cfg, caps, (h, w), seed, DitPrecision::Bf16, STEP_TOL);
 }
 
-/// [`compare`] with bound `tol` on each item's relative error. Returns the block GEMM planes
-/// the device ran in FP8 (0 without a device).
+/// [`compare`] with the device DiT at `precision` and bound `tol` on each item's relative error.
+/// Returns the block GEMM planes the device ran in 8 bits (0 without a device).
 fn compare_within(
     src: &MemTensors,
     cfg: &DitConfig,
     caps: &[usize],
-    h: usize,
-    w: usize,
+    (h, w): (usize, usize),
     seed: u64,
+    precision: DitPrecision,
     tol: f32,
 ) -> usize {
     let Some(gpu) = device() else { return 0 };
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
     let (cap_feats, lat) = random_inputs(cfg, caps, h, w, seed);
     let t = 0.37;
-    let mut den = Denoiser::new(&dit, &gpu, cap_feats.clone(), h, w);
+    let mut den = Denoiser::with_resident(&dit, &gpu, None, precision, cap_feats.clone(), h, w);
     assert!(
         den.on_device(),
         "the device refused the DiT (CMF_LOG=debug says why)"
@@ -287,25 +281,22 @@ fn fixture_step_matches_cpu_q8_2f_and_bf16_weights() {
     }
 }
 
-/// Every attention variant (`CMF_DIT_ATTN`, read when the model loads), then the default.
+/// Head dim 128 takes the device's default attention kernel (attn_full_ws on Hopper; each
+/// kernel is held to an f64 reference on its own in cmf-gpu's tests/cuda.rs).
 #[test]
 fn head_dim_128_batch_of_two_matches_cpu() {
     let _env = serial();
     let (src, cfg) = random_dit_hd128();
-    for variant in ["base", "k", "w8", "wg", "ws", "ws128", ""] {
-        eprintln!("CMF_DIT_ATTN={variant}");
-        let _attn = EnvVar::set("CMF_DIT_ATTN", variant);
-        // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
-        compare(&src, &cfg, &[77, 5], 32, 32, 4);
-        compare(&src, &cfg, &[33], 20, 28, 5);
-    }
+    // 256 image tokens (Np 256) + captions of 77 and 5 tokens (Lp 96 and 32).
+    compare(&src, &cfg, &[77, 5], 32, 32, 4);
+    compare(&src, &cfg, &[33], 20, 28, 5);
 }
 
 /// The FP8 attention (`CMF_DIT_ATTN8=1`). With bf16 GEMMs: a step of the random head-dim-128
 /// DiT, batch of two (per-item V scales) and one, against the CPU within 4e-2 (measured on the
 /// H200: 1.3–1.9e-2, bf16 attention 0.5e-2): Q, K, V and the probabilities in e4m3 (3 mantissa
 /// bits, ~2.5 % RMS each) in every block's attention, chained through 4 blocks. With FP8 GEMMs
-/// (`CMF_DIT_FP8=1`), where the attention writes the O projection's e4m3 input itself: within
+/// (`--dit-precision fp8`), where the attention writes the O projection's e4m3 input itself: within
 /// the FP8 path's 1.5e-1 (see `fp8_path_stays_close_to_bf16`). Sanity bounds; the quality
 /// criterion is the image PSNR of the FP8 path.
 #[test]
@@ -316,13 +307,11 @@ fn fp8_attention_step_stays_close_to_cpu() {
     }
     let _attn8 = EnvVar::set("CMF_DIT_ATTN8", "1");
     let (src, cfg) = random_dit_hd128();
-    {
-        let _fp8 = EnvVar::set("CMF_DIT_FP8", "0");
-        compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 4e-2);
-        compare_within(&src, &cfg, &[33], 20, 28, 5, 4e-2);
-    }
-    let _fp8 = EnvVar::set("CMF_DIT_FP8", "1");
-    let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, 1.5e-1);
+    let bf16 = DitPrecision::Bf16;
+    compare_within(&src, &cfg, &[77, 5], (32, 32), 4, bf16, 4e-2);
+    compare_within(&src, &cfg, &[33], (20, 28), 5, bf16, 4e-2);
+    let fp8 = DitPrecision::Fp8;
+    let planes = compare_within(&src, &cfg, &[77, 5], (32, 32), 4, fp8, 1.5e-1);
     assert_eq!(planes, 4 * 4, "FP8 planes of the random DiT");
 }
 
@@ -346,12 +335,11 @@ fn device_velocity(
     Some(v)
 }
 
-/// attn_full_ws (and attn_full_ws8, the FP8 attention: `CMF_DIT_ATTN8=1`) making Q from the
-/// q|k|v rows gives the same bits as qk_norm_rope writing it (`CMF_DIT_Q_ROWS=0`), and a step
-/// repeats bit for bit: the tail split's halves (every tile is split at this size) fold in a
-/// fixed order whichever finishes first.
+/// A step of attn_full_ws (and attn_full_ws8, the FP8 attention: `CMF_DIT_ATTN8=1`) repeats bit
+/// for bit: the tail split's halves (every tile is split at this size) fold in a fixed order
+/// whichever finishes first.
 #[test]
-fn q_from_rows_is_bitwise_qk_norm_rope_and_steps_repeat() {
+fn steps_repeat_bitwise() {
     let _env = serial();
     let (src, cfg) = random_dit_hd128();
     let cases = [(&[77usize, 5][..], 32, 32), (&[33][..], 20, 28)];
@@ -362,20 +350,12 @@ fn q_from_rows_is_bitwise_qk_norm_rope_and_steps_repeat() {
                 return;
             };
             let again = device_velocity(&src, &cfg, caps, h, w, 4).unwrap();
-            let b = {
-                let _q = EnvVar::set("CMF_DIT_Q_ROWS", "0");
-                device_velocity(&src, &cfg, caps, h, w, 4).unwrap()
-            };
             let bits =
                 |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
             let what = format!("FP8 attention {attn8}, caps {caps:?}");
             assert!(
                 bits(&a) == bits(&again),
                 "{what}: two runs of one step differ"
-            );
-            assert!(
-                bits(&a) == bits(&b),
-                "{what}: Q from the rows differs from qk_norm_rope's"
             );
             eprintln!("{what}: {} values, bit-identical", bits(&a).len());
         }
@@ -446,7 +426,7 @@ fn turbo_plan(pack: &ZimagePack) -> Plan {
     Plan::new(&req, &pack.recipe).unwrap()
 }
 
-/// The whole pipeline with the DiT on the device against the CPU pipeline: the image
+/// The whole pipeline with the DiT on the device against the CPU pipeline: the image
 /// criterion (within 2/255 on ≥ 99 % of the values), Turbo and CFG recipes.
 #[test]
 fn pipeline_image_matches_cpu() {
@@ -487,13 +467,12 @@ fn pipeline_image_matches_cpu() {
     }
 }
 
-/// The 8-bit paths (`CMF_DIT_FP8`: e4m3 GEMMs with per-row scales, with and without fast
+/// The 8-bit paths (`DitPrecision`: e4m3 GEMMs with per-row scales, with and without fast
 /// accumulation, and s8 GEMMs with per-row scales): a step against the CPU within 1.5e-1 for
 /// e4m3 (3 mantissa bits: ~2.5 % RMS per quantised operand, through every chained projection; a
 /// sanity bound, not the quality criterion) and 5e-2 for s8 (a step of amax/127: ~0.5–1 % RMS per
-/// operand), and whole images against the bf16 device path at the criterion, PSNR ≥ 35
-/// dB. Each model is loaded after the variable is set (`generate` uploads the DiT per call), and
-/// each check asserts how many block GEMMs really ran in 8 bits: every plane of the random model
+/// operand), and whole images against the bf16 device path at the quality bar, PSNR ≥ 35
+/// dB. A change of precision uploads the DiT again, and each check asserts how many block GEMMs really ran in 8 bits: every plane of the random model
 /// (dim 256, FFN 512: 4 blocks × 4), only q|k|v (384 × 128) and O (128 × 128) of the tiny pack,
 /// whose FFN of 341 cuBLASLt's 8-bit GEMMs cannot take (w1|w3 682 × 128 and w2 128 × 341 stay
 /// bf16).
@@ -503,7 +482,6 @@ fn gemm8_paths_stay_close_to_bf16() {
     let Some(gpu) = device() else { return };
     let pack = ZimagePack::open(q8_pack()).unwrap();
     let plan = turbo_plan(&pack);
-    std::env::remove_var("CMF_DIT_FP8");
     // One set of resident models through every run: a change of precision must upload the
     // DiT again (the runs below assert the FP8 planes that ran).
     let mut resident = Resident::default();
@@ -512,20 +490,16 @@ fn gemm8_paths_stay_close_to_bf16() {
     assert_eq!(bf16.timings.dit_gemm8_planes, 0, "bf16: 8-bit planes");
     // The tiny pack: 1 noise-refiner, 1 context-refiner and 2 main blocks.
     let tiny_8bit_planes = 4 * 2;
-    for (mode, precision, tol) in [
-        ("1", DitPrecision::Fp8, 1.5e-1),
-        ("fast", DitPrecision::Fp8Fast, 1.5e-1),
-        ("int8", DitPrecision::Int8, 5e-2),
+    for (precision, tol) in [
+        (DitPrecision::Fp8, 1.5e-1),
+        (DitPrecision::Fp8Fast, 1.5e-1),
+        (DitPrecision::Int8, 5e-2),
     ] {
         {
-            let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
             let (src, cfg) = random_dit_hd128();
-            let planes = compare_within(&src, &cfg, &[77, 5], 32, 32, 4, tol);
-            assert_eq!(
-                planes,
-                4 * 4,
-                "CMF_DIT_FP8={mode}: 8-bit planes of the random DiT"
-            );
+            let planes = compare_within(&src, &cfg, &[77, 5], (32, 32), 4, precision, tol);
+            let mode = precision.name();
+            assert_eq!(planes, 4 * 4, "{mode}: 8-bit planes of the random DiT");
         }
         let mut p8 = plan.clone();
         p8.dit_precision = precision;
@@ -566,36 +540,37 @@ fn eight_bit_planes_replace_the_bf16_ones() {
     let q8_planes: usize = shapes.iter().map(|(n, k)| n * k + 4 * n).sum();
     let saved = (blocks * (bf16_planes - q8_planes)) as i64;
     // (weight bytes the DiT counts, live device bytes the load added, 8-bit planes)
-    let load = |mode: &str| {
-        let _fp8 = EnvVar::set("CMF_DIT_FP8", mode);
+    let load = |precision: DitPrecision| {
+        let mode = precision.name();
         let before = gpu.bytes_resident() as i64;
         let dev = gpu
-            .load_dit(&dit.device_model(DitPrecision::Bf16))
-            .unwrap_or_else(|r| panic!("CMF_DIT_FP8={mode}: the device refused the DiT: {r}"));
+            .load_dit(&dit.device_model(precision))
+            .unwrap_or_else(|r| panic!("{mode}: the device refused the DiT: {r}"));
         let added = gpu.bytes_resident() as i64 - before;
         (dev.weight_bytes() as i64, added, dev.gemm8_planes())
     };
-    let (w_bf16, added_bf16, planes_bf16) = load("0");
+    let (w_bf16, added_bf16, planes_bf16) = load(DitPrecision::Bf16);
     assert_eq!(planes_bf16, 0, "bf16: 8-bit planes");
     assert!(w_bf16 > 0, "bf16: the DiT counts no weight bytes");
-    for mode in ["1", "int8"] {
-        let (w8, added8, planes8) = load(mode);
-        assert_eq!(planes8, blocks * 4, "CMF_DIT_FP8={mode}: 8-bit planes");
+    for precision in [DitPrecision::Fp8, DitPrecision::Int8] {
+        let mode = precision.name();
+        let (w8, added8, planes8) = load(precision);
+        assert_eq!(planes8, blocks * 4, "{mode}: 8-bit planes");
         assert_eq!(
             w_bf16 - w8,
             saved,
-            "CMF_DIT_FP8={mode}: weight bytes {w8} against {w_bf16} in bf16"
+            "{mode}: weight bytes {w8} against {w_bf16} in bf16"
         );
         // The load also allocates the 8-bit GEMM's own state (cuBLASLt's workspace) beside
         // the weights; whatever else it added is the same in both precisions.
         let extra8 = added8 - w8;
         let extra_bf16 = added_bf16 - w_bf16;
         eprintln!(
-            "CMF_DIT_FP8={mode}: weights {w8} B (bf16 {w_bf16} B), the load's other buffers {extra8} B (bf16 {extra_bf16} B)"
+            "{mode}: weights {w8} B (bf16 {w_bf16} B), the load's other buffers {extra8} B (bf16 {extra_bf16} B)"
         );
         assert!(
             extra8 >= extra_bf16 && extra8 - extra_bf16 <= 64 << 20,
-            "CMF_DIT_FP8={mode}: the load holds {extra8} B beside its weights, {extra_bf16} B in bf16"
+            "{mode}: the load holds {extra8} B beside its weights, {extra_bf16} B in bf16"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The device VAE decoder (`cmf_gpu::cuda::vae::CudaVae`) against the CPU decoder
-//! (`VaeDecoder::decode`). Needs a CUDA device; without one every test prints `skipped: …`.
+//! (`VaeDecoder::decode`). Needs a CUDA device; without one every test prints `SKIPPED: …`
+//! (or fails with `CMF_REQUIRE_GPU=1`).
 //!
 //! Tolerance: the device runs bf16 GEMM operands (every conv input and weight, attention
 //! Q/K/V/P) with f32 accumulation; the CPU runs f32 (float weights) or int8 activations (q8
@@ -26,13 +27,7 @@ use half::bf16;
 use std::time::Instant;
 
 fn backend() -> Option<CudaBackend> {
-    match CudaBackend::open(0) {
-        Ok(b) => Some(b),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    common::gpu_skip::device_or_skip(CudaBackend::open(0))
 }
 
 /// Codec choice per weight matrix.
@@ -383,13 +378,14 @@ fn device_rgb8_is_the_host_conversion_of_the_f32_image() {
 }
 
 /// `CMF_VAE_BENCH=1`: the full FLUX decoder geometry, random bf16 weights; cold (first decode:
-/// workspace allocation included) and warm wall time per decode, host clock after the readback.
+/// workspace allocation included) and warm wall time per decode, host clock after the readback,
+/// with the 3×3 convs through cuDNN (where libcudnn loads) and through im2col + cuBLAS.
 /// `CMF_VAE_BENCH_LATENTS=128` (latent sides, default `64,128`) and `CMF_VAE_BENCH_RUNS=1` (warm
 /// runs, default 5) narrow it, e.g. to profile one 1024² decode under ncu.
 #[test]
 fn bench_flux_geometry() {
     if std::env::var("CMF_VAE_BENCH").as_deref() != Ok("1") {
-        eprintln!("skipped: set CMF_VAE_BENCH=1 to time the full FLUX decoder");
+        eprintln!("SKIPPED: set CMF_VAE_BENCH=1 to time the full FLUX decoder");
         return;
     }
     let Some(be) = backend() else { return };
@@ -397,13 +393,6 @@ fn bench_flux_geometry() {
     let mut g = Gen::new(Codecs::Bf16, false, 11);
     g.decoder(&cfg);
     let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
-    let t = Instant::now();
-    let mut vae = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
-    eprintln!(
-        "load: {:.1} ms, {:.1} MB resident weights",
-        t.elapsed().as_secs_f64() * 1e3,
-        vae.weight_bytes() as f64 / 1e6
-    );
     let env_list = |name: &str, default: &str| -> Vec<usize> {
         std::env::var(name)
             .unwrap_or_else(|_| default.into())
@@ -417,17 +406,36 @@ fn bench_flux_geometry() {
         .copied()
         .unwrap_or(5)
         .max(1);
+    for cudnn in [true, false] {
+        let opts = VaeOptions {
+            cudnn,
+            ..VaeOptions::default()
+        };
+        let t = Instant::now();
+        let mut vae = CudaVae::load_with(&be, &cpu.gpu_model(), opts).unwrap();
+        eprintln!(
+            "convs {}: load {:.1} ms, {:.1} MB resident weights",
+            if cudnn { "cuDNN" } else { "im2col" },
+            t.elapsed().as_secs_f64() * 1e3,
+            vae.weight_bytes() as f64 / 1e6
+        );
+        time_decodes(&mut vae, &sides, runs);
+    }
+}
+
+/// Cold and warm decodes of random latents of each side in `sides` (see `bench_flux_geometry`).
+fn time_decodes(vae: &mut CudaVae, sides: &[usize], runs: usize) {
     let mut rng = Rng::new(5);
-    for (h, w) in sides.into_iter().map(|s| (s, s)) {
+    for (h, w) in sides.iter().map(|&s| (s, s)) {
         vae.release_workspace();
         let z = rng.vec(16 * h * w, 1.0);
         let t = Instant::now();
-        let first = device_decode(&mut vae, &z, h, w);
+        let first = device_decode(vae, &z, h, w);
         let cold = t.elapsed().as_secs_f64() * 1e3;
         let mut warm = Vec::new();
         for _ in 0..runs {
             let t = Instant::now();
-            let again = device_decode(&mut vae, &z, h, w);
+            let again = device_decode(vae, &z, h, w);
             warm.push(t.elapsed().as_secs_f64() * 1e3);
             assert_eq!(again, first);
         }

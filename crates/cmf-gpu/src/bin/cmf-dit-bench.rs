@@ -2,7 +2,7 @@
 //! 30 heads, FFN 10240, 2 + 2 refiner blocks, 30 layers), random weights made in memory.
 //!
 //! usage: cmf-dit-bench [--res 512,1024] [--cap 30] [--steps 8] [--layers 30] [--batch 1]
-//!                      [--peak-tflops 790]
+//!                      [--peak-tflops 790] [--precision bf16|fp8|fp8-fast|int8]
 //! One random block's bf16 bytes back every layer's upload (each layer is its own device plane,
 //! so memory traffic is real; the values do not matter for timing). Prints per resolution: cold
 //! load + first step, warm ms per step (median), the FLOPs of a step and the achieved TFLOP/s.
@@ -13,8 +13,8 @@ use cmf_format::Dtype;
 use cmf_gpu::cuda::dit::{CudaDit, PROFILE_CATEGORIES};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::dit::{
-    pad_rows, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitStepItem,
-    RopeRows,
+    pad_rows, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitPrecision,
+    DitStepItem, RopeRows,
 };
 use cmf_gpu::facade::DitDevice;
 use cmf_gpu::llm::synth::Rng;
@@ -29,6 +29,7 @@ struct Args {
     layers: usize,
     batch: usize,
     peak: f64,
+    precision: DitPrecision,
 }
 
 fn parse() -> Result<Args, String> {
@@ -39,6 +40,7 @@ fn parse() -> Result<Args, String> {
         layers: 30,
         batch: 1,
         peak: 790.0,
+        precision: DitPrecision::Bf16,
     };
     let num = |s: String| s.parse::<usize>().map_err(|_| format!("bad number `{s}`"));
     let mut it = std::env::args().skip(1);
@@ -56,6 +58,12 @@ fn parse() -> Result<Args, String> {
             "--layers" => a.layers = num(val()?)?,
             "--batch" => a.batch = num(val()?)?.max(1),
             "--peak-tflops" => a.peak = val()?.parse().map_err(|_| "bad --peak-tflops")?,
+            "--precision" => {
+                let v = val()?;
+                a.precision = DitPrecision::parse(&v).ok_or_else(|| {
+                    format!("--precision {v}: not one of bf16, fp8, fp8-fast, int8")
+                })?
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -138,8 +146,7 @@ fn main() {
         }),
     };
     let model = DitModel {
-        // CMF_DIT_FP8=1|fast|int8 times the 8-bit paths.
-        precision: cmf_gpu::dit::DitPrecision::Bf16,
+        precision: a.precision,
         geo: geo.clone(),
         x_embedder: DitLinear {
             w: w(&x_emb, d, pd),

@@ -204,19 +204,13 @@ impl Cudnn {
                 ),
                 "tensor-op math",
             )?;
-            // The heuristics' ranking (no trial runs: they would cost the first decode seconds),
-            // or with CMF_VAE_CUDNN_FIND=1 cuDNN's timed trial of every algorithm (A/B runs).
+            // The heuristics' ranking: cuDNN's timed trial of every algorithm
+            // (cudnnFindConvolutionForwardAlgorithm) would cost the first decode seconds.
             const WANT: usize = 8;
             let mut perf: [dnn::cudnnConvolutionFwdAlgoPerf_t; WANT] = std::mem::zeroed();
             let mut got = 0i32;
-            let find = std::env::var("CMF_VAE_CUDNN_FIND").as_deref() == Ok("1");
-            let rank = if find {
-                dnn::cudnnFindConvolutionForwardAlgorithm
-            } else {
-                dnn::cudnnGetConvolutionForwardAlgorithm_v7
-            };
             check(
-                rank(
+                dnn::cudnnGetConvolutionForwardAlgorithm_v7(
                     self.handle,
                     p.x,
                     p.w,
@@ -239,8 +233,7 @@ impl Cudnn {
                     })
                     .collect();
                 crate::facade::log::debug(&format!(
-                    "cuDNN conv {cin}→{cout} at {h}×{w} ({}): {}",
-                    if find { "find" } else { "heuristics" },
+                    "cuDNN conv {cin}→{cout} at {h}×{w} (heuristics): {}",
                     list.join(", ")
                 ));
             }

@@ -306,7 +306,7 @@ impl Dev {
 
     /// Threads a model loader uploads on ([`Dev::each_parallel`]). The Z-Image text encoder
     /// and DiT (10.4 GB) uploaded in 0.65–0.67 s on 4 each with 8 MiB rings, 0.69–0.72 on 2
-    /// with 16 MiB, 0.81–0.84 on 1 with 32 MiB (BENCH.md, eighteenth run); 8 were slower.
+    /// with 16 MiB, 0.81–0.84 on 1 with 32 MiB (H200, 2026-12-02); 8 were slower.
     pub const LOADER_THREADS: usize = 4;
 
     /// `f` over `items` on up to `threads` threads of their own, each with the context bound,

@@ -18,7 +18,7 @@
 //! [sandwich norm + gate + residual + next pre-norm] → w1|w3 GEMM → SwiGLU → w2 GEMM → [same
 //! fused residual]. Row layout and the map that ties rows to items: `kernels/dit.cu`.
 //!
-//! 8-bit GEMMs (`DitModel::precision`, or `CMF_DIT_FP8`: see `gemm8_request`): block GEMMs
+//! 8-bit GEMMs (`DitModel::precision`, see `gemm8_request`): block GEMMs
 //! whose plane is 8-bit run on 8-bit operands with per-row scales, FP8 (e4m3,
 //! cuda/fp8.rs) or int8 (s8 with exact s32 sums, cuda/int8.rs); the row kernels feeding them
 //! (rms·(1+s), the fused residual, SwiGLU: cuda/dit_rows.rs) then write 8-bit rows and row
@@ -38,7 +38,7 @@ use super::fp8::{Fp8Gemm, Fp8Out};
 use super::int8::Int8Gemm;
 use super::kernels::{
     compile_parallel, fa2_smem, ws8_smem, ws_smem, Func, Job, Module, ATTENTION, ATTENTION_WG, DIT,
-    ROWOPS, WG_SMEM, WS8_SLOTS, WS_KEYS,
+    ROWOPS, WS8_SLOTS, WS_KEYS,
 };
 use super::tma;
 use super::weights::{DequantTo, DevCodec, DevWeight};
@@ -63,15 +63,14 @@ const ROWS: usize = 2;
 struct Kernels {
     rows: RowKernels,
     qk_norm_rope: Func,
-    /// K (and V's maxima) where the attention makes Q and reads V from the rows (None:
-    /// `CMF_DIT_KR=off`, qk_norm_rope then does it).
+    /// K (and V's maxima) where the attention makes Q and reads V from the rows.
     k_norm_rope: Option<Func>,
     bias_pad: Func,
     ada_finish: Func,
     add_bias: Func,
     rms: Func,
     final_norm: Func,
-    /// The attention kernel (`CMF_DIT_ATTN`, see [`attention_variant`]).
+    /// The attention kernel ([`default_attention`]).
     attn: AttnKernel,
     /// The FP8 attention, which replaces `attn` when loaded (see [`attn8_request`]).
     attn8: Option<Attn8>,
@@ -98,16 +97,7 @@ impl Kernels {
         if row8_s8 {
             dit_defs.push(("ROW8_S8", "1".to_string()));
         }
-        // residual_norm's register cap (kernels/dit.cu, an A/B switch): a value other than the
-        // source's 32 compiles the module through NVRTC at run time.
-        if let Some(v) = std::env::var("CMF_DIT_RN_REGS")
-            .ok()
-            .filter(|v| v.parse::<u32>().is_ok())
-        {
-            dit_defs.push(("RN_MAXNREG", v));
-        }
-        let choice = std::env::var("CMF_DIT_ATTN").unwrap_or_default();
-        let variant = attention_variant(dev, hd, &choice);
+        let variant = default_attention(dev, hd);
         // Every module compiles at once (a first run on a machine), then each loads.
         let arch = dev.arch();
         let attn8_job = attn8.and_then(|_| Attn8::job(dev, hd, &defs));
@@ -130,10 +120,7 @@ impl Kernels {
         Ok(Kernels {
             rows: RowKernels::load(&dit)?,
             qk_norm_rope: dit.func("qk_norm_rope")?,
-            k_norm_rope: match std::env::var("CMF_DIT_KR").as_deref() {
-                Ok("off") => None,
-                _ => Some(dit.func("k_norm_rope")?),
-            },
+            k_norm_rope: Some(dit.func("k_norm_rope")?),
             bias_pad: dit.func("bias_pad_rows")?,
             ada_finish: dit.func("ada_finish")?,
             add_bias: dit.func("add_bias")?,
@@ -176,7 +163,7 @@ struct AttnKernel {
 /// tiles (128 query rows of one head) run in rounds of one block per SM, and where a launch's last
 /// round would be at most half full (1024²: 990 tiles on 132 SMs, 7 rounds and 66), its tiles
 /// run as two halves of the key tiles each, the second to finish merging the first's state, so
-/// the round takes about half as long. `CMF_DIT_SPLIT=0` turns it off (A/B runs). One serves
+/// the round takes about half as long. One serves
 /// both kernels: their launches queue on one stream, and each leaves the counters zero.
 struct TailSplit {
     /// Per split tile and half, each consumer thread's state (`WS_PART` floats).
@@ -185,7 +172,6 @@ struct TailSplit {
     pairs: DBuf,
     max_pairs: usize,
     sms: usize,
-    on: bool,
 }
 
 /// The first split tile of a launch of `tiles` tiles over `key_tiles` key tiles on `sms` SMs
@@ -212,7 +198,6 @@ impl TailSplit {
             pairs: dev.alloc_zeroed(max_pairs * 4)?,
             max_pairs,
             sms,
-            on: std::env::var("CMF_DIT_SPLIT").as_deref() != Ok("0"),
         })
     }
 
@@ -221,7 +206,7 @@ impl TailSplit {
     fn split_from(&self, tiles: usize, key_tiles: usize, force: bool) -> usize {
         if force && key_tiles >= 2 {
             (tiles / 2).max(tiles.saturating_sub(self.max_pairs))
-        } else if self.on && !force {
+        } else if !force {
             tail_split_from(tiles, key_tiles, self.sms)
         } else {
             tiles
@@ -457,25 +442,12 @@ impl Attn8 {
     /// Hopper, head dim ≠ 128: the bf16 attention stays).
     fn job(dev: &Dev, hd: usize, defs: &[(&'static str, String)]) -> Option<(Job, usize)> {
         let arch = dev.arch_specific().filter(|_| hd == 128)?;
-        // Experiment switches (A/B runs): CMF_DIT_WS8_SLOTS=2..6, CMF_DIT_WS8_PINGPONG=1,
-        // CMF_DIT_WS8_TAU=0..8 (lazy rescaling's threshold; 0: eager), CMF_DIT_WS8_ONES=0 (row
-        // sums on the FP32 pipe instead of a ones column of P·V).
-        let slots = std::env::var("CMF_DIT_WS8_SLOTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (2..=6).contains(n))
-            .unwrap_or(WS8_SLOTS);
         let mut defs = defs.to_vec();
         defs.push(("WS_KEYS", WS_KEYS.to_string()));
-        if slots != WS8_SLOTS {
-            defs.push(("W8_SLOTS", slots.to_string()));
-        }
-        if std::env::var("CMF_DIT_WS8_PINGPONG").as_deref() == Ok("1") {
-            defs.push(("W8_PINGPONG", "1".to_string()));
-        }
-        env_define(&mut defs, "CMF_DIT_WS8_TAU", "W8_TAU", 0..=8);
-        env_define(&mut defs, "CMF_DIT_WS8_ONES", "W8_ONES", 0..=1);
-        Some((Job::new("attention_wg", ATTENTION_WG, &defs, &arch), slots))
+        Some((
+            Job::new("attention_wg", ATTENTION_WG, &defs, &arch),
+            WS8_SLOTS,
+        ))
     }
 
     fn launch(&self, dev: &Dev, c: &AttnCall, e: &Attn8Call) -> DResult<()> {
@@ -573,8 +545,9 @@ fn k8_scale(norm_k: &[f32], hd: usize) -> f32 {
 }
 
 /// Whether the DiT attention may run in FP8 (attn_full_ws8), and from how many keys per item
-/// on: `CMF_DIT_ATTN8=1` always, `0` never; else with the FP8 GEMMs ([`gemm8_request`]: the
-/// model's precision or `CMF_DIT_FP8`) from [`ATTN8_MIN_KEYS`]. Read when the model loads.
+/// on: `CMF_DIT_ATTN8=1` always (tests: the FP8 attention beside bf16 GEMMs and at short
+/// lengths), `0` never; else with the FP8 GEMMs (the model's precision) from [`ATTN8_MIN_KEYS`].
+/// Read when the model loads.
 fn attn8_request(precision: DitPrecision) -> Option<usize> {
     match std::env::var("CMF_DIT_ATTN8").as_deref() {
         Ok("1") => Some(0),
@@ -586,21 +559,19 @@ fn attn8_request(precision: DitPrecision) -> Option<usize> {
     }
 }
 
-/// Shorter sequences keep the bf16 attention by default. Measured on the H200 (session 9, call 5):
+/// Shorter sequences keep the bf16 attention by default. Measured on the H200 (2026-12-01):
 /// at 512² (1056 keys) the FP8 attention is now faster too (fp8-fast step 15.86 → 15.58 ms; image
-/// 38.3 dB from the bf16 path's, 38.5 with the bf16 attention); in session 7, before its O output
-/// and K scale changed, it was slower there (16.1 → 16.7). Below 1024 keys it was not measured.
+/// 38.3 dB from the bf16 path's, 38.5 with the bf16 attention); before its O output and K scale
+/// changed it was slower there (16.1 → 16.7). Below 1024 keys it was not measured.
 const ATTN8_MIN_KEYS: usize = 1024;
 
 /// Whether `--dit-precision fp8` / `fp8-fast` include the FP8 attention by default. Measured on
-/// the H200 (session 7, one call): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
+/// the H200 (2026-12-01, side by side): fp8-fast 1024² step 61.1–61.4 ms with the bf16 attention,
 /// 58.9 with the FP8 one; the 1024² image 37.8 dB from the bf16 path's (38.1 dB without it).
 const ATTN8_WITH_FP8: bool = true;
 
 #[derive(Clone, PartialEq, Debug)]
 enum AttnVariant {
-    /// An attention_wg.cu entry point, compiled for this arch-specific target.
-    Wgmma(&'static str, String),
     /// attn_full_ws (attention_wg.cu): TMA loads, warp-specialised and ping-ponged; tiles of
     /// this many keys.
     WarpSpecialized(String, usize),
@@ -608,65 +579,37 @@ enum AttnVariant {
     MmaSync(&'static str, u32),
 }
 
-/// The kernel `CMF_DIT_ATTN` names: `ws` (Hopper, head dim 128 on sm_90 only: TMA loads by a
-/// producer warpgroup, ping-ponged wgmma warpgroups, P in registers, 176-key tiles), `ws128`
-/// (the same with 128-key tiles and 3 slots), `wg` (the earlier
-/// wgmma kernel: loads by every thread, P through shared memory), `base` (mma.sync, 4 warps,
-/// 32-bit K loads), `k` (4 warps, ldmatrix K loads), `w8` (8 warps, ldmatrix). Unset or anything
-/// else: `ws` where it applies, else `base`. Measured on the H200 (attention of a 1024² step,
-/// 8 layers + refiners, commit in BENCH.md): `ws` 5.0 ms, `wg` 8.3 ms; earlier, 30 layers:
-/// `wg` 26.9 ms against 45.7 with `base`.
+/// The kernel a test names (production runs [`default_attention`]): `ws` (Hopper, head dim
+/// 128 on sm_90 only: TMA loads by a producer warpgroup, ping-ponged wgmma warpgroups, P in
+/// registers, 176-key tiles) or `base` (mma.sync, 4 warps, 32-bit K loads, every device).
+/// Anything else: the default. Measured on the H200 (attention of a 1024² step, 8 layers +
+/// refiners): `ws` 5.0 ms against 8.3 for the earlier wgmma kernel (attn_full_wg: loads by
+/// every thread, P through shared memory), which took 26.9 ms against 45.7 with `base` over
+/// 30 layers. attention.cu's ldmatrix variants were slower than `base` (1024² step: 4 warps
+/// (attn_full_fa2_k) 126.3 ms, 8 warps (attn_full_fa2_w8) 124.6, `base` 121.8).
 fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
-    let wg = dev
+    let base = AttnVariant::MmaSync("attn_full_fa2", 4);
+    let ws = dev
         .arch_specific()
         .filter(|_| hd == 128)
-        .map(|a| AttnVariant::Wgmma("attn_full_wg", a));
-    let base = AttnVariant::MmaSync("attn_full_fa2", 4);
-    let ws = |keys| {
-        dev.arch_specific()
-            .filter(|_| hd == 128)
-            .map(|a| AttnVariant::WarpSpecialized(a, keys))
-    };
+        .map(|a| AttnVariant::WarpSpecialized(a, WS_KEYS));
     match choice {
-        "ws128" => ws(128).unwrap_or(base),
-        "wg" => wg.unwrap_or(base),
-        "k" => AttnVariant::MmaSync("attn_full_fa2_k", 4),
-        "w8" => AttnVariant::MmaSync("attn_full_fa2_w8", 8),
         "base" => base,
-        _ => ws(WS_KEYS).unwrap_or(base),
+        _ => ws.unwrap_or(base),
     }
 }
 
-/// Adds `name` = the value of environment variable `var` to `defs` when it is an integer in
-/// `range` (experiment switches of the attention kernels; anything else is ignored).
-fn env_define(
-    defs: &mut Vec<(&str, String)>,
-    var: &str,
-    name: &'static str,
-    range: std::ops::RangeInclusive<u32>,
-) {
-    if let Some(v) = std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|v| range.contains(v))
-    {
-        defs.push((name, v.to_string()));
-    }
+/// The DiT's attention: `ws` where it applies (Hopper, head dim 128), else `base`.
+fn default_attention(dev: &Dev, hd: usize) -> AttnVariant {
+    attention_variant(dev, hd, "")
 }
 
 /// The module one attention variant lives in.
 fn attention_job(dev: &Dev, variant: &AttnVariant, defs: &[(&'static str, String)]) -> Job {
     match variant {
-        AttnVariant::Wgmma(_, arch) => Job::new("attention_wg", ATTENTION_WG, defs, arch),
         AttnVariant::WarpSpecialized(arch, keys) => {
-            // Experiment switches: CMF_DIT_WS_PINGPONG=0 lets both warpgroups issue at will;
-            // CMF_DIT_WS_TAU=0..8 sets the lazy rescaling's threshold (0: eager).
             let mut defs = defs.to_vec();
             defs.push(("WS_KEYS", keys.to_string()));
-            if std::env::var("CMF_DIT_WS_PINGPONG").as_deref() == Ok("0") {
-                defs.push(("WS_PINGPONG", "0".to_string()));
-            }
-            env_define(&mut defs, "CMF_DIT_WS_TAU", "WS_TAU", 0..=8);
             Job::new("attention_wg", ATTENTION_WG, &defs, arch)
         }
         AttnVariant::MmaSync(..) => {
@@ -686,14 +629,6 @@ fn load_attention(dev: &Dev, hd: usize, variant: AttnVariant, job: &Job) -> DRes
     };
     let m = Module::load_job(dev, job)?;
     let (f, shape) = match variant {
-        AttnVariant::Wgmma(entry, _) => {
-            let shape = AttnShape {
-                threads: 256,
-                rows: 128,
-                smem: WG_SMEM,
-            };
-            (m.func(entry)?, shape)
-        }
         AttnVariant::WarpSpecialized(_, keys) => {
             let shape = AttnShape {
                 threads: 384,
@@ -725,10 +660,10 @@ fn load_attention(dev: &Dev, hd: usize, variant: AttnVariant, job: &Job) -> DRes
     })
 }
 
-/// Test hook: the DiT attention kernel `variant` (a `CMF_DIT_ATTN` name, see
+/// Test hook: the DiT attention kernel `variant` (a name
 /// [`attention_variant`], or `ws8`: attn_full_ws8 with K scaled by its maximum over all heads and
 /// V by its per-head maxima; `ws8q`: the same writing e4m3 rows, read back with their scales;
-/// `+split` after `ws`, `ws128`, `ws8` or `ws8q`: half of the tiles split, see [`TailSplit`])
+/// `+split` after `ws`, `ws8` or `ws8q`: half of the tiles split, see [`TailSplit`])
 /// on one item of
 /// `t` rows, `nh` heads of 128: q `[t, nh, 128]` f32, k and v `[nh, t, 128]` (rounded to f16
 /// here, as the DiT stores them; v to bf16 for attn_full_ws, which reads the GEMM's bf16 V).
@@ -1097,28 +1032,18 @@ pub struct CudaDit {
     gemm8: Option<Gemm8>,
     /// Bytes per value of the residual stream X (see [`residual_bf16`]).
     x_bytes: usize,
-    /// Steps run eagerly, not as a graph: `CMF_DIT_GRAPH=0`, or after a capture failed.
+    /// Steps run eagerly, not as a graph: after a capture failed.
     no_graph: bool,
-    /// attn_full_ws makes Q from the q|k|v rows (`CMF_DIT_Q_ROWS=0`: qk_norm_rope writes it, as
-    /// before; the bits are the same either way).
-    q_from_rows: bool,
-    /// int8 path: the fused residual and SwiGLU read the O, w1|w3 and w2 GEMMs' s32 sums
-    /// (`CMF_DIT_INT8_SUMS=0`: each GEMM's sums go through int8.rs's scaling pass to bf16 rows
-    /// first, as before; an A/B switch).
-    int8_sums: bool,
     /// The activation buffers of the last prepared run, kept by `release` and taken again by
     /// the next `prepare` of the same row count (a warm image skips ~20 allocations).
     spare_work: Option<Work>,
 }
 
-/// Whether the residual stream X (and the refined captions) are bf16 rather than f32:
-/// `CMF_DIT_RESIDUAL=f32|bf16`, bf16 by default. diffusers' bf16 pipeline keeps it in bf16 as
-/// well; the row kernels still add in f32 and round once per update, and the pre-norm that
-/// follows an update reads the unrounded row. Halves the bytes `residual_norm` moves
-/// (BENCH.md). Read when the model loads.
-fn residual_bf16() -> bool {
-    std::env::var("CMF_DIT_RESIDUAL").as_deref() != Ok("f32")
-}
+/// The residual stream X (and the refined captions) are bf16 rather than f32. diffusers' bf16
+/// pipeline keeps it in bf16 as well; the row kernels still add in f32 and round once per
+/// update, and the pre-norm that follows an update reads the unrounded row. Halves the bytes
+/// `residual_norm` moves (BENCH.md). The kernels keep their f32 form (`X_BF16=0`).
+const RESIDUAL_BF16: bool = true;
 
 /// The block GEMMs' 8-bit operand encodings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1131,21 +1056,13 @@ enum Gemm8Kind {
 
 /// Whether the blocks' q|k|v, O, w1|w3 and w2 GEMMs run on 8-bit operands with per-row scales
 /// on weights and activations (cuBLASLt), each whose shape cuBLASLt takes ([`q8_fits`]; the
-/// others stay bf16), and in which encoding: the model's [`DitPrecision`], unless
-/// `CMF_DIT_FP8` (`0`, `1`, `fast`, `int8`; tests and A/B runs) overrides it. Read when the
-/// model loads.
+/// others stay bf16), and in which encoding: the model's [`DitPrecision`].
 fn gemm8_request(precision: DitPrecision) -> Option<Gemm8Kind> {
-    match std::env::var("CMF_DIT_FP8").as_deref() {
-        Ok("0") => None,
-        Ok("1") => Some(Gemm8Kind::Fp8 { fast: false }),
-        Ok("fast") => Some(Gemm8Kind::Fp8 { fast: true }),
-        Ok("int8") => Some(Gemm8Kind::Int8),
-        _ => match precision {
-            DitPrecision::Bf16 => None,
-            DitPrecision::Fp8 => Some(Gemm8Kind::Fp8 { fast: false }),
-            DitPrecision::Fp8Fast => Some(Gemm8Kind::Fp8 { fast: true }),
-            DitPrecision::Int8 => Some(Gemm8Kind::Int8),
-        },
+    match precision {
+        DitPrecision::Bf16 => None,
+        DitPrecision::Fp8 => Some(Gemm8Kind::Fp8 { fast: false }),
+        DitPrecision::Fp8Fast => Some(Gemm8Kind::Fp8 { fast: true }),
+        DitPrecision::Int8 => Some(Gemm8Kind::Int8),
     }
 }
 
@@ -1302,7 +1219,7 @@ impl CudaDit {
     }
 
     fn upload(dev: Arc<Dev>, m: &DitModel) -> DResult<CudaDit> {
-        let x_bf16 = residual_bf16();
+        let x_bf16 = RESIDUAL_BF16;
         let gemm8 = gemm8_request(m.precision).and_then(|kind| match Gemm8::new(&dev, kind) {
             Ok(g) => Some(g),
             Err(e) => {
@@ -1385,9 +1302,7 @@ impl CudaDit {
                 .then(|| RefCell::new([0.0; 3])),
             gemm8,
             x_bytes: if x_bf16 { 2 } else { 4 },
-            no_graph: std::env::var("CMF_DIT_GRAPH").as_deref() == Ok("0"),
-            q_from_rows: std::env::var("CMF_DIT_Q_ROWS").as_deref() != Ok("0"),
-            int8_sums: std::env::var("CMF_DIT_INT8_SUMS").as_deref() != Ok("0"),
+            no_graph: false,
             spare_work: None,
             blas,
             k,
@@ -1571,7 +1486,7 @@ impl CudaDit {
                 Gemm8::Int8(g) => {
                     let acc = work.acc.as_ref().expect("int8 work has its sums").ptr();
                     g.sums(p.q.ptr(), xq, acc, (n, r, k))?;
-                    if sums && self.int8_sums {
+                    if sums {
                         let ws = p.s.ptr();
                         return Ok(GemmRows::S32 { acc, xs, ws });
                     }
@@ -1749,15 +1664,14 @@ impl CudaDit {
             let v_copy = attn8.is_none() && !ws_rows;
             // The attention makes Q itself from the rows: attn_full_ws (f16) and attn_full_ws8
             // (e4m3 with a scale per row and head, as qk_norm_rope encodes it).
-            let q_rows =
-                (self.q_from_rows && (attn8.is_some() || self.k.attn.q_f16())).then_some(QRows {
-                    ld: 3 * d,
-                    norm: b.norm_q.ptr(),
-                    eps: g.qk_eps,
-                    cos: p.cos,
-                    sin: p.sin,
-                    map: p.map,
-                });
+            let q_rows = (attn8.is_some() || self.k.attn.q_f16()).then_some(QRows {
+                ld: 3 * d,
+                norm: b.norm_q.ptr(),
+                eps: g.qk_eps,
+                cos: p.cos,
+                sin: p.sin,
+                map: p.map,
+            });
             self.norm_rope(b, w, p, attn8.map(|(_, a8)| a8), v_copy, q_rows)?;
             self.prof_stop(t, ROWS)?;
             let t = self.prof_start()?;
@@ -2027,7 +1941,7 @@ impl CudaDit {
         // step with a set runs eagerly (which also sets up what capture may not: cuBLAS's and
         // cuBLASLt's state, the FP8 plans) and the graph is captured right after it is enqueued,
         // while the GPU runs it, so the capture costs no device time. Eager when profiling, with
-        // CMF_DIT_GRAPH=0, or after a capture failed.
+        // after a capture failed.
         let graphs = self.prof.is_none() && !self.no_graph;
         let p = self.prep.as_ref().expect("checked");
         let timer = if timing { Some(Timer::new()?) } else { None };

@@ -12,7 +12,6 @@
 use super::device::{bytes_of, Arg, DResult, Dev, DevError};
 use super::kernels::{Func, Module, DIT};
 use half::bf16;
-use std::sync::OnceLock;
 
 /// Threads of the per-row kernels (at least: see [`row_threads`]).
 pub const ROW_THREADS: u32 = 256;
@@ -20,19 +19,8 @@ pub const ROW_THREADS: u32 = 256;
 /// Threads per row block for a row kernel with `smem` bytes of dynamic shared memory: enough
 /// that the blocks the SM's 227 KiB hold fill its 2048 threads, from [`ROW_THREADS`] up to 1024.
 /// The FP8 path's swiglu stashes 40 KiB rows: 5 blocks of 256 threads (62 % of the SM's
-/// threads), or 4 of 512 (all). `CMF_DIT_ROW_THREADS` (a power of two, 128..=1024) overrides it
-/// for A/B runs.
+/// threads), or 4 of 512 (all).
 pub fn row_threads(smem: usize) -> u32 {
-    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        std::env::var("CMF_DIT_ROW_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|t| t.is_power_of_two() && (128..=1024).contains(t))
-    });
-    if let Some(t) = *forced {
-        return t;
-    }
     let blocks = (227 * 1024 / smem.max(1)).max(1) as u32;
     let mut t = ROW_THREADS;
     while t < 1024 && blocks * t < 2048 {
@@ -119,13 +107,6 @@ pub fn allow_row_smem(f: &Func, bytes: usize) -> DResult<()> {
     Ok(())
 }
 
-/// Whether swiglu may take its register-resident form (`CMF_DIT_SWIGLU=shared`: never, for A/B
-/// runs).
-fn swiglu_registers_wanted() -> bool {
-    static WANTED: OnceLock<bool> = OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("CMF_DIT_SWIGLU").as_deref() != Ok("shared"))
-}
-
 /// The row kernels of one `dit` module (kernels/dit.cu).
 pub struct RowKernels {
     rms_mod: Func,
@@ -137,7 +118,7 @@ pub struct RowKernels {
 
 impl RowKernels {
     pub fn load(m: &Module) -> DResult<RowKernels> {
-        Self::load_as(m, swiglu_registers_wanted())
+        Self::load_as(m, true)
     }
 
     fn load_as(m: &Module, registers: bool) -> DResult<RowKernels> {
@@ -575,9 +556,6 @@ mod tests {
 
     #[test]
     fn row_blocks_fill_the_sm_threads() {
-        if std::env::var_os("CMF_DIT_ROW_THREADS").is_some() {
-            return; // an A/B override is in force
-        }
         // bf16 rows (no stash) and D = 3840 f32 rows (15 blocks fit): the default.
         assert_eq!(row_threads(0), ROW_THREADS);
         assert_eq!(row_threads(3840 * 4), ROW_THREADS);

@@ -8,7 +8,7 @@
 //! Why int8 beside FP8: at the DiT's shapes on the H200 cuBLASLt's s8 GEMM runs as fast as the
 //! e4m3 one with fast accumulation (1212–1477 against 1174–1442 TOP/s), and per-row s8 keeps
 //! ~7 significant bits where e4m3 keeps 4: the GEMM's error against bf16 is 5.8e-3 against
-//! 3.6e-2 (`cmf-fp8-probe`, BENCH.md nineteenth run). cuBLASLt writes s32 (its IMMA kernels
+//! 3.6e-2 (`cmf-fp8-probe`, H200, 2026-12-04). cuBLASLt writes s32 (its IMMA kernels
 //! take no bf16 output), so the scales are applied after the GEMM.
 
 use super::device::{Arg, DResult, Dev, DevError};

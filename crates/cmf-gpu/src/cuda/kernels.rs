@@ -144,8 +144,7 @@ pub fn all_sources() -> SourceSet {
 }
 
 /// Sources built only for Hopper's arch-specific target (`sm_90a`: wgmma), same shape as
-/// [`all_sources`]. attention_wg is built with both K/V tile sizes of attn_full_ws (its
-/// `WS_KEYS` define): the one the engine runs ([`WS_KEYS`]) and 128.
+/// [`all_sources`]. attention_wg is built with the K/V tile size the engine runs ([`WS_KEYS`]).
 pub fn hopper_sources() -> SourceSet {
     let wg = |keys: usize| {
         (
@@ -159,15 +158,11 @@ pub fn hopper_sources() -> SourceSet {
             ],
         )
     };
-    vec![wg(WS_KEYS), wg(128)]
+    vec![wg(WS_KEYS)]
 }
 
-/// Dynamic shared memory of attn_full_wg: 2 slots × (K + V) × 128 keys × 128 dims, f16, then
-/// per warpgroup (2) a P block of 64 rows × 128 keys, f16, plus 1 KiB to align the swizzle atoms.
-pub const WG_SMEM: usize = 2 * 2 * 128 * 128 * 2 + 2 * 64 * 128 * 2 + 1024;
-
 /// Keys per K/V tile of attn_full_ws (its `WS_KEYS` define; 176 is FlashAttention-3's tile for
-/// head dim 128; 128, with 3 slots, also builds: `CMF_DIT_ATTN=ws128`). The TMA boxes of K and V
+/// head dim 128; 128 keys with 3 slots measured no faster). The TMA boxes of K and V
 /// span this many keys.
 pub const WS_KEYS: usize = 176;
 
@@ -403,10 +398,10 @@ pub struct CommonKernels {
     pub mv: [Func; 5],
     /// How the matvecs were built and are launched.
     pub mv_config: MatvecConfig,
-    /// The matvecs built for small weights ([`MatvecConfig::SMALL`]; None when
-    /// `CMF_GPU_MV_SMALL=0`), used up to `mv_small_bytes` of weights a launch.
+    /// The matvecs built for small weights ([`MatvecConfig::SMALL`]), used up to
+    /// `mv_small_bytes` of weights a launch.
     pub mv_small: Option<[Func; 5]>,
-    /// [`MatvecConfig::SMALL_BYTES`], or `CMF_GPU_MV_SMALL_MIB` (A/B runs).
+    /// [`MatvecConfig::SMALL_BYTES`].
     pub mv_small_bytes: u64,
     pub topk_partial: Func,
     pub sample_final: Func,
@@ -419,7 +414,7 @@ pub struct CommonKernels {
 
 /// Build and launch shape of the matvecs (matvec.cu): 16-byte chunks of a row in flight per
 /// lane (`MV_U`), the resident blocks per SM the register allocation must allow (`MV_MINB`),
-/// and the most blocks per SM the grid uses. `CMF_GPU_MV=U,MINB,BPS` overrides it (A/B runs).
+/// and the most blocks per SM the grid uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecConfig {
     pub chunks_in_flight: usize,
@@ -440,7 +435,7 @@ impl MatvecConfig {
     /// Small weights (a launch of at most [`Self::SMALL_BYTES`]: Qwen3-0.6B's layers) are
     /// latency-bound: two chunks in flight leave 80 registers, so three blocks fit an SM and the
     /// jobs of the largest (gate|up, 3072 row pairs) take one round, every first load issued
-    /// before the wait for the previous kernel. Same-call A/B on the H200 (whole model in
+    /// before the wait for the previous kernel. Measured side by side on the H200 (whole model in
     /// either shape): Qwen3-0.6B q8 1325 against 1272 tok/s; Qwen3-8B q8 369 against 386 and
     /// Qwen3-0.6B bf16 1101 against 1147, hence the byte limit. Rows of at most two chunks a
     /// lane (1 KiB: q8 with K = 1024) take it at any size, since the large shape would leave
@@ -458,55 +453,21 @@ impl MatvecConfig {
             ("MV_MINB", self.min_blocks.to_string()),
         ]
     }
-
-    /// `U,MINB,BPS` (each ≥ 1, U ≤ 8), or None.
-    pub fn parse(v: &str) -> Option<MatvecConfig> {
-        let n: Vec<usize> = v
-            .split(',')
-            .map(|x| x.trim().parse().ok())
-            .collect::<Option<_>>()?;
-        match n[..] {
-            [u, m, b] if (1..=8).contains(&u) && (1..=8).contains(&m) && (1..=8).contains(&b) => {
-                Some(MatvecConfig {
-                    chunks_in_flight: u,
-                    min_blocks: m,
-                    blocks_per_sm: b,
-                })
-            }
-            _ => None,
-        }
-    }
-
-    fn from_env() -> MatvecConfig {
-        std::env::var("CMF_GPU_MV")
-            .ok()
-            .and_then(|v| Self::parse(&v))
-            .unwrap_or(Self::DEFAULT)
-    }
 }
 
 impl CommonKernels {
-    /// The modules: matvec in the configured shape, sample, and the small-matrix matvec unless
-    /// `CMF_GPU_MV_SMALL=0`.
+    /// The modules: matvec in the default shape, sample, and the small-matrix matvec.
     pub fn jobs(dev: &Dev) -> Vec<Job> {
         let arch = dev.arch();
-        let mut jobs = vec![
-            Job::new("matvec", MATVEC, &MatvecConfig::from_env().defines(), &arch),
+        vec![
+            Job::new("matvec", MATVEC, &MatvecConfig::DEFAULT.defines(), &arch),
             Job::new("sample", SAMPLE, &[], &arch),
-        ];
-        if std::env::var("CMF_GPU_MV_SMALL").as_deref() != Ok("0") {
-            jobs.push(Job::new(
-                "matvec",
-                MATVEC,
-                &MatvecConfig::SMALL.defines(),
-                &arch,
-            ));
-        }
-        jobs
+            Job::new("matvec", MATVEC, &MatvecConfig::SMALL.defines(), &arch),
+        ]
     }
 
     pub fn load(dev: &Dev) -> DResult<CommonKernels> {
-        let mv_config = MatvecConfig::from_env();
+        let mv_config = MatvecConfig::DEFAULT;
         let mut mods = Module::load_all(dev, &Self::jobs(dev))?.into_iter();
         let (mv, sample) = (mods.next().expect("jobs"), mods.next().expect("jobs"));
         let small = mods.next();
@@ -542,10 +503,7 @@ impl CommonKernels {
             mv: mvf,
             mv_config,
             mv_small,
-            mv_small_bytes: std::env::var("CMF_GPU_MV_SMALL_MIB")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .map_or(MatvecConfig::SMALL_BYTES, |m| m << 20),
+            mv_small_bytes: MatvecConfig::SMALL_BYTES,
             topk_partial,
             sample_final,
             penalize,
@@ -655,25 +613,5 @@ impl ModelKernels {
             _mods: vec![rows, attn, dec_attn],
         };
         Ok(k)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::MatvecConfig;
-
-    #[test]
-    fn matvec_config_parses_three_bounded_numbers() {
-        assert_eq!(
-            MatvecConfig::parse("2, 3,3"),
-            Some(MatvecConfig {
-                chunks_in_flight: 2,
-                min_blocks: 3,
-                blocks_per_sm: 3
-            })
-        );
-        for bad in ["", "2,3", "2,3,3,3", "0,1,1", "9,1,1", "2,x,3", "2,3,-1"] {
-            assert_eq!(MatvecConfig::parse(bad), None, "{bad:?}");
-        }
     }
 }

@@ -12,7 +12,7 @@
 //!
 //! A shape's plan keeps every candidate cuBLASLt's heuristics offer; the first runs unless
 //! [`LtGemm::tune`] timed them and picked another (`cmf-gemm-tune`). Measured on the H200
-//! (BENCH.md, seventeenth run): on the DiT's shapes the first bf16 candidate was the fastest
+//! (2026-12-02, BENCH.md): on the DiT's shapes the first bf16 candidate was the fastest
 //! alone, and picking candidates by such timings made whole steps slower, so nothing tunes by
 //! default.
 

@@ -149,12 +149,18 @@ impl crate::facade::VaeDevice for vae::CudaVae {
 }
 
 #[cfg(test)]
+#[path = "../../../../test-support/gpu.rs"]
+mod gpu_skip;
+
+#[cfg(test)]
 mod tests {
+    use super::gpu_skip;
+
     /// Compiles every kernel source for sm_90 with NVRTC. Needs libnvrtc, not a GPU.
     #[test]
     fn nvrtc_compiles_every_kernel() {
         if !super::nvrtc::available() {
-            eprintln!("skipped: libnvrtc not found");
+            gpu_skip::skip_no_device("libnvrtc not found");
             return;
         }
         let portable = super::kernels::all_sources()

@@ -1,6 +1,6 @@
 //! Kernel images compiled ahead of time and embedded in the binary, so that a first run on a
 //! Hopper machine compiles nothing: NVRTC's first compile on a fresh machine took 2–3 s of a
-//! 4.0–4.4 s first image (BENCH.md, sixteenth run).
+//! 4.0–4.4 s first image (H200, 2026-12-02).
 //!
 //! `crates/cmf-gpu/cubins/jobs.tsv` lists the modules the demo models load on an H200 (name,
 //! arch, defines; written by a run with `CMF_KERNEL_JOBS_LOG=path`, see docs/gpu.md), and
@@ -10,7 +10,7 @@
 //! image is never used (the test below fails until the images are rebuilt). build.rs embeds
 //! every `.cubin` there. An image the driver rejects (a driver older than the NVRTC that built
 //! it, `cubins/NVRTC_VERSION`) is dropped for the process and the module is compiled as
-//! before. `CMF_PREBUILT_KERNELS=0` ignores the embedded images (A/B runs).
+//! before. `CMF_PREBUILT_KERNELS=0` ignores the embedded images (a diagnostic).
 
 use std::collections::HashSet;
 use std::io::Write;

@@ -14,9 +14,9 @@
 //! Bytes that lie in a mapped model file are read into the pinned buffer with `pread`
 //! (`cmf_format::mapped`) rather than copied out of the map: as fast on the H200's host, and
 //! the process does not map (and count in its resident set) gigabytes of weights it only
-//! passes through. `CMF_UPLOAD_READ=0` copies out of the map instead.
+//! passes through.
 //!
-//! Sizes (BENCH.md, eighteenth run): with four loader threads a model, rings of 8 MiB buffers
+//! Sizes (H200, 2026-12-02): with four loader threads a model, rings of 8 MiB buffers
 //! uploaded the Z-Image text encoder and DiT in 0.65–0.67 s, of 16 MiB in 0.70–0.78, of 32 MiB
 //! in 0.77–0.95: pinning many large buffers at once holds the driver, and the other threads'
 //! copy calls wait behind it.
@@ -173,20 +173,10 @@ pub fn report() -> String {
     )
 }
 
-/// Whether bytes of a mapped file are read with `pread` (`CMF_UPLOAD_READ`, default on).
-fn read_files() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CMF_UPLOAD_READ").as_deref() != Ok("0"))
-}
-
-/// Fills `dst` with `src`: read from the file that holds `src` when it is a mapped model file
-/// (`CMF_UPLOAD_READ`), else copied; large pieces split over rayon's threads.
+/// Fills `dst` with `src`: read from the file that holds `src` when it is a mapped model file,
+/// else copied; large pieces split over rayon's threads.
 fn fill(src: &[u8], dst: &mut [u8]) {
-    let file = if read_files() {
-        cmf_format::mapped::file_range(src)
-    } else {
-        None
-    };
+    let file = cmf_format::mapped::file_range(src);
     let one = |s: &[u8], d: &mut [u8], at: usize| {
         let read = file
             .as_ref()

@@ -36,10 +36,10 @@ fn formats(dev: &Dev) -> Vec<RowEnc> {
     if dev.cc >= (8, 9) {
         vec![RowEnc::Bf16, RowEnc::E4m3, RowEnc::S8]
     } else {
-        eprintln!(
-            "e4m3 outputs skipped: FP8 needs compute capability 8.9+ ({:?})",
+        super::gpu_skip::skip_unsupported(format!(
+            "e4m3 outputs: FP8 needs compute capability 8.9+ ({:?})",
             dev.cc
-        );
+        ));
         vec![RowEnc::Bf16, RowEnc::S8]
     }
 }

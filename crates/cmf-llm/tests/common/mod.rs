@@ -280,3 +280,7 @@ pub fn compare(model: &cmf_llm::Model, name: &str) -> Comparison {
 mod scratch;
 #[allow(unused_imports)] // not every test binary makes shared files
 pub use scratch::scratch_dir;
+
+#[path = "../../../../test-support/gpu.rs"]
+#[allow(unused)] // not every test binary needs a device
+pub mod gpu_skip;

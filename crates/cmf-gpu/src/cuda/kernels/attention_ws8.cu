@@ -1,5 +1,5 @@
 // attention_ws8.cu — attn_full_ws8: the DiT attention with both GEMMs in FP8 (e4m3 operands, f32
-// accumulation), the FP8 path's attention (cuda/dit.rs `CMF_DIT_ATTN8`). Appended to
+// accumulation), the FP8 path's attention (cuda/dit.rs `attn8_request`). Appended to
 // attention_wg.cu (it reuses its mbarrier, TMA and descriptor helpers); sm_90a, head dim 128.
 //
 // Plan: attn_full_ws's (producer warpgroup streaming K/V tiles with TMA into mbarrier-guarded
@@ -43,7 +43,7 @@
 #define W8_SLOTS 4
 #endif
 // The two consumer warpgroups issue their GEMMs in turn (attn_full_ws's ping-pong) only with
-// W8_PINGPONG 1: without it measured 0.2 ms faster per 1024² step (bench/results, session 7).
+// W8_PINGPONG 1: without it measured 0.2 ms faster per 1024² step (H200, 2026-12-01).
 #ifndef W8_PINGPONG
 #define W8_PINGPONG 0
 #endif
@@ -150,7 +150,7 @@ __device__ __forceinline__ float amax_scale(const unsigned* amax, int i) { retur
 // k_inv). Grid (Lp / 128, NH), 256 threads.
 // The tile goes through shared memory already in e4m3, 18 KiB a block, so eight blocks fit an
 // SM and the 990 blocks of a 1024² layer run in one round (staged as 16-bit values, 34 KiB, they
-// took 1.25 rounds: 28.2–28.8 against 26.9–27.9 µs under ncu, session 16; the same bytes).
+// took 1.25 rounds: 28.2–28.8 against 26.9–27.9 µs under ncu, 2026-12-02; the same bytes).
 // Eight 16-bit values (bf16 where `bf16`, else f16) times `scale` as eight e4m3 bytes.
 __device__ __forceinline__ uint2 e4m3x8_of(uint4 v, bool bf16, float scale) {
     const u32 w[4] = {v.x, v.y, v.z, v.w};

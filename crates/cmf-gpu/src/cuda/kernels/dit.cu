@@ -1,7 +1,7 @@
 // dit.cu — the row operations of the Z-Image DiT between its GEMMs (cuda/dit.rs).
 //
 // Design. The residual stream X [R, D] stays on the device as f32, or as bf16 with X_BF16 = 1
-// (cuda/dit.rs `CMF_DIT_RESIDUAL`; diffusers' bf16 pipeline keeps it in bf16 too): the kernels that
+// (cuda/dit.rs `RESIDUAL_BF16`; diffusers' bf16 pipeline keeps it in bf16 too): the kernels that
 // read or update it (rms_mod, residual_norm, bias_pad_rows, final_norm_bf16) work in f32 and round
 // once per update, and take `xt` rows. Every GEMM takes bf16 operands
 // (cuBLAS, f32 accumulate, bf16 out), so each kernel here that feeds a GEMM writes bf16. Rows of
@@ -26,7 +26,7 @@
 // Q and reads V from the q|k|v rows itself: the Hopper kernels' default).
 // Range guard: K and V are stored as f16; values are clamped to ±65504 so an outlier saturates
 // instead of becoming inf.
-// FP8 GEMM inputs (CMF_DIT_FP8, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
+// FP8 GEMM inputs (`--dit-precision`, cuda/dit_rows.rs): the kernels that feed a GEMM (rms_mod,
 // residual_norm, swiglu) write either bf16 rows out_b or, when out_q is set because the consuming
 // GEMM runs in FP8, e4m3 rows out_q with one f32 scale per row out_s (e4m3.cuh), made from the
 // f32 values: what quant_rows_e4m3 would make of the bf16 rows, except that the values skip the
@@ -242,8 +242,8 @@ __device__ __forceinline__ void residual_norm_row(xt* xr, const GemmRow& orow, c
 // with scales o_xs, o_ws: GemmRow), then, when out_b or out_q:
 // out[r] = rmsnorm(x[r]) · next_w · (1 + next_mod[item][next_slot]), bf16 or e4m3  (R blocks).
 // Dynamic smem: D floats (the updated row, then the e4m3 stash in its place).
-// The register cap (RN_MAXNREG; 0: none; A/B builds: CMF_DIT_RN_REGS) decides the blocks an SM:
-// at 256 threads 36 registers held six, 32 hold eight. Latency-bound (ncu, session 22: DRAM at
+// The register cap (RN_MAXNREG; 0: none) decides the blocks an SM:
+// at 256 threads 36 registers held six, 32 hold eight. Latency-bound (ncu, 2026-12-04: DRAM at
 // 39 % of peak, warps stalled on their loads), so more rows in flight pay: 53.5 → 46.4 µs on
 // bf16 rows, 67.3 → 61.1 on the int8 sums (warps active 68 → 91 %).
 #ifndef RN_MAXNREG
@@ -458,7 +458,7 @@ qk_norm_rope(const u16* qkv, const float* norm_q, const float* norm_k, float eps
 #define KR_ROWS (KR_WARPS * KR_RPW)
 
 // Capping it to 40 or 32 registers (six or eight blocks an SM) measured slower: 48 and 58 against
-// 21 µs (ncu, session 22).
+// 21 µs (ncu, 2026-12-04).
 extern "C" __global__ void __launch_bounds__(32 * KR_WARPS)
 k_norm_rope(const u16* qkv, const float* norm_k, float eps, const float* cosb, const float* sinb, const int* map,
             int NH, int R, int kchunks, u16* kc, u8* k8, float k8_inv, unsigned* v_amax) {
@@ -590,11 +590,11 @@ extern "C" __global__ void swiglu(const u16* gu, const int* acc, const float* xs
 // threads of 16): one block per row of F / P threads rounded up to whole warps, each thread holding
 // its P values (groups strided across the warp: swiglu_rr_groups) from its loads to its stores; an
 // 8-bit row needs no stash and one reduction of one barrier. The values and bytes are swiglu's.
-// Measured (H200, session 16, ncu at 4128 rows): 63 → 50 µs with e4m3 output, 60–61 → 59 with
-// bf16; session 20 (the strided groups and the register cap below): 106 → 58 and 90 → 59. The same treatment of
+// Measured (H200, 2026-12-02, ncu at 4128 rows): 63 → 50 µs with e4m3 output, 60–61 → 59 with
+// bf16; on 2026-12-04 (the strided groups and the register cap below): 106 → 58 and 90 → 59. The same treatment of
 // rms_mod and residual_norm measured no faster (45 against 44 µs bf16, 52 against 48 e4m3: they
 // move as many bytes written as read, and at ~3 TB/s that mix is their bound), so they keep their
-// shared-memory form (bench/results/2026-12-02-h200-session16).
+// shared-memory form (BENCH.md, 2026-12-02).
 
 // P bf16 values at p (16-byte aligned) as f32, and P values as bf16 / row8 bytes (· inv) at p.
 template <int P>
@@ -696,7 +696,7 @@ swiglu_r8(const u16* gu, const int* acc, const float* xs, const float* ws, int F
     swiglu_rr<8>(gu, acc, xs, ws, F, out_b, out_q, out_s);
 }
 // The register cap decides the blocks an SM at F = 10240 (640 threads): 56 registers held one, 48
-// two, 32 three. Three run fastest on bf16 rows (ncu, session 20: bf16 out 90 → 64 → 59 µs, e4m3
+// two, 32 three. Three run fastest on bf16 rows (ncu, 2026-12-04: bf16 out 90 → 64 → 59 µs, e4m3
 // out 106 → 66 → 58), two on the int8 module's s32 sums (190 → 110 → 117: at 32 the eight 16-byte
 // loads of a group spill).
 #if ROW8_S8

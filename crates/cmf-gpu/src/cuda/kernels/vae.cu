@@ -2,7 +2,7 @@
 //
 // Design. Activations are NHWC ([pixels, C], row-major) so a conv's output is simply the GEMM's
 // [pixels, C_out] and every per-channel op reads whole pixel rows. f32 activations, bf16 GEMM
-// operands, f32 accumulation (cuBLAS), as the issue sets for the device chain.
+// operands, f32 accumulation (cuBLAS), as the rest of the device chain.
 // - 3×3 conv = vae_im2col3 (bf16 [pixels, 9·C], columns tap-major: (ky, kx, c); the weights are
 //   permuted to that order once at load by vae_permute_taps) + one GEMM per tile of pixels.
 //   Tap-major columns let each thread move 8 channels (16 bytes) per tap, loads and stores

@@ -440,7 +440,7 @@ impl CudaVae {
     /// See `VaeDevice::prepare`: the workspace and cuDNN plans for latents of `h × w`, then one
     /// decode of zeros whose image is dropped, so that the libraries' kernels are loaded and
     /// their first-use costs paid here (a first decode at 1024² took 243 ms against 35 for
-    /// the next). `CMF_VAE_WARM=0` skips that decode.
+    /// the next).
     pub fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
         let plan =
             VaePlan::new(&self.geo, h, w, &self.opts).map_err(|s| shape_refusal(OP_PREPARE, s))?;
@@ -449,13 +449,10 @@ impl CudaVae {
         let t0 = std::time::Instant::now();
         self.ensure_workspace(&plan)?;
         let workspace_s = t0.elapsed().as_secs_f64();
-        let warm = std::env::var("CMF_VAE_WARM").as_deref() != Ok("0");
-        if warm {
-            let zeros = vec![0f32; self.geo.latent_channels * h * w];
-            self.run(&plan, &zeros, true)
-                .and_then(|()| self.dev.sync())
-                .map_err(refusal)?;
-        }
+        let zeros = vec![0f32; self.geo.latent_channels * h * w];
+        self.run(&plan, &zeros, true)
+            .and_then(|()| self.dev.sync())
+            .map_err(refusal)?;
         crate::facade::log::debug(&format!(
             "vae prepare {h}x{w}: workspace and cuDNN plans {:.1} ms, warm-up decode {:.1} ms",
             1e3 * workspace_s,
