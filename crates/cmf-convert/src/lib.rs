@@ -11,6 +11,7 @@ pub mod import_gguf;
 pub mod progress;
 pub mod quant;
 pub mod synth;
+pub mod text_check;
 pub mod zimage;
 
 use std::path::PathBuf;

@@ -383,7 +383,7 @@ pub fn convert_zimage(
     let defaults = recipe(&variant, shift);
     let tok_path = root.join("tokenizer/tokenizer.json");
     let vocab = std::fs::read(&tok_path).map_err(|e| ZimagePackError::Source {
-        path: tok_path,
+        path: tok_path.clone(),
         why: e.to_string(),
     })?;
     let chat_template = std::fs::read(root.join("tokenizer/tokenizer_config.json"))
@@ -582,6 +582,11 @@ pub fn convert_zimage(
         path: output.to_path_buf(),
         why,
     };
+    let tc = header.tokenizer_config.clone().unwrap_or_default();
+    crate::text_check::check(&tok_path, &vocab, &tc).map_err(|e| ZimagePackError::Source {
+        path: tok_path.clone(),
+        why: e.to_string(),
+    })?;
     let mut w = CmfWriter::create(output, header).map_err(|e| out_err(e.to_string()))?;
     w.set_vocab(vocab);
     let mut by_codec: BTreeMap<String, u64> = BTreeMap::new();

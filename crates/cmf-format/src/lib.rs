@@ -22,6 +22,7 @@ pub mod envelope;
 pub mod error;
 pub mod hash;
 pub mod header;
+pub mod limits;
 pub mod mapped;
 pub mod model;
 pub mod reader;

@@ -165,6 +165,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "notes": notes,
     }));
 
+    crate::text_check::check(dir, &tok.tokenizer_json, &tok.config)?;
     let mut w = CmfWriter::create(output, header)?;
     w.set_vocab(tok.tokenizer_json);
     let total: u64 = plan
