@@ -14,7 +14,7 @@ pub mod synth;
 pub mod text_check;
 pub mod zimage;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cmf_format::Dtype;
 
@@ -22,6 +22,17 @@ pub use emit::TensorStats;
 pub use error::{ConvertError, Result};
 pub use progress::{Progress, Silent};
 pub use quant::Quant;
+
+/// How provenance names a source: its file or directory name (of the canonical path, so `.`
+/// names the directory), never the absolute path, which would disclose where the converter
+/// keeps its files to everyone the model is shared with.
+pub fn source_name(path: &Path) -> String {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    canonical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// Options shared by the importers.
 pub struct Options<'a> {

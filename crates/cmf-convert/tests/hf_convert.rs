@@ -173,6 +173,10 @@ fn header_carries_arch_tokenizer_and_provenance() {
     let p = h.provenance.as_ref().unwrap();
     assert_eq!(p["quant"], "q8");
     assert_eq!(p["source"]["dtypes"][0], "bf16");
+    // The source's directory name, not its absolute path.
+    assert_eq!(p["source"]["name"], "qwen3-tiny");
+    let text = serde_json::to_string(p).unwrap();
+    assert!(!text.contains(env!("CARGO_MANIFEST_DIR")), "{text}");
 
     let (_d, out, _) = convert("mistral-tiny", Quant::Q8);
     let h = CmfFile::open(&out).unwrap().header().clone();
@@ -274,16 +278,22 @@ fn hostile_sources_are_refused_before_writing() {
     };
     // A tokenizer the `tokenizers` crate panics on (a precompiled charsmap pointing past its end).
     let d = copy_fixture("qwen2-tiny");
-    edit_json(d.path(), "tokenizer.json", |v| {
-        v["normalizer"] =
-            serde_json::json!({"type": "Precompiled", "precompiled_charsmap": "BAAAAP////8="})
-    });
+    edit_json(
+        d.path(),
+        "tokenizer.json",
+        |v| {
+            v["normalizer"] =
+                serde_json::json!({"type": "Precompiled", "precompiled_charsmap": "BAAAAP////8="})
+        },
+    );
     let e = run(d.path());
     assert!(e.contains("tokenizer"), "{e}");
     // A chat template that never ends.
     let d = copy_fixture("qwen2-tiny");
     edit_json(d.path(), "tokenizer_config.json", |v| {
-        v["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into()
+        v["chat_template"] =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                .into()
     });
     let e = run(d.path());
     assert!(e.contains("template limit"), "{e}");

@@ -26,6 +26,7 @@ pub mod limits;
 pub mod mapped;
 pub mod model;
 pub mod reader;
+pub mod regular;
 pub mod shape;
 pub mod verify;
 pub mod writer;

@@ -65,10 +65,13 @@ fn create_temp(path: &Path, shard: Option<usize>) -> Result<(File, PathBuf)> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let tmp = tempfile::Builder::new()
-        .prefix(&prefix)
-        .suffix(".tmp")
-        .rand_bytes(8)
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp").rand_bytes(8);
+    // The mode `File::create` gives (0666 less the umask), not tempfile's private 0600: the
+    // result is an ordinary output file.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let tmp = builder
         .tempfile_in(dir)
         .map_err(|e| Error::io(dir.join(format!("{prefix}*.tmp")), "create", e))?;
     tmp.keep()

@@ -9,7 +9,6 @@ pub mod types;
 pub mod value;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -112,7 +111,7 @@ impl GgufFile {
             path: path.to_owned(),
             cause,
         };
-        let file = File::open(path).map_err(io)?;
+        let file = cmf_format::regular::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a file truncated under us by another process is outside
         // what any mmap-based reader can defend against, as for the CMF reader.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;

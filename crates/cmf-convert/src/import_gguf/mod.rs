@@ -437,7 +437,7 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "converter": concat!("cmf-convert ", env!("CARGO_PKG_VERSION")),
         "source": {
             "format": "gguf",
-            "path": path.display().to_string(),
+            "file": crate::source_name(path),
             "gguf_version": g.version,
             "name": g.get("general.name").and_then(Value::as_str),
             "tensor_types": src_types,
