@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use parse::{DEFAULT_ALIGNMENT, MAGIC};
+pub use parse::{DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_ELEMENTS, MAX_ARRAY_LEN};
 pub use types::{GgmlType, ValueType};
 pub use value::Value;
 
