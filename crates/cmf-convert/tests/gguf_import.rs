@@ -397,3 +397,31 @@ fn hostile_metadata_is_refused_before_allocating() {
         assert!(!out.exists());
     }
 }
+
+#[test]
+fn merges_naming_unknown_tokens_are_refused_at_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(gguf_fixture()).unwrap();
+    let key = b"tokenizer.ggml.merges";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the fixture has merges")
+        + key.len();
+    // key, then type id (4), element type (4), count (8), first merge's length (8) and text.
+    let len_at = at + 4 + 4 + 8;
+    let len = u64::from_le_bytes(bytes[len_at..len_at + 8].try_into().unwrap()) as usize;
+    let last = len_at + 8 + len - 1;
+    bytes[last] = 0x7f; // a raw DEL byte: never a byte-level BPE vocabulary entry
+    let p = dir.path().join("merges.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let out = dir.path().join("o.cmf");
+    let e = import_gguf::import(&p, &out, &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("merges.gguf") && e.contains("out of vocabulary"),
+        "{e}"
+    );
+    assert!(!out.exists());
+}
