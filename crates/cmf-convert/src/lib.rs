@@ -5,6 +5,7 @@
 
 pub mod emit;
 pub mod error;
+pub mod fuzzing;
 pub mod gguf;
 pub mod hf;
 pub mod import_gguf;
