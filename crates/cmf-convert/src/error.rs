@@ -47,6 +47,9 @@ pub enum ConvertError {
     /// The CMF writer refused or failed (it names the output file).
     #[error(transparent)]
     Format(#[from] cmf_format::Error),
+    /// The tokenizer or chat template cannot be loaded or run (the message names the source).
+    #[error("{message}")]
+    Text { message: String },
     /// A command-line option is invalid (`--quant`, `--preset`, ...).
     #[error("{flag}: {message}")]
     Option { flag: String, message: String },

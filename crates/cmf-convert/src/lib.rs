@@ -5,15 +5,17 @@
 
 pub mod emit;
 pub mod error;
+pub mod fuzzing;
 pub mod gguf;
 pub mod hf;
 pub mod import_gguf;
 pub mod progress;
 pub mod quant;
 pub mod synth;
+pub mod text_check;
 pub mod zimage;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use cmf_format::Dtype;
 
@@ -21,6 +23,17 @@ pub use emit::TensorStats;
 pub use error::{ConvertError, Result};
 pub use progress::{Progress, Silent};
 pub use quant::Quant;
+
+/// How provenance names a source: its file or directory name (of the canonical path, so `.`
+/// names the directory), never the absolute path, which would disclose where the converter
+/// keeps its files to everyone the model is shared with.
+pub fn source_name(path: &Path) -> String {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    canonical
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// Options shared by the importers.
 pub struct Options<'a> {

@@ -150,7 +150,7 @@ pub struct PackProgress {
 
 /// Is `root` a diffusers Z-Image tree?
 pub fn is_zimage_root(root: &Path) -> bool {
-    std::fs::read(root.join("model_index.json"))
+    cmf_format::regular::read(root.join("model_index.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .is_some_and(|v| v["_class_name"] == "ZImagePipeline")
@@ -173,7 +173,7 @@ fn read_st_header(path: &Path) -> Result<(File, Vec<StTensor>)> {
         path: path.to_path_buf(),
         why,
     };
-    let f = File::open(path).map_err(|e| bad(e.to_string()))?;
+    let f = cmf_format::regular::open(path).map_err(|e| bad(e.to_string()))?;
     let size = f.metadata().map_err(|e| bad(e.to_string()))?.len();
     let mut pre = [0u8; 8];
     f.read_exact_at(&mut pre, 0)
@@ -248,8 +248,10 @@ fn component_files(dir: &Path, index: &str, single: &str) -> Result<Vec<PathBuf>
             path: ip.clone(),
             why,
         };
-        let v: Value = serde_json::from_slice(&std::fs::read(&ip).map_err(|e| bad(e.to_string()))?)
-            .map_err(|e| bad(e.to_string()))?;
+        let v: Value = serde_json::from_slice(
+            &cmf_format::regular::read(&ip).map_err(|e| bad(e.to_string()))?,
+        )
+        .map_err(|e| bad(e.to_string()))?;
         let mut files: Vec<String> = v["weight_map"]
             .as_object()
             .ok_or_else(|| bad("no weight_map".into()))?
@@ -279,7 +281,7 @@ fn read_json(path: &Path) -> Result<(Vec<u8>, Value)> {
         path: path.to_path_buf(),
         why,
     };
-    let raw = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let raw = cmf_format::regular::read(path).map_err(|e| bad(e.to_string()))?;
     let v = serde_json::from_slice(&raw).map_err(|e| bad(format!("invalid JSON: {e}")))?;
     Ok((raw, v))
 }
@@ -382,15 +384,17 @@ pub fn convert_zimage(
     };
     let defaults = recipe(&variant, shift);
     let tok_path = root.join("tokenizer/tokenizer.json");
-    let vocab = std::fs::read(&tok_path).map_err(|e| ZimagePackError::Source {
-        path: tok_path,
+    let vocab = cmf_format::regular::read(&tok_path).map_err(|e| ZimagePackError::Source {
+        path: tok_path.clone(),
         why: e.to_string(),
     })?;
-    let chat_template = std::fs::read(root.join("tokenizer/tokenizer_config.json"))
+    let chat_template = cmf_format::regular::read(root.join("tokenizer/tokenizer_config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .and_then(|v| v["chat_template"].as_str().map(String::from))
-        .or_else(|| std::fs::read_to_string(root.join("tokenizer/chat_template.jinja")).ok());
+        .or_else(|| {
+            cmf_format::regular::read_to_string(root.join("tokenizer/chat_template.jinja")).ok()
+        });
 
     // ── the plan ──
     let mut files: Vec<(PathBuf, File, Vec<StTensor>)> = Vec::new();
@@ -549,7 +553,7 @@ pub fn convert_zimage(
         "pipeline": if variant == "turbo" { "z-image-turbo" } else { "z-image" },
         "components": {"te": format!("qwen3 encoder, layers 0..{} (hidden_states[-2])", te_keep_layers - 1),
                        "dit": "ZImageTransformer2DModel", "vae": "flux vae decoder"},
-        "packed_from": root.display().to_string(),
+        "packed_from": crate::source_name(root),
         "dit_codec": opts.dit.name(), "te_codec": opts.te.name(), "vae_codec": opts.vae.name(),
         "defaults": defaults,
         "tensor_name_policy": "diffusers names under dit./te./vae.",
@@ -582,6 +586,11 @@ pub fn convert_zimage(
         path: output.to_path_buf(),
         why,
     };
+    let tc = header.tokenizer_config.clone().unwrap_or_default();
+    crate::text_check::check(&tok_path, &vocab, &tc).map_err(|e| ZimagePackError::Source {
+        path: tok_path.clone(),
+        why: e.to_string(),
+    })?;
     let mut w = CmfWriter::create(output, header).map_err(|e| out_err(e.to_string()))?;
     w.set_vocab(vocab);
     let mut by_codec: BTreeMap<String, u64> = BTreeMap::new();

@@ -341,3 +341,87 @@ fn qwen2_q8_0_gguf_imports_within_q8_0_rounding() {
         }
     }
 }
+
+/// `bytes` with the value of metadata `key` (of `old.len()` bytes, right after the key and its
+/// type id) replaced by `new`.
+fn patch_value(bytes: &[u8], key: &str, new: &[u8]) -> Vec<u8> {
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend(key.as_bytes());
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap_or_else(|| panic!("{key} not in the fixture"))
+        + needle.len()
+        + 4;
+    let mut out = bytes.to_vec();
+    out[at..at + new.len()].copy_from_slice(new);
+    out
+}
+
+#[test]
+fn hostile_metadata_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(gguf_fixture()).unwrap();
+    let g = cmf_convert::gguf::Gguf::parse(&bytes).unwrap();
+    let arch = g.architecture().unwrap().to_owned();
+    for (key, value, ty) in [
+        ("block_count", u32::MAX.to_le_bytes().to_vec(), "u32"),
+        (
+            "attention.layer_norm_rms_epsilon",
+            f32::NAN.to_le_bytes().to_vec(),
+            "f32",
+        ),
+        (
+            "attention.layer_norm_rms_epsilon",
+            (-1e-5f32).to_le_bytes().to_vec(),
+            "f32",
+        ),
+        ("rope.freq_base", f32::NAN.to_le_bytes().to_vec(), "f32"),
+    ] {
+        let key = format!("{arch}.{key}");
+        let ty_id = g.get(&key).map(|v| v.value_type().name());
+        assert_eq!(
+            ty_id,
+            Some(if ty == "u32" { "uint32" } else { "float32" }),
+            "{key}"
+        );
+        let p = dir.path().join("hostile.gguf");
+        std::fs::write(&p, patch_value(&bytes, &key, &value)).unwrap();
+        let out = dir.path().join("o.cmf");
+        let start = std::time::Instant::now();
+        let e = import_gguf::import(&p, &out, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert!(start.elapsed().as_secs() < 10, "{key}: {e}");
+        assert!(e.contains("hostile.gguf") && e.contains(&key), "{key}: {e}");
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn merges_naming_unknown_tokens_are_refused_at_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(gguf_fixture()).unwrap();
+    let key = b"tokenizer.ggml.merges";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the fixture has merges")
+        + key.len();
+    // key, then type id (4), element type (4), count (8), first merge's length (8) and text.
+    let len_at = at + 4 + 4 + 8;
+    let len = u64::from_le_bytes(bytes[len_at..len_at + 8].try_into().unwrap()) as usize;
+    let last = len_at + 8 + len - 1;
+    bytes[last] = 0x7f; // a raw DEL byte: never a byte-level BPE vocabulary entry
+    let p = dir.path().join("merges.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let out = dir.path().join("o.cmf");
+    let e = import_gguf::import(&p, &out, &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("merges.gguf") && e.contains("out of vocabulary"),
+        "{e}"
+    );
+    assert!(!out.exists());
+}

@@ -410,3 +410,49 @@ fn random_corruptions_never_panic() {
         );
     }
 }
+
+#[test]
+fn huge_metadata_arrays_and_tokens_are_refused() {
+    // A uint8 array longer than the per-array limit: refused before it is expanded.
+    let n = cmf_convert::gguf::MAX_ARRAY_LEN + 1;
+    let mut arr = 0u32.to_le_bytes().to_vec(); // element type uint8
+    arr.extend((n as u64).to_le_bytes());
+    arr.extend(vec![0u8; n]);
+    let b = Builder::new().kv_raw("big", 9, &arr).build();
+    let e = Gguf::parse(&b).unwrap_err().to_string();
+    assert!(e.contains("big") && e.contains("above the limit"), "{e}");
+
+    // A SentencePiece vocabulary with one 300 000-byte token: refused at once (deriving its
+    // merges is quadratic in its length).
+    let string_array = |items: &[String]| {
+        let mut v = 8u32.to_le_bytes().to_vec();
+        v.extend((items.len() as u64).to_le_bytes());
+        for s in items {
+            v.extend((s.len() as u64).to_le_bytes());
+            v.extend(s.as_bytes());
+        }
+        v
+    };
+    let tokens = vec!["a".to_string(), "b".repeat(300_000)];
+    let mut scores = 6u32.to_le_bytes().to_vec();
+    scores.extend(2u64.to_le_bytes());
+    scores.extend([0f32.to_le_bytes(), 0f32.to_le_bytes()].concat());
+    let mut model = 5u64.to_le_bytes().to_vec();
+    model.extend(b"llama");
+    let b = Builder::new()
+        .kv_raw("tokenizer.ggml.model", 8, &model)
+        .kv_raw("tokenizer.ggml.tokens", 9, &string_array(&tokens))
+        .kv_raw("tokenizer.ggml.scores", 9, &scores)
+        .build();
+    let g = Gguf::parse(&b).unwrap();
+    let start = std::time::Instant::now();
+    let e = cmf_convert::import_gguf::tokenizer::rebuild(&g)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(start.elapsed().as_millis() < 1000);
+    assert!(
+        e.contains("tokenizer.ggml.tokens") && e.contains("token #1"),
+        "{e}"
+    );
+}

@@ -173,6 +173,10 @@ fn header_carries_arch_tokenizer_and_provenance() {
     let p = h.provenance.as_ref().unwrap();
     assert_eq!(p["quant"], "q8");
     assert_eq!(p["source"]["dtypes"][0], "bf16");
+    // The source's directory name, not its absolute path.
+    assert_eq!(p["source"]["name"], "qwen3-tiny");
+    let text = serde_json::to_string(p).unwrap();
+    assert!(!text.contains(env!("CARGO_MANIFEST_DIR")), "{text}");
 
     let (_d, out, _) = convert("mistral-tiny", Quant::Q8);
     let h = CmfFile::open(&out).unwrap().header().clone();
@@ -250,4 +254,59 @@ fn bad_inputs_name_the_file_and_field() {
         e.contains("model.safetensors") && e.contains("not a valid safetensors"),
         "{e}"
     );
+}
+
+/// Edits `file` of a fixture copy as JSON.
+fn edit_json(dir: &Path, file: &str, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join(file);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn hostile_sources_are_refused_before_writing() {
+    let run = |dir: &Path| {
+        let out = dir.join("out.cmf");
+        let started = std::time::Instant::now();
+        let e = hf::convert(dir, &out, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed().as_secs() < 20, "{e}");
+        assert!(!out.exists(), "no output on error");
+        e
+    };
+    // A tokenizer the `tokenizers` crate panics on (a precompiled charsmap pointing past its end).
+    let d = copy_fixture("qwen2-tiny");
+    edit_json(
+        d.path(),
+        "tokenizer.json",
+        |v| {
+            v["normalizer"] =
+                serde_json::json!({"type": "Precompiled", "precompiled_charsmap": "BAAAAP////8="})
+        },
+    );
+    let e = run(d.path());
+    assert!(e.contains("tokenizer"), "{e}");
+    // A chat template that never ends.
+    let d = copy_fixture("qwen2-tiny");
+    edit_json(d.path(), "tokenizer_config.json", |v| {
+        v["chat_template"] =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                .into()
+    });
+    let e = run(d.path());
+    assert!(e.contains("template limit"), "{e}");
+    // Sizes and floats.
+    for (key, val) in [
+        ("num_hidden_layers", serde_json::json!(1u64 << 40)),
+        ("vocab_size", serde_json::json!(1u64 << 40)),
+        ("rms_norm_eps", serde_json::json!(-1e-6)),
+        ("rope_theta", serde_json::json!(-1.0)),
+    ] {
+        let d = copy_fixture("qwen2-tiny");
+        edit_json(d.path(), "config.json", |v| v[key] = val.clone());
+        let e = run(d.path());
+        assert!(e.contains("config.json") && e.contains(key), "{key}: {e}");
+    }
 }

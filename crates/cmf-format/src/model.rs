@@ -36,6 +36,12 @@ fn parse_shard_name(path: &Path) -> Option<(PathBuf, usize, usize)> {
 }
 
 impl CmfModel {
+    /// A model of one file already opened (or read with [`CmfFile::from_bytes`]); a shard of a
+    /// set stays alone (its siblings are not looked for).
+    pub fn from_single(file: CmfFile) -> CmfModel {
+        CmfModel { files: vec![file] }
+    }
+
     /// Opens a single file, or the whole shard set that `path` belongs to.
     pub fn open(path: impl AsRef<Path>) -> Result<CmfModel> {
         let path = path.as_ref();

@@ -2,7 +2,6 @@
 //! as borrowed views. Opening costs O(header + directory), never O(file): tensor bytes are
 //! touched only when a caller reads them (or by [`CmfFile::verify`]).
 
-use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -126,7 +125,7 @@ impl CmfFile {
     /// directory fault listed in [`directory::parse`]. Hashes are checked by [`verify`](Self::verify).
     pub fn open(path: impl AsRef<Path>) -> Result<CmfFile> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
+        let file = crate::regular::open(&path).map_err(|e| Error::io(&path, "open", e))?;
         let file_len = file
             .metadata()
             .map_err(|e| Error::io(&path, "stat", e))?

@@ -24,6 +24,12 @@ pub enum Problem {
         section: &'static str,
         value: String,
     },
+    /// The header records a hash for a section the envelope does not have (the section was
+    /// dropped from the file).
+    MissingSection {
+        file: PathBuf,
+        section: &'static str,
+    },
     /// A tensor's bytes do not hash to its directory value.
     Tensor {
         file: PathBuf,
@@ -57,6 +63,11 @@ impl fmt::Display for Problem {
                     file.display()
                 )
             }
+            Problem::MissingSection { file, section } => write!(
+                f,
+                "{}: the header records a hash for the {section} section, which the file does not have",
+                file.display()
+            ),
             Problem::Tensor {
                 file,
                 name,
@@ -125,21 +136,29 @@ pub(crate) fn verify_file(file: &CmfFile, progress: &mut dyn FnMut(u64, u64)) ->
     };
     check(&mut report, Section::Header, Some(env.header_hash));
     check(&mut report, Section::Directory, Some(env.dir_hash));
-    let vocab_hex = file
-        .header()
-        .section_hashes
-        .as_ref()
-        .and_then(|h| h.vocab.clone());
-    match vocab_hex {
-        Some(hex) => match u64::from_str_radix(&hex, 16) {
-            Ok(h) => check(&mut report, Section::Vocab, Some(h)),
-            Err(_) => report.problems.push(Problem::BadSectionHash {
-                file: path.clone(),
-                section: "vocab",
-                value: hex,
-            }),
-        },
-        None => check(&mut report, Section::Vocab, None),
+    let recorded = file.header().section_hashes.clone().unwrap_or_default();
+    for (section, hex) in [
+        (Section::Masks, recorded.masks),
+        (Section::Vocab, recorded.vocab),
+        (Section::Index, recorded.index),
+    ] {
+        match hex {
+            Some(_) if file.section_bytes(section).is_empty() => {
+                report.problems.push(Problem::MissingSection {
+                    file: path.clone(),
+                    section: section.name(),
+                })
+            }
+            Some(hex) => match u64::from_str_radix(&hex, 16) {
+                Ok(h) => check(&mut report, section, Some(h)),
+                Err(_) => report.problems.push(Problem::BadSectionHash {
+                    file: path.clone(),
+                    section: section.name(),
+                    value: hex,
+                }),
+            },
+            None => check(&mut report, section, None),
+        }
     }
 
     let total: u64 = file.tensors().map(|t| t.data.len() as u64).sum();

@@ -10,9 +10,13 @@
 //!
 //! Putting the header and directory *after* the data means nothing has to be reserved or
 //! estimated before the first tensor arrives; the reference reader accepts this order (tested
-//! in `tests/interop_ours_in_oracle.rs`). Output goes to `<path>.tmp` (or per-shard temp
-//! names) and is renamed into place only by a successful [`CmfWriter::finish`]; dropping an
-//! unfinished writer deletes its temp files, so a failure never leaves a half-written `.cmf`.
+//! in `tests/interop_ours_in_oracle.rs`). Output goes to a temp file beside the destination,
+//! `<name>.<random>.tmp` (`<name>.part00002.<random>.tmp` per shard), created exclusively
+//! (`O_EXCL`), so two writers to the same path never share one and a stale temp file of a killed
+//! process is never reused. It is renamed into place (atomically) only by a successful
+//! [`CmfWriter::finish`]; dropping an unfinished writer deletes its temp files, so a failure
+//! never leaves a half-written `.cmf`. Of two concurrent writers the last rename wins, and
+//! either way the destination is one complete file.
 //!
 //! Sharding: with [`CmfWriter::create_sharded`], a new shard starts when the next tensor would
 //! push the current shard's data section past the limit. If everything fits in one shard the
@@ -21,7 +25,7 @@
 //! `"shard": {"no", "count"}` in its header; the tokenizer bundle and vocab live in shard 1 only.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -47,15 +51,31 @@ pub fn shard_path(path: &Path, no: usize, count: usize) -> PathBuf {
     path.with_file_name(format!("{stem}-{no:05}-of-{count:05}.cmf"))
 }
 
-fn temp_path(path: &Path, shard: Option<usize>) -> PathBuf {
+/// Creates a fresh temp file beside `path` (exclusive create with a random name).
+fn create_temp(path: &Path, shard: Option<usize>) -> Result<(File, PathBuf)> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    match shard {
-        None => path.with_file_name(format!("{name}.tmp")),
-        Some(no) => path.with_file_name(format!("{name}.part{no:05}.tmp")),
-    }
+    let prefix = match shard {
+        None => format!("{name}."),
+        Some(no) => format!("{name}.part{no:05}."),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp").rand_bytes(8);
+    // The mode `File::create` gives (0666 less the umask), not tempfile's private 0600: the
+    // result is an ordinary output file.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let tmp = builder
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir.join(format!("{prefix}*.tmp")), "create", e))?;
+    tmp.keep()
+        .map_err(|e| Error::io(path, "create temp file", e.error))
 }
 
 /// One output file being written.
@@ -90,7 +110,7 @@ pub struct CmfWriter {
 const ZEROS: [u8; 4096] = [0; 4096];
 
 impl CmfWriter {
-    /// Starts a single-file output at `path` (written to `<path>.tmp` until `finish`).
+    /// Starts a single-file output at `path` (written to a temp file beside it until `finish`).
     pub fn create(path: impl AsRef<Path>, header: Header) -> Result<CmfWriter> {
         Self::new(path.as_ref(), header, None)
     }
@@ -134,13 +154,7 @@ impl CmfWriter {
     }
 
     fn open_part(path: &Path, shard: Option<usize>) -> Result<Part> {
-        let tmp = temp_path(path, shard);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(|e| Error::io(&tmp, "create", e))?;
+        let (file, tmp) = create_temp(path, shard)?;
         let mut file = BufWriter::with_capacity(1 << 20, file);
         // Envelope placeholder and padding up to the page-aligned data section.
         file.write_all(&ZEROS[..DATA_ALIGN as usize])

@@ -270,3 +270,20 @@ fn examine_lenient(bytes: Vec<u8>) -> Option<()> {
     let _ = f.verify();
     Some(())
 }
+
+#[test]
+fn a_section_dropped_from_the_envelope_but_recorded_in_the_header_is_reported() {
+    let bytes = ours();
+    let f = CmfFile::from_bytes("x", bytes.clone()).unwrap();
+    let mut env = *f.envelope();
+    drop(f);
+    env.set_section(Section::Vocab, cmf_format::envelope::Span::new(0, 0));
+    let mut cut = bytes;
+    cut[..cmf_format::envelope::ENVELOPE_LEN].copy_from_slice(&env.encode());
+    let f = CmfFile::from_bytes("cut.cmf", cut).expect("still a well-formed file");
+    assert!(f.vocab().is_none());
+    let r = f.verify();
+    assert!(!r.is_ok());
+    let msg = r.problems[0].to_string();
+    assert!(msg.contains("cut.cmf") && msg.contains("vocab"), "{msg}");
+}

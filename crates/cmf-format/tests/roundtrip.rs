@@ -23,7 +23,7 @@ fn every_codec_round_trips_with_tokenizer_bundle() {
         .unwrap();
     w.set_vocab(TOKENIZER_JSON);
     assert_eq!(w.finish().unwrap(), path);
-    assert!(!dir.path().join("m.cmf.tmp").exists());
+    assert_eq!(temp_files(dir.path()), 0);
 
     let f = CmfFile::open(&path).unwrap();
     assert_eq!(f.len(), expected.len() + 1);
@@ -105,9 +105,9 @@ fn bad_input_is_refused_and_leaves_no_file() {
         .add_f32("e", Dtype::Q4Block, &[2], &[f32::NAN, 0.0])
         .unwrap_err())
     .contains("tensor 'e'"));
-    assert!(dir.path().join("bad.cmf.tmp").exists());
+    assert_eq!(temp_files(dir.path()), 1);
     drop(w); // e.g. the converter failed half-way
-    assert!(!dir.path().join("bad.cmf.tmp").exists());
+    assert_eq!(temp_files(dir.path()), 0);
     assert!(!path.exists());
 
     // A streamed tensor that comes up short poisons the writer; finish refuses.
@@ -276,4 +276,41 @@ fn released_pages_read_back_intact_even_while_the_release_runs() {
     // Dropping the model while a release runs: the thread holds the mapping.
     model.release_pages_in_background("");
     drop(model);
+}
+
+/// Temp files the writer left in `dir`.
+fn temp_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")
+        })
+        .count()
+}
+
+#[test]
+fn concurrent_writers_and_stale_temp_files_do_not_collide() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.cmf");
+    // A stale temp file under the old fixed name, as a killed writer left it: never reused.
+    std::fs::write(dir.path().join("x.cmf.tmp"), b"stale").unwrap();
+    let mut a = CmfWriter::create(&path, header()).unwrap();
+    let mut b = CmfWriter::create(&path, header()).unwrap();
+    a.add_f32("t", Dtype::F32, &[4], &[1.0; 4]).unwrap();
+    b.add_f32("t", Dtype::F32, &[4], &[2.0; 4]).unwrap();
+    b.add_f32("u", Dtype::F32, &[2], &[3.0; 2]).unwrap();
+    a.finish().unwrap();
+    b.finish().unwrap();
+    let f = CmfFile::open(&path).unwrap();
+    assert!(f.verify().is_ok());
+    assert_eq!(f.len(), 2, "the last finished writer's file");
+    assert_eq!(
+        std::fs::read(dir.path().join("x.cmf.tmp")).unwrap(),
+        b"stale"
+    );
+    assert_eq!(temp_files(dir.path()), 1);
 }

@@ -18,6 +18,9 @@ pub enum LlmError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// A render went past one of the template limits (fuel, output size, time, recursion).
+    #[error("chat template: {0}")]
+    TemplateLimit(String),
     /// A token id outside the vocabulary (from the caller or a corrupt tokenizer).
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },

@@ -14,6 +14,7 @@ pub mod bench;
 pub mod chat;
 pub mod engine;
 pub mod error;
+pub mod fuzzing;
 pub mod generate;
 pub mod gpu;
 pub mod model;

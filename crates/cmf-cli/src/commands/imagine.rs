@@ -67,9 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t_all = Instant::now();
     crate::malloc_policy::keep_transient_buffers();
     if let Some(n) = args.threads {
-        if n == 0 {
-            return Err(UsageError("--threads: must be at least 1".into()).into());
-        }
+        let n = super::llm_opts::thread_count(n)?;
         cmf_kernels::set_num_threads(n);
         // Our row ops run on rayon's global pool; size it the same.
         let _ = rayon::ThreadPoolBuilder::new()

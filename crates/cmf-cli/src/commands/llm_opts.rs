@@ -93,10 +93,8 @@ impl EngineOpts {
     }
 
     pub fn apply(&self) -> anyhow::Result<KvDtype> {
-        match self.threads {
-            Some(0) => return Err(UsageError("--threads must be at least 1".into()).into()),
-            Some(n) => cmf_kernels::set_num_threads(n),
-            None => {}
+        if let Some(n) = self.threads {
+            cmf_kernels::set_num_threads(thread_count(n)?);
         }
         KvDtype::from_name(&self.kv_type).ok_or_else(|| {
             UsageError(format!(
@@ -106,6 +104,23 @@ impl EngineOpts {
             .into()
         })
     }
+}
+
+/// A `--threads` value checked against the machine: 0 is a usage error; more than the hardware
+/// threads is clamped to them with a note (more workers than cores only adds contention, and
+/// each costs a stack and a slice of every per-thread buffer).
+pub fn thread_count(n: usize) -> anyhow::Result<usize> {
+    if n == 0 {
+        return Err(UsageError("--threads must be at least 1".into()).into());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n > cores {
+        eprintln!(
+            "note: --threads {n} is more than the {cores} hardware threads here; using {cores}"
+        );
+        return Ok(cores);
+    }
+    Ok(n)
 }
 
 /// A `--gpu` value (or, without one, `CMF_GPU`) as a mode; a bad value is a usage error.

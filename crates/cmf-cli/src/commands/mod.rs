@@ -10,6 +10,7 @@ mod llm_opts;
 pub mod ppl;
 pub mod run;
 pub mod serve;
+mod stdin_prompt;
 pub mod synth;
 pub mod verify;
 

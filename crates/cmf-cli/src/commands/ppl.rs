@@ -40,8 +40,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.chunks == Some(0) {
         return Err(UsageError("--chunks must be at least 1".into()).into());
     }
-    let text =
-        std::fs::read(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
+    let text = cmf_format::regular::read(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
     let text = String::from_utf8(text)
         .map_err(|_| UsageError(format!("{} is not UTF-8 text", args.text.display())))?;
     let file = CmfModel::open(&args.file)?;

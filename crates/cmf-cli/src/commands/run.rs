@@ -2,7 +2,7 @@
 //! stdin is a terminal (multi-turn, `/reset`, `/exit`), else stdin is read as one prompt.
 //! Text streams to stdout; timings go to stderr at the end of each answer.
 
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -132,13 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let prompt = match &args.prompt {
         Some(p) => Some(p.clone()),
         None if std::io::stdin().is_terminal() => None,
-        None => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("reading the prompt from stdin")?;
-            Some(s)
-        }
+        None => Some(super::stdin_prompt::read(ctx)?),
     };
     let mut out = std::io::stdout();
     let mut print = |t: &str| {

@@ -1,7 +1,10 @@
 //! `cmf verify FILE`: structure (everything `open` checks), then the hash chain: header and
 //! directory hashes in the envelope, vocab hash in the header, and every tensor's hash64.
-//! Exit 0 only when all hold; 3 when the file is invalid or any hash fails (each failure is
-//! printed with the section or tensor it concerns); 1 when the file cannot be read at all.
+//! Then, when the file carries a tokenizer, that it loads and runs and that the chat template
+//! renders within its limits (as `cmf run` will load them).
+//! Exit 0 only when all hold; 3 when any hash fails (each failure is printed with the section or
+//! tensor it concerns); 1 when the file cannot be read, is malformed (structure, tokenizer or
+//! template), as for every other command.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -22,14 +25,13 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let model = match CmfModel::open(&args.file) {
         Ok(m) => m,
-        // A file that exists but is not a valid CMF file fails verification; I/O errors do not.
+        // Malformed is bad input (exit 1), like for every command; only hashes give 3.
         Err(e @ Error::Invalid { .. }) => {
             println!("INVALID {e}");
-            return Err(VerificationFailed(format!(
+            return Err(anyhow::anyhow!(
                 "{} is not a valid CMF v2 file",
                 args.file.display()
-            ))
-            .into());
+            ));
         }
         Err(e) => return Err(e.into()),
     };
@@ -65,15 +67,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             report.sections_unrecorded.join(", ")
         );
     }
-    if report.is_ok() {
-        println!("OK      {summary}");
-        Ok(())
-    } else {
-        Err(VerificationFailed(format!(
+    if !report.is_ok() {
+        return Err(VerificationFailed(format!(
             "{} problem(s) in {}; checked {summary}",
             report.problems.len(),
             args.file.display()
         ))
-        .into())
+        .into());
     }
+    let text = check_text_assets(&model)?;
+    println!("OK      {summary}{text}");
+    Ok(())
+}
+
+/// Loads the tokenizer and chat template the way `cmf run` does; a file without a vocab section
+/// (nothing to load) passes. Returns what was checked, for the summary line.
+fn check_text_assets(model: &CmfModel) -> anyhow::Result<&'static str> {
+    let Some(vocab) = model.vocab() else {
+        return Ok("");
+    };
+    let cfg = model.header().tokenizer_config.clone().unwrap_or_default();
+    let origin = model.path().display().to_string();
+    cmf_llm::chat::TextAssets::from_parts(&origin, vocab, &cfg).map_err(|e| {
+        println!("INVALID {e}");
+        anyhow::Error::new(e)
+    })?;
+    Ok(", tokenizer and chat template load")
 }

@@ -9,12 +9,11 @@ pub mod types;
 pub mod value;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use parse::{DEFAULT_ALIGNMENT, MAGIC};
+pub use parse::{DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_ELEMENTS, MAX_ARRAY_LEN};
 pub use types::{GgmlType, ValueType};
 pub use value::Value;
 
@@ -112,7 +111,7 @@ impl GgufFile {
             path: path.to_owned(),
             cause,
         };
-        let file = File::open(path).map_err(io)?;
+        let file = cmf_format::regular::open(path).map_err(io)?;
         // SAFETY: the map is read-only; a file truncated under us by another process is outside
         // what any mmap-based reader can defend against, as for the CMF reader.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;

@@ -22,10 +22,17 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: u32 = 4;
 /// Arrays of arrays are legal GGUF but unused by real models; bound the recursion.
 const MAX_ARRAY_DEPTH: usize = 3;
+/// Elements of one metadata array, and of all arrays together. Each element is held as a
+/// [`Value`] (tens of bytes), so a byte array would cost ~30× its size in memory; real files
+/// hold well under a million per array (vocabulary, merges, scores, token types).
+pub const MAX_ARRAY_LEN: usize = 1 << 22;
+pub const MAX_ARRAY_ELEMENTS: usize = 1 << 23;
 
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Array elements read so far (bounded by [`MAX_ARRAY_ELEMENTS`]).
+    elements: usize,
     /// What is being read, for error messages ("metadata key 'general.name'", "tensor info #3").
     context: String,
 }
@@ -141,6 +148,16 @@ impl<'a> Cursor<'a> {
                 }
                 let elem = self.value_type("array element type")?;
                 let n = self.count(elem.min_encoded_size(), "array length")?;
+                self.elements += n;
+                if n > MAX_ARRAY_LEN || self.elements > MAX_ARRAY_ELEMENTS {
+                    return Err(self.err(
+                        at,
+                        format!(
+                            "array of {n} elements is above the limit ({MAX_ARRAY_LEN} per array, \
+                             {MAX_ARRAY_ELEMENTS} in all)"
+                        ),
+                    ));
+                }
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n {
                     let v = self.value(elem, depth + 1).map_err(|mut e| {
@@ -163,6 +180,7 @@ pub fn parse(buf: &[u8]) -> Result<Gguf, GgufError> {
     let mut c = Cursor {
         buf,
         pos: 0,
+        elements: 0,
         context: "GGUF header".into(),
     };
     let magic = c.array::<4>("magic")?;

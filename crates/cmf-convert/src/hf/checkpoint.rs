@@ -6,7 +6,6 @@
 //! (bounded header size, offsets within the file, no overlaps); tensor data stays in the map.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -79,7 +78,7 @@ impl Checkpoint {
         let mut maps = Vec::with_capacity(files.len());
         let mut tensors = BTreeMap::new();
         for (shard, path) in files.iter().enumerate() {
-            let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+            let file = cmf_format::regular::open(path).map_err(|e| ConvertError::io(path, e))?;
             // SAFETY: read-only map; the converter does not defend against the file being
             // truncated by another process while it runs (no mmap reader can).
             let map = unsafe { Mmap::map(&file) }.map_err(|e| ConvertError::io(path, e))?;
@@ -180,7 +179,8 @@ impl Checkpoint {
 
 /// The distinct shard file names of an index, in first-appearance order of sorted tensor names.
 fn shards_from_index(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
+    let text =
+        cmf_format::regular::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
     let json: Value = serde_json::from_str(&text).map_err(|cause| ConvertError::Json {
         path: index.into(),
         cause,

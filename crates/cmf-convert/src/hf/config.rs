@@ -12,7 +12,7 @@
 
 use std::path::Path;
 
-use cmf_format::{Arch, LayerType, NormStyle, Yarn};
+use cmf_format::{limits, Arch, LayerType, NormStyle, Yarn};
 use serde_json::{Map, Value};
 
 use crate::error::{ConvertError, Result};
@@ -156,6 +156,9 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         }
     };
     let num_layers = f.usize_req("num_hidden_layers")?;
+    // Checked before the per-layer tables below are sized by it.
+    limits::check_size("num_hidden_layers", num_layers, limits::MAX_LAYERS)
+        .map_err(|(k, m)| ConvertError::field(file, k, m))?;
     let hidden_act = f.str_opt("hidden_act")?.unwrap_or("silu");
     if hidden_act != "silu" {
         return Err(ConvertError::unsupported(
@@ -216,6 +219,15 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         moe: None,
         extra,
     };
+    limits::check_arch(&arch).map_err(|(k, m)| {
+        // The config.json spelling of the field.
+        let k = match k.as_str() {
+            "num_layers" => "num_hidden_layers",
+            "num_kv_heads" => "num_key_value_heads",
+            k => k,
+        };
+        ConvertError::field(file, k, m)
+    })?;
     Ok(HfConfig {
         arch,
         attention_bias,

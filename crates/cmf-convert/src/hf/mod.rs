@@ -25,7 +25,8 @@ use config::HfConfig;
 
 pub fn read_config(dir: &Path) -> Result<HfConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ConvertError::io(&path, e))?;
+    let text =
+        cmf_format::regular::read_to_string(&path).map_err(|e| ConvertError::io(&path, e))?;
     let json = serde_json::from_str(&text).map_err(|cause| ConvertError::Json {
         path: path.clone(),
         cause,
@@ -156,7 +157,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "converter": concat!("cmf-convert ", env!("CARGO_PKG_VERSION")),
         "source": {
             "format": "huggingface-safetensors",
-            "path": dir.display().to_string(),
+            "name": crate::source_name(dir),
             "files": ckpt.files.iter().map(|f| f.file_name().map(|s| s.to_string_lossy().into_owned())).collect::<Vec<_>>(),
             "dtypes": source_dtypes,
         },
@@ -165,6 +166,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "notes": notes,
     }));
 
+    crate::text_check::check(dir, &tok.tokenizer_json, &tok.config)?;
     let mut w = CmfWriter::create(output, header)?;
     w.set_vocab(tok.tokenizer_json);
     let total: u64 = plan

@@ -25,7 +25,7 @@ pub struct HfTokenizer {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read(path) {
+    match cmf_format::regular::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|cause| ConvertError::Json {
@@ -67,7 +67,7 @@ fn special_text<'a>(cfg: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
 
 pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
     let tok_path = dir.join("tokenizer.json");
-    let tokenizer_json = std::fs::read(&tok_path).map_err(|e| {
+    let tokenizer_json = cmf_format::regular::read(&tok_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ConvertError::unsupported(
                 &tok_path,
@@ -109,7 +109,7 @@ pub fn read(dir: &Path, model: &HfConfig) -> Result<HfTokenizer> {
     };
 
     let template_file = dir.join("chat_template.jinja");
-    let chat_template = match std::fs::read_to_string(&template_file) {
+    let chat_template = match cmf_format::regular::read_to_string(&template_file) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => match cfg.get("chat_template") {
             None | Some(Value::Null) => None,

@@ -19,7 +19,7 @@ pub mod tokenizer;
 use std::path::Path;
 
 use cmf_format::{
-    Arch, CmfWriter, Dtype, Header, LayerType, NormStyle, QuantType, TokenizerConfig,
+    limits, Arch, CmfWriter, Dtype, Header, LayerType, NormStyle, QuantType, TokenizerConfig,
 };
 use serde_json::{json, Map, Value as Json};
 
@@ -136,6 +136,9 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     }
     let vocab = shape[0] as usize;
     let num_layers = m.usize_req("block_count")?;
+    // Checked before the per-layer tables are sized by it.
+    limits::check_size("block_count", num_layers, limits::MAX_LAYERS)
+        .map_err(|(k, msg)| ConvertError::field(file, m.key(&k), msg))?;
 
     let mut extra = Map::new();
     let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
@@ -146,7 +149,7 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     extra.insert("attention_bias".into(), attention_bias.into());
     extra.insert("hidden_act".into(), "silu".into());
     let sliding_window = m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0);
-    Ok(Arch {
+    let arch = Arch {
         arch_name: arch.to_owned(),
         hidden_size: hidden,
         intermediate_size: m.usize_req("feed_forward_length")?,
@@ -175,7 +178,25 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
         yarn: None,
         moe: None,
         extra,
-    })
+    };
+    limits::check_arch(&arch).map_err(|(k, msg)| {
+        // The GGUF key the field comes from.
+        let key = match k.as_str() {
+            "hidden_size" => m.key("embedding_length"),
+            "intermediate_size" => m.key("feed_forward_length"),
+            "num_layers" => m.key("block_count"),
+            "num_attention_heads" => m.key("attention.head_count"),
+            "num_kv_heads" => m.key("attention.head_count_kv"),
+            "head_dim" => m.key("attention.key_length"),
+            "vocab_size" => "token_embd.weight (rows)".into(),
+            "max_position_embeddings" => m.key("context_length"),
+            "rms_norm_eps" => m.key("attention.layer_norm_rms_epsilon"),
+            "rope_theta" => m.key("rope.freq_base"),
+            _ => m.key("rope.dimension_count"),
+        };
+        ConvertError::field(file, key, msg)
+    })?;
+    Ok(arch)
 }
 
 /// `rope.scaling.*` keys → the Hugging Face `rope_scaling` dict. A `rope_freqs.weight` tensor
@@ -416,7 +437,7 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "converter": concat!("cmf-convert ", env!("CARGO_PKG_VERSION")),
         "source": {
             "format": "gguf",
-            "path": path.display().to_string(),
+            "file": crate::source_name(path),
             "gguf_version": g.version,
             "name": g.get("general.name").and_then(Value::as_str),
             "tensor_types": src_types,
@@ -427,8 +448,11 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         "notes": notes,
     }));
 
+    let vocab = serde_json::to_vec(&tok.json).expect("JSON serializes");
+    let tc = header.tokenizer_config.clone().unwrap_or_default();
+    crate::text_check::check(path, &vocab, &tc)?;
     let mut w = CmfWriter::create(output, header)?;
-    w.set_vocab(serde_json::to_vec(&tok.json).expect("JSON serializes"));
+    w.set_vocab(vocab);
     let total: u64 = plan.iter().map(|i| i.info.n_elements()).sum();
     opts.progress.start(total);
     let mut stats = TensorStats::default();

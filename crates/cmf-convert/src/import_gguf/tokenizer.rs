@@ -171,6 +171,11 @@ fn optional_bool(g: &Gguf, key: &str) -> Result<Option<bool>, TokenizerError> {
     }
 }
 
+/// Longest token text accepted. Real vocabularies stay under a few hundred bytes; deriving
+/// SentencePiece merges costs the square of a token's length, so one 300 000-byte token would
+/// take seconds.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+
 /// Rebuilds the tokenizer of `g`. Errors name the metadata key at fault; an unknown tokenizer
 /// model or pre-tokenizer name is refused rather than approximated.
 pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
@@ -185,6 +190,19 @@ pub fn rebuild(g: &Gguf) -> Result<RebuiltTokenizer, TokenizerError> {
     let n = tokens.len();
     if n == 0 {
         return Err(err("tokenizer.ggml.tokens", "empty vocabulary"));
+    }
+    if let Some((i, t)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.len() > MAX_TOKEN_BYTES)
+    {
+        return Err(err(
+            "tokenizer.ggml.tokens",
+            format!(
+                "token #{i} is {} bytes long, above the limit of {MAX_TOKEN_BYTES}",
+                t.len()
+            ),
+        ));
     }
     let types: Vec<i32> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
         None => vec![TOKEN_NORMAL; n],

@@ -114,7 +114,7 @@ pub fn generated(vocab: usize) -> Result<SynthTokenizer> {
 
 /// A supplied `tokenizer.json`, checked to fit `vocab` embedding rows.
 pub fn supplied(path: &Path, vocab: usize) -> Result<SynthTokenizer> {
-    let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+    let bytes = cmf_format::regular::read(path).map_err(|e| ConvertError::io(path, e))?;
     let doc: Value = serde_json::from_slice(&bytes).map_err(|cause| ConvertError::Json {
         path: path.into(),
         cause,

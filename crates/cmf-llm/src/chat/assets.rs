@@ -3,7 +3,7 @@
 
 use super::{ChatTemplate, SpecialTokens, Tokenizer};
 use crate::error::{LlmError, Result};
-use cmf_format::CmfModel;
+use cmf_format::{CmfModel, TokenizerConfig};
 
 /// End-of-turn markers llama.cpp also treats as end of generation when they are special tokens
 /// of the vocabulary (`llama-vocab.cpp`: the EOG set is completed by token text), so a file
@@ -36,9 +36,17 @@ impl TextAssets {
                 "{path}: the file has no vocab section (tokenizer.json)"
             ))
         })?;
+        let cfg = file.header().tokenizer_config.clone().unwrap_or_default();
+        TextAssets::from_parts(&path, vocab, &cfg)
+    }
+
+    /// The assets from a `tokenizer.json` and a tokenizer config; errors start with `origin`
+    /// (the file they come from). The template is rendered once to prove it stays within its
+    /// limits, the tokenizer run once to prove it does not fail (see [`Tokenizer::from_bytes`]).
+    pub fn from_parts(origin: &str, vocab: &[u8], cfg: &TokenizerConfig) -> Result<TextAssets> {
+        let path = origin;
         let tokenizer = Tokenizer::from_bytes(vocab)
             .map_err(|e| LlmError::Tokenizer(format!("{path}: {e}")))?;
-        let cfg = file.header().tokenizer_config.clone().unwrap_or_default();
         let text_of = |key: &str, id: Option<u32>| -> Option<String> {
             cfg.extra
                 .get(key)
@@ -52,11 +60,15 @@ impl TextAssets {
             pad_token: text_of("pad_token", cfg.pad_token_id),
         };
         let (template, file_has_template) = match cfg.chat_template.as_deref() {
-            Some(src) if !src.trim().is_empty() => (
-                ChatTemplate::new(src, special)
-                    .map_err(|e| LlmError::Template(format!("{path}: {e}")))?,
-                true,
-            ),
+            Some(src) if !src.trim().is_empty() => {
+                let t = ChatTemplate::new(src, special)
+                    .map_err(|e| LlmError::Template(format!("{path}: {e}")))?;
+                t.check_limits().map_err(|e| match e {
+                    LlmError::TemplateLimit(m) => LlmError::TemplateLimit(format!("{path}: {m}")),
+                    other => other,
+                })?;
+                (t, true)
+            }
             _ => (ChatTemplate::chatml(special), false),
         };
         let eos_ids = end_of_sequence_ids(&tokenizer, &cfg.eos_token_ids);

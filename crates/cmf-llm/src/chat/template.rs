@@ -10,10 +10,81 @@
 //! - `{% generation %}…{% endgeneration %}` (transformers' AssistantTracker) renders its body;
 //! - context: `messages`, `tools`, `documents`, `add_generation_prompt`, and the special tokens
 //!   `bos_token`, `eos_token`, `unk_token`, `pad_token` as strings (`special_tokens_map`).
+//!
+//! A template is code that comes with the model file, so every render runs under [`Limits`]:
+//! minijinja's fuel (instructions) and recursion limit, a cap on the rendered size, a wall-clock
+//! deadline, and bounded widths for `indent` / `tojson(indent=…)` (minijinja already refuses a
+//! `range` over 100 000 items and a string repeated past 100 MB).
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use crate::error::{LlmError, Result};
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Kwargs, StringInput, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
+
+/// Bounds on one render. Real templates need a few thousand instructions and a few kB of output
+/// per message; the defaults leave a wide margin over the longest prompt a context can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// minijinja instructions per render.
+    pub fuel: u64,
+    /// Bytes of rendered output.
+    pub max_output: usize,
+    /// Wall-clock time per render.
+    pub time: Duration,
+    /// Nesting depth of calls, loops and includes (minijinja's recursion limit).
+    pub recursion: usize,
+    /// Widest indentation `indent` and `tojson(indent=…)` may produce.
+    pub max_indent: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fuel: 20_000_000,
+            max_output: 16 << 20,
+            time: Duration::from_secs(5),
+            recursion: 200,
+            max_indent: 64,
+        }
+    }
+}
+
+thread_local! {
+    /// The running render's deadline, for the functions and filters that can take long.
+    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+fn past_deadline() -> bool {
+    DEADLINE.with(|d| d.get().is_some_and(|t| Instant::now() > t))
+}
+
+/// Every error of ours about a limit says this, so a render failure can be told apart from an
+/// error the template raises on purpose.
+const LIMIT_MARK: &str = "template limit";
+
+fn time_limit_error() -> Error {
+    limit_error("time limit exceeded")
+}
+
+fn limit_error(what: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("{LIMIT_MARK}: {what}"))
+}
+
+/// Whether a render error is a limit: ours, or minijinja's own bounds (range length, string
+/// repetition, recursion depth).
+fn past_limit(msg: &str) -> bool {
+    [
+        LIMIT_MARK,
+        "range has too many elements",
+        "repeated string is too large",
+        "recursion limit",
+        "maximum recursion",
+    ]
+    .iter()
+    .any(|m| msg.contains(m))
+}
 
 /// ChatML, used when the file carries no template (the common format of Qwen and SmolLM).
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -30,23 +101,71 @@ pub struct SpecialTokens {
 pub struct ChatTemplate {
     env: Environment<'static>,
     special: SpecialTokens,
+    limits: Limits,
 }
 
 const NAME: &str = "chat_template";
 
 impl ChatTemplate {
-    /// Compiles `source`; a syntax error is reported with its line.
+    /// Compiles `source` under the default [`Limits`]; a syntax error is reported with its line.
     pub fn new(source: &str, special: SpecialTokens) -> Result<ChatTemplate> {
+        ChatTemplate::with_limits(source, special, Limits::default())
+    }
+
+    pub fn with_limits(
+        source: &str,
+        special: SpecialTokens,
+        limits: Limits,
+    ) -> Result<ChatTemplate> {
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(limits.recursion);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_filter("tojson", tojson);
+        let max_indent = limits.max_indent;
+        env.add_filter("tojson", move |v: Value, kw: Kwargs| {
+            tojson(v, kw, max_indent)
+        });
+        env.add_filter(
+            "indent",
+            move |s: StringInput,
+                  w: Option<usize>,
+                  f: Option<bool>,
+                  b: Option<bool>,
+                  kw: Kwargs| { bounded_indent(s, w, f, b, kw, max_indent) },
+        );
+        env.add_function("range", bounded_range);
         env.add_template_owned(NAME, strip_generation_tags(source))
             .map_err(|e| LlmError::Template(describe(&e)))?;
-        Ok(ChatTemplate { env, special })
+        Ok(ChatTemplate {
+            env,
+            special,
+            limits,
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Renders a one-message conversation to prove the template stays within its limits (run
+    /// where a template enters the system: import, load, verify). Errors the template raises on
+    /// purpose (`raise_exception`, a role it refuses) are not failures here: only a limit is.
+    pub fn check_limits(&self) -> Result<()> {
+        let msgs = [
+            super::Message::new("system", "You are a helpful assistant."),
+            super::Message::new("user", "Hello!"),
+        ];
+        for (msgs, gen) in [(&msgs[..], true), (&msgs[1..], true), (&msgs[1..], false)] {
+            match self.render(msgs, gen) {
+                Err(e @ LlmError::TemplateLimit(_)) => return Err(e),
+                _ => continue,
+            }
+        }
+        Ok(())
     }
 
     pub fn chatml(special: SpecialTokens) -> ChatTemplate {
@@ -94,9 +213,104 @@ impl ChatTemplate {
             ("unk_token", opt(&s.unk_token)),
             ("pad_token", opt(&s.pad_token)),
         ]);
-        tmpl.render(ctx)
-            .map_err(|e| LlmError::Template(describe(&e)))
+        let mut out = BoundedOutput {
+            buf: Vec::new(),
+            max: self.limits.max_output,
+            deadline: Instant::now() + self.limits.time,
+            exceeded: None,
+        };
+        DEADLINE.with(|d| d.set(Some(out.deadline)));
+        let rendered = tmpl.render_captured_to(ctx, &mut out).map(|_| ());
+        DEADLINE.with(|d| d.set(None));
+        let l = &self.limits;
+        match rendered {
+            Ok(()) => String::from_utf8(out.buf)
+                .map_err(|_| LlmError::Template("rendered text is not UTF-8".into())),
+            Err(_) if out.exceeded.is_some() => {
+                Err(LlmError::TemplateLimit(out.exceeded.unwrap_or_default()))
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(LlmError::TemplateLimit(format!(
+                "{LIMIT_MARK}: fuel limit exceeded ({} instructions)",
+                l.fuel
+            ))),
+            Err(e) if past_limit(&describe(&e)) => Err(LlmError::TemplateLimit(format!(
+                "{} (limits: {} instructions, {} bytes of output, {:?}, recursion {}, indent {})",
+                describe(&e),
+                l.fuel,
+                l.max_output,
+                l.time,
+                l.recursion,
+                l.max_indent
+            ))),
+            Err(e) => Err(LlmError::Template(describe(&e))),
+        }
     }
+}
+
+/// The render's sink: refuses to grow past `max` bytes or to go on past `deadline`.
+struct BoundedOutput {
+    buf: Vec<u8>,
+    max: usize,
+    deadline: Instant,
+    exceeded: Option<String>,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.max {
+            self.exceeded = Some(format!(
+                "{LIMIT_MARK}: output size limit exceeded ({} bytes)",
+                self.max
+            ));
+        } else if Instant::now() > self.deadline {
+            self.exceeded = Some(format!("{LIMIT_MARK}: time limit exceeded"));
+        } else {
+            self.buf.extend_from_slice(b);
+            return Ok(b.len());
+        }
+        Err(std::io::Error::other(
+            self.exceeded.clone().unwrap_or_default(),
+        ))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// minijinja's `range` (at most 100 000 items), refused once the render is past its deadline so
+/// nested loops that print nothing still stop on time.
+fn bounded_range(
+    lower: isize,
+    upper: Option<isize>,
+    step: Option<isize>,
+) -> std::result::Result<Value, Error> {
+    if past_deadline() {
+        return Err(time_limit_error());
+    }
+    minijinja::functions::range(lower, upper, step)
+}
+
+/// minijinja's `indent` filter with the width bounded.
+fn bounded_indent(
+    value: StringInput,
+    width: Option<usize>,
+    first: Option<bool>,
+    blank: Option<bool>,
+    kwargs: Kwargs,
+    max_indent: usize,
+) -> std::result::Result<Value, Error> {
+    let w = match width {
+        Some(w) => Some(w),
+        None => kwargs.get::<Option<usize>>("width")?,
+    };
+    if w.is_some_and(|w| w > max_indent) {
+        return Err(limit_error(format!("indent width above {max_indent}")));
+    }
+    if past_deadline() {
+        return Err(time_limit_error());
+    }
+    minijinja::filters::indent(value, w, first, blank, kwargs)
 }
 
 fn opt(s: &Option<String>) -> Value {
@@ -145,7 +359,8 @@ fn strip_generation_tags(src: &str) -> String {
 }
 
 /// Python's `json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
+/// `indent` is bounded by `max_indent` (as a width or a string's length).
+fn tojson(value: Value, kwargs: Kwargs, max_indent: usize) -> std::result::Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Value> = kwargs.get("separators")?;
@@ -155,7 +370,16 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match v.kind() {
-            ValueKind::Number => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
+            ValueKind::Number => {
+                let w = i64::try_from(v)?.max(0) as u64;
+                if w > max_indent as u64 {
+                    return Err(limit_error(format!("tojson indent above {max_indent}")));
+                }
+                Some(" ".repeat(w as usize))
+            }
+            ValueKind::String if v.as_str().is_some_and(|s| s.len() > max_indent) => {
+                return Err(limit_error(format!("tojson indent above {max_indent}")))
+            }
             ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
             _ => {
                 return Err(Error::new(
@@ -170,10 +394,13 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, Error> {
         Some(v) if !v.is_none() => {
             let a = v.get_item_by_index(0)?;
             let b = v.get_item_by_index(1)?;
-            (
-                a.as_str().unwrap_or(",").to_string(),
-                b.as_str().unwrap_or(":").to_string(),
-            )
+            let (a, b) = (a.as_str().unwrap_or(","), b.as_str().unwrap_or(":"));
+            if a.len() > max_indent || b.len() > max_indent {
+                return Err(limit_error(format!(
+                    "tojson separators longer than {max_indent}"
+                )));
+            }
+            (a.to_string(), b.to_string())
         }
         _ => (
             if indent.is_some() { "," } else { ", " }.to_string(),
@@ -482,7 +709,7 @@ mod tests {
         .unwrap();
         let env = {
             let mut e = Environment::new();
-            e.add_filter("tojson", tojson);
+            e.add_filter("tojson", |v: Value, kw: Kwargs| tojson(v, kw, 64));
             e
         };
         let out = env
@@ -523,6 +750,73 @@ mod tests {
             strftime(1_709_210_096, "%Y-%m-%d %I:%M %p %B %a %j"),
             "2024-02-29 12:34 PM February Thu 060"
         );
+    }
+
+    fn limit_error_of(src: &str) -> String {
+        let limits = Limits {
+            time: Duration::from_secs(2),
+            ..Limits::default()
+        };
+        let t = ChatTemplate::with_limits(src, SpecialTokens::default(), limits).unwrap();
+        let started = Instant::now();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{src}: took {:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, LlmError::TemplateLimit(_)), "{src}: {err}");
+        assert!(t.check_limits().is_err(), "{src}");
+        err.to_string()
+    }
+
+    #[test]
+    fn runaway_templates_stop_at_a_limit() {
+        // Nested loops that print nothing: 10^10 iterations without the fuel.
+        let e = limit_error_of(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        );
+        assert!(e.contains("fuel") || e.contains("time"), "{e}");
+        // Gigabytes of output from string repetition.
+        let e = limit_error_of("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}");
+        assert!(e.contains("output size"), "{e}");
+        // A huge indentation would abort on allocation.
+        for src in [
+            "{{ messages | tojson(indent=100000000000) }}",
+            "{{ messages | tojson(indent='x' * 1000) }}",
+            "{{ 'a\nb' | indent(100000000000) }}",
+            "{{ 'a\nb' | indent(width=100000000000) }}",
+        ] {
+            let e = limit_error_of(src);
+            assert!(
+                e.contains("indent above") || e.contains("indent width"),
+                "{e}"
+            );
+        }
+        // Unbounded recursion through a macro.
+        let e = limit_error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(e.contains("recursion"), "{e}");
+    }
+
+    #[test]
+    fn a_deadline_stops_a_slow_render() {
+        let limits = Limits {
+            time: Duration::from_millis(50),
+            fuel: 1 << 40,
+            ..Limits::default()
+        };
+        let src =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::with_limits(src, SpecialTokens::default(), limits).unwrap();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(err.to_string().contains("time limit"), "{err}");
+    }
+
+    #[test]
+    fn refusals_by_the_template_are_not_limit_failures() {
+        let src = "{% if messages[0].role == 'system' %}{{ raise_exception('no system') }}{% endif %}{{ messages[0].content }}";
+        let t = ChatTemplate::new(src, SpecialTokens::default()).unwrap();
+        t.check_limits().unwrap();
     }
 
     #[test]

@@ -1,29 +1,70 @@
 //! The Hugging Face tokenizer stored in the file's vocab section (`tokenizer.json` verbatim),
 //! through the `tokenizers` crate (pure Rust: fancy-regex, no onig).
+//!
+//! The `tokenizers` crate panics on some malformed files (a wrong-typed normalizer field, for
+//! one), so every call into it runs inside [`guarded`]: a panic becomes an error.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{LlmError, Result};
+
+/// Runs `f`, turning a panic into a tokenizer error that says what was being done.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("unknown cause");
+        Err(LlmError::Tokenizer(format!(
+            "{what}: the tokenizer failed on this input ({msg})"
+        )))
+    })
+}
+
+/// Text run through a tokenizer when it is loaded: words, digits, punctuation, whitespace runs
+/// and non-ASCII, the paths normalizers and pre-tokenizers take.
+const SAMPLE_TEXT: &str = "Hello, world! 123  tabs\tand\nnew lines; café 東京 🙂";
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
 }
 
 impl Tokenizer {
-    /// Parses `tokenizer.json` bytes.
+    /// Parses `tokenizer.json` bytes, then encodes and decodes a sample text so that a
+    /// tokenizer which panics is refused here rather than at the first prompt.
     pub fn from_bytes(json: &[u8]) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(json)
-            .map_err(|e| LlmError::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        let inner = guarded("cannot parse tokenizer.json", || {
+            tokenizers::Tokenizer::from_bytes(json)
+                .map_err(|e| LlmError::Tokenizer(format!("cannot parse tokenizer.json: {e}")))
+        })?;
         release_freed_heap();
-        Ok(Tokenizer { inner })
+        let tok = Tokenizer { inner };
+        tok.probe()?;
+        Ok(tok)
+    }
+
+    /// Encodes and decodes [`SAMPLE_TEXT`]: a panic inside the tokenizer refuses it, while an
+    /// ordinary error (a vocabulary without an unknown token, say) only concerns that text.
+    fn probe(&self) -> Result<()> {
+        guarded("tokenizer.json fails on a sample text", || {
+            if let Ok(enc) = self.inner.encode(SAMPLE_TEXT, true) {
+                let _ = self.inner.decode(enc.get_ids(), false);
+            }
+            Ok(())
+        })
     }
 
     /// Token ids of `text`. `add_special_tokens` runs the post-processor (e.g. a BOS it adds);
     /// special tokens written in the text are matched either way, as transformers does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| LlmError::Tokenizer(format!("encode: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        guarded("encode", || {
+            let enc = self
+                .inner
+                .encode(text, add_special_tokens)
+                .map_err(|e| LlmError::Tokenizer(format!("encode: {e}")))?;
+            Ok(enc.get_ids().to_vec())
+        })
     }
 
     /// A copy that treats special-token text (`<|im_start|>`) as ordinary text, as llama.cpp's
@@ -35,9 +76,11 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| LlmError::Tokenizer(format!("decode: {e}")))
+        guarded("decode", || {
+            self.inner
+                .decode(ids, skip_special_tokens)
+                .map_err(|e| LlmError::Tokenizer(format!("decode: {e}")))
+        })
     }
 
     /// The token strings of `ids` (vocabulary entries, not decoded text).
@@ -156,5 +199,38 @@ fn release_freed_heap() {
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level tokenizer.json with `normalizer` spliced in.
+    fn tokenizer_json(normalizer: &str) -> String {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":{normalizer},"pre_tokenizer":{{"type":"Whitespace"}},
+            "post_processor":null,"decoder":null,
+            "model":{{"type":"WordLevel","vocab":{{"[UNK]":0,"hello":1}},"unk_token":"[UNK]"}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_plain_tokenizer_loads() {
+        let t = Tokenizer::from_bytes(tokenizer_json("null").as_bytes()).unwrap();
+        assert_eq!(t.encode("hello", false).unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn a_panicking_normalizer_is_an_error() {
+        // A precompiled charsmap whose trie points past its own end: the `tokenizers` crate
+        // panics inside the normalizer on the first text it sees.
+        let json =
+            tokenizer_json(r#"{"type":"Precompiled","precompiled_charsmap":"BAAAAP////8="}"#);
+        let err = Tokenizer::from_bytes(json.as_bytes())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("tokenizer"), "{err}");
     }
 }

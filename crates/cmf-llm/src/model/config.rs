@@ -9,6 +9,7 @@
 
 use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
+use cmf_format::limits;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
@@ -97,17 +98,29 @@ impl ModelConfig {
         let cfg_num_layers = f.usize_any(&["num_layers", "num_hidden_layers"])?;
         let max_pos = f.opt_usize(&["max_position_embeddings"])?.unwrap_or(4096);
 
-        for (field, val) in [
-            ("hidden_size", hidden_size),
-            ("num_attention_heads", num_heads),
-            ("num_kv_heads", num_kv_heads),
-            ("head_dim", head_dim),
-            ("num_layers", cfg_num_layers),
+        let intermediate_size = f.usize_any(&["intermediate_size"])?;
+        let vocab_size = f.usize_any(&["vocab_size"])?;
+        // Every size is checked before anything is allocated by it (the KV cache, the layer
+        // tables, the RoPE tables).
+        for (field, val, max) in [
+            ("hidden_size", hidden_size, limits::MAX_HIDDEN),
+            ("num_attention_heads", num_heads, limits::MAX_HEADS),
+            ("num_kv_heads", num_kv_heads, limits::MAX_HEADS),
+            ("head_dim", head_dim, limits::MAX_HEAD_DIM),
+            ("num_layers", cfg_num_layers, limits::MAX_LAYERS),
+            (
+                "intermediate_size",
+                intermediate_size,
+                limits::MAX_INTERMEDIATE,
+            ),
+            ("vocab_size", vocab_size, limits::MAX_VOCAB),
+            ("max_position_embeddings", max_pos, limits::MAX_POSITIONS),
         ] {
-            if val == 0 {
-                return Err(config_err(field, "must be positive"));
-            }
+            limits::check_size(field, val, max).map_err(|(k, m)| config_err(&k, m))?;
         }
+        let rms_norm_eps = f.opt_f64(&["rms_norm_eps"])?.unwrap_or(1e-6);
+        limits::check_float("rms_norm_eps", rms_norm_eps, 0.0, 1.0)
+            .map_err(|(k, m)| config_err(&k, m))?;
         if num_heads % num_kv_heads != 0 {
             return Err(config_err(
                 "num_kv_heads",
@@ -121,13 +134,13 @@ impl ModelConfig {
         Ok(ModelConfig {
             family,
             hidden_size,
-            intermediate_size: f.usize_any(&["intermediate_size"])?,
+            intermediate_size,
             num_layers: cfg_num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
-            vocab_size: f.usize_any(&["vocab_size"])?,
-            rms_norm_eps: f.opt_f64(&["rms_norm_eps"])?.unwrap_or(1e-6) as f32,
+            vocab_size,
+            rms_norm_eps: rms_norm_eps as f32,
             max_position_embeddings: max_pos,
             rope,
             sliding_window,
@@ -166,6 +179,7 @@ fn parse_rope(f: &Fields, head_dim: usize, max_pos: usize) -> Result<RopeConfig>
         Some(t) => t,
         None => f.opt_f64(&["rope_theta"])?.unwrap_or(10000.0),
     };
+    limits::check_float("rope_theta", theta, 0.0, 1e12).map_err(|(k, m)| config_err(&k, m))?;
     let partial = match params
         .as_ref()
         .map(|p| p.opt_f64(&["partial_rotary_factor"]))
@@ -239,6 +253,8 @@ fn yarn_from(p: &Fields, max_pos: usize) -> Result<RopeScaling> {
         "rope_scaling.original_max_position_embeddings",
     )?;
     let factor = p.opt_f64(&["factor"])?.unwrap_or(max_pos as f64 / original);
+    limits::check_float("rope_scaling.factor", factor, 0.0, f64::INFINITY)
+        .map_err(|(k, m)| config_err(&k, m))?;
     let get_mscale = |scale: f64, m: f64| {
         if scale <= 1.0 {
             1.0
@@ -359,9 +375,14 @@ impl Fields<'_> {
         }
     }
 
+    /// A required RoPE scaling parameter: all of them are positive (factors, frequencies,
+    /// context lengths), and a non-positive one gives NaN or infinite frequencies.
     fn f64_any(&self, keys: &[&str], label: &str) -> Result<f64> {
-        self.opt_f64(keys)?
-            .ok_or_else(|| config_err(label, "is missing"))
+        let v = self
+            .opt_f64(keys)?
+            .ok_or_else(|| config_err(label, "is missing"))?;
+        limits::check_float(label, v, 0.0, f64::INFINITY).map_err(|(k, m)| config_err(&k, m))?;
+        Ok(v)
     }
 
     fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
@@ -453,6 +474,27 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("rope_type"));
+    }
+
+    #[test]
+    fn hostile_sizes_and_floats_are_refused_before_use() {
+        let refused = |key: &str, val: Value| {
+            let mut v = base();
+            v[key] = val.clone();
+            let e = ModelConfig::from_json(&v).expect_err(key).to_string();
+            assert!(e.contains(key), "{key} = {val}: {e}");
+        };
+        refused("num_layers", json!(1u64 << 40));
+        refused("vocab_size", json!(1u64 << 40));
+        refused("max_position_embeddings", json!(1u64 << 40));
+        refused("rms_norm_eps", json!(-1e-5));
+        refused("rms_norm_eps", json!(0.0));
+        refused("rope_theta", json!(-10000.0));
+        refused("rope_theta", json!(0.0));
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "linear", "factor": -2.0});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling.factor"), "{e}");
     }
 
     #[test]

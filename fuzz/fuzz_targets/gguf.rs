@@ -1,0 +1,6 @@
+//! `gguf`: see `cmf_convert::fuzzing::gguf` (the body, shared with the corpus test under `cargo test`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| cmf_convert::fuzzing::gguf(data));
