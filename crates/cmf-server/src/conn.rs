@@ -74,6 +74,8 @@ pub async fn serve(
     stop: impl Future<Output = ()>,
 ) -> Stopped {
     let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
+    // Refusals being written: a flood past the limit must not hold descriptors either.
+    let refusals = Arc::new(Semaphore::new(64));
     let graceful = GracefulShutdown::new();
     let mut last_accept_error: Option<Instant> = None;
     tokio::pin!(stop);
@@ -101,7 +103,12 @@ pub async fn serve(
                 .metrics
                 .connections_refused
                 .fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(refuse(stream));
+            if let Ok(permit) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream).await;
+                    drop(permit);
+                });
+            }
             continue;
         };
         shared
@@ -466,13 +473,15 @@ impl Drop for LoggedBody {
     }
 }
 
-/// Raises this process's open-file limit towards what `max_connections` needs (the soft limit
-/// is often 1024); warns when the hard limit is lower.
+/// Spare descriptors beside the connections: the model's files, the runtime's, the standard
+/// streams.
+pub const SPARE_FDS: u64 = 64;
+
+/// Raises this process's open-file limit (the soft one is often 1024) towards `want`, as far as
+/// the hard limit allows; returns the limit now in force.
 #[cfg(unix)]
 #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on Linux, not on every Unix
-pub fn raise_fd_limit(max_connections: usize) {
-    // Sockets plus the model's files, the runtime's and the standard streams.
-    let want = max_connections as u64 + 64;
+pub fn raise_fd_limit(want: u64) -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -480,21 +489,36 @@ pub fn raise_fd_limit(max_connections: usize) {
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return;
+            return u64::MAX;
         }
         if (lim.rlim_cur as u64) < want {
+            let before = lim.rlim_cur;
             lim.rlim_cur = (want as libc::rlim_t).min(lim.rlim_max);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                lim.rlim_cur = before;
+            }
         }
     }
-    if (lim.rlim_cur as u64) < want {
-        eprintln!(
-            "cmf serve: warning: the open-file limit is {}, too low for --max-connections {max_connections}; \
-             raise it (ulimit -n) or lower --max-connections",
-            lim.rlim_cur
-        );
-    }
+    lim.rlim_cur as u64
 }
 
 #[cfg(not(unix))]
-pub fn raise_fd_limit(_max_connections: usize) {}
+pub fn raise_fd_limit(_want: u64) -> u64 {
+    u64::MAX
+}
+
+/// `max_connections`, lowered (and said so on stderr) when the open-file limit cannot hold that
+/// many sockets: running out of descriptors would make the server unreachable.
+pub fn connection_cap(max_connections: usize) -> usize {
+    let want = max_connections as u64 + SPARE_FDS;
+    let limit = raise_fd_limit(want);
+    if limit >= want {
+        return max_connections;
+    }
+    let cap = limit.saturating_sub(SPARE_FDS).max(1) as usize;
+    eprintln!(
+        "cmf serve: the open-file limit is {limit}: accepting at most {cap} connections \
+         (--max-connections {max_connections}; raise the limit with ulimit -n)"
+    );
+    cap
+}

@@ -119,8 +119,9 @@ pub fn run_until_ctrl_c(
     cfg: ServerConfig,
     on_listening: impl FnOnce(SocketAddr, &crate::worker::ModelInfo),
 ) -> Result<(), StartError> {
+    let mut cfg = cfg;
     check_limits(&cfg.limits)?;
-    crate::conn::raise_fd_limit(cfg.limits.max_connections);
+    cfg.limits.max_connections = crate::conn::connection_cap(cfg.limits.max_connections);
     let rt = runtime(cfg.http_threads)?;
     let state = state(&cfg)?;
     let metrics = Arc::new(Metrics::default());
@@ -150,13 +151,13 @@ pub fn run_until_ctrl_c(
     // dropped or left behind rather than waited for.
     rt.shutdown_timeout(Duration::from_millis(200));
     // The worker stops within one token or prefill piece once its clients are gone; joining it
-    // is bounded by the same deadline (a thread still busy after it dies with the process).
+    // is bounded all the same (a thread still busy after that dies with the process).
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         drop(state);
         let _ = tx.send(());
     });
-    let _ = rx.recv_timeout(cfg.limits.shutdown);
+    let _ = rx.recv_timeout(cfg.limits.shutdown.min(Duration::from_secs(5)));
     Ok(())
 }
 
@@ -187,8 +188,9 @@ pub struct RunningServer {
 
 impl RunningServer {
     pub fn start(cfg: ServerConfig) -> Result<RunningServer, StartError> {
+        let mut cfg = cfg;
         check_limits(&cfg.limits)?;
-        crate::conn::raise_fd_limit(cfg.limits.max_connections);
+        cfg.limits.max_connections = crate::conn::connection_cap(cfg.limits.max_connections);
         let rt = runtime(cfg.http_threads)?;
         let state = state(&cfg)?;
         let metrics = Arc::new(Metrics::default());
