@@ -270,3 +270,78 @@ fn serve_exits_at_once_on_a_second_sigterm() {
     }
     assert_eq!(st.and_then(|s| s.code()), Some(130), "{st:?}");
 }
+
+/// A chat template that never finishes does not keep the server from stopping: SIGTERM exits
+/// within the shutdown deadline although the request is still being prepared.
+#[test]
+fn serve_stops_while_a_template_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    let cfg_path = hf.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    let hang = "{% if messages[0]['content'] == 'hang' %}{% for a in range(100000) %}\
+                {% for b in range(100000) %}{% for c in range(100000) %}{% endfor %}{% endfor %}\
+                {% endfor %}{% endif %}";
+    let template = format!("{hang}{}", cfg["chat_template"].as_str().unwrap());
+    cfg["chat_template"] = serde_json::Value::String(template);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let model = dir.path().join("hang.cmf");
+    let st = cmf()
+        .args(["convert", "--model"])
+        .arg(&hf)
+        .args(["--quant", "f32", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+
+    let (mut child, addr, _log) = serve_logged(&[
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--shutdown-timeout",
+        "1",
+    ]);
+    let body = r#"{"messages":[{"role":"user","content":"hang"}],"max_tokens":2}"#;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let health = http(
+        addr,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let t = std::time::Instant::now();
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(15));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    let took = t.elapsed();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} with a 1 s deadline"
+    );
+}
