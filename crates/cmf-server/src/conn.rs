@@ -141,15 +141,10 @@ pub async fn serve(
 
 /// The answer to a connection over the limit: written without reading the request.
 async fn refuse(mut stream: TcpStream) {
-    let body = ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        message: "too many open connections; retry later".into(),
-        kind: "server_error",
-        param: None,
-        code: Some("too_many_connections"),
-    }
-    .body()
-    .to_string();
+    let mut e = ApiError::internal("too many open connections; retry later")
+        .with_code("too_many_connections");
+    e.status = StatusCode::SERVICE_UNAVAILABLE;
+    let body = e.body().to_string();
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
@@ -355,16 +350,13 @@ async fn handle(
     };
     if timed_out.load(Ordering::Relaxed) {
         shared.metrics.body_timeouts.fetch_add(1, Ordering::Relaxed);
-        resp = axum::response::IntoResponse::into_response(ApiError {
-            status: StatusCode::REQUEST_TIMEOUT,
-            message: format!(
-                "the request body did not arrive within {} s",
-                shared.limits.body.as_secs_f64()
-            ),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("request_timeout"),
-        });
+        let mut e = ApiError::bad_request(format!(
+            "the request body did not arrive within {} s",
+            shared.limits.body.as_secs_f64()
+        ))
+        .with_code("request_timeout");
+        e.status = StatusCode::REQUEST_TIMEOUT;
+        resp = axum::response::IntoResponse::into_response(e);
         // The rest of the body is not coming in time; do not wait for it.
         resp.headers_mut().insert(
             axum::http::header::CONNECTION,

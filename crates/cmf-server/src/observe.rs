@@ -85,8 +85,8 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
 pub struct Metrics {
     /// Answered requests by status.
     by_status: Mutex<BTreeMap<u16, u64>>,
+    /// Prompt tokens of the requests that reached the model (generated ones are the worker's).
     pub prompt_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_accepted: AtomicU64,
     /// Closed at once because `--max-connections` were open.
@@ -235,9 +235,6 @@ impl RequestLine {
         let generated = r.generated_tokens.load(Ordering::Relaxed);
         metrics.count_status(self.status);
         metrics.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
-        metrics
-            .generated_tokens
-            .fetch_add(generated, Ordering::Relaxed);
         let ms = |t: Instant| format!("{:.1}", t.duration_since(self.start).as_secs_f64() * 1e3);
         let ttft = r.first_text.get().map_or("-".into(), |t| ms(*t));
         log.write(format!(
