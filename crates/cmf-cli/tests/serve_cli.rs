@@ -34,6 +34,12 @@ fn tiny_model(dir: &Path) -> PathBuf {
 
 /// Starts `cmf serve`; returns the child and the address from its "serving … on http://…" line.
 fn serve(args: &[&str]) -> (Child, SocketAddr) {
+    let (child, addr, _) = serve_logged(args);
+    (child, addr)
+}
+
+/// [`serve`], and the lines it writes to stderr after the first.
+fn serve_logged(args: &[&str]) -> (Child, SocketAddr, mpsc::Receiver<String>) {
     let mut child = cmf()
         .arg("serve")
         .args(args)
@@ -58,7 +64,7 @@ fn serve(args: &[&str]) -> (Child, SocketAddr) {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .parse()
         .unwrap();
-    (child, addr)
+    (child, addr, rx)
 }
 
 fn http(addr: SocketAddr, req: &str) -> String {
@@ -132,6 +138,11 @@ fn serve_refuses_bad_flags_files_and_ports() {
     let model = tiny_model(dir.path());
     let m = model.to_str().unwrap();
     for (flag, val) in [
+        ("--max-connections", "0"),
+        ("--header-timeout", "0"),
+        ("--body-timeout", "inf"),
+        ("--idle-timeout", "NaN"),
+        ("--shutdown-timeout", "1e9"),
         ("--queue", "0"),
         ("--max-tokens-default", "0"),
         ("--ctx", "1"),
@@ -165,4 +176,172 @@ fn serve_refuses_bad_flags_files_and_ports() {
     let (code, text) = run(&[m, "--port", &port]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+}
+
+fn sigterm(child: &Child) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+/// Every request gets one log line on stderr; after SIGTERM a client that sent half a request
+/// holds the server no longer than `--shutdown-timeout`.
+#[test]
+fn serve_logs_requests_and_stops_within_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let (mut child, addr, log) = serve_logged(&[
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--header-timeout",
+        "60",
+        "--shutdown-timeout",
+        "1",
+    ]);
+    let health = http(
+        addr,
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Request-Id: probe-1\r\nConnection: close\r\n\r\n",
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.contains("x-request-id: probe-1"), "{health}");
+    let line = log
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a log line for the request");
+    assert!(
+        line.contains("id=probe-1 method=GET path=/health status=200"),
+        "{line}"
+    );
+
+    let mut half = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(10));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    let took = t.elapsed();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?} with a 1 s deadline"
+    );
+    let rest: Vec<String> = log.try_iter().collect();
+    assert!(
+        rest.iter().any(|l| l.contains("shutdown deadline passed")),
+        "{rest:#?}"
+    );
+}
+
+/// A second SIGTERM exits at once, whatever the deadline.
+#[test]
+fn serve_exits_at_once_on_a_second_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let (mut child, addr, _log) = serve_logged(&[
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--shutdown-timeout",
+        "600",
+    ]);
+    let mut half = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\nHo").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    sigterm(&child);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "still draining");
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(5));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(st.and_then(|s| s.code()), Some(130), "{st:?}");
+}
+
+/// A chat template that never finishes does not keep the server from stopping: SIGTERM exits
+/// within the shutdown deadline although the request is still being prepared.
+#[test]
+fn serve_stops_while_a_template_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    let cfg_path = hf.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    let hang = "{% if messages[0]['content'] == 'hang' %}{% for a in range(100000) %}\
+                {% for b in range(100000) %}{% for c in range(100000) %}{% endfor %}{% endfor %}\
+                {% endfor %}{% endif %}";
+    let template = format!("{hang}{}", cfg["chat_template"].as_str().unwrap());
+    cfg["chat_template"] = serde_json::Value::String(template);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let model = dir.path().join("hang.cmf");
+    let st = cmf()
+        .args(["convert", "--model"])
+        .arg(&hf)
+        .args(["--quant", "f32", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+
+    let (mut child, addr, _log) = serve_logged(&[
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--threads",
+        "1",
+        "--shutdown-timeout",
+        "1",
+    ]);
+    let body = r#"{"messages":[{"role":"user","content":"hang"}],"max_tokens":2}"#;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let health = http(
+        addr,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let t = std::time::Instant::now();
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(15));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    let took = t.elapsed();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} with a 1 s deadline"
+    );
 }

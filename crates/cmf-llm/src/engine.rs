@@ -10,6 +10,13 @@ pub trait Engine {
     /// Runs `tokens` after the cached ones; returns the logits of the last ([vocab]).
     fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]>;
 
+    /// Tokens the generation loop hands to one [`Engine::prefill`] call when it wants to check
+    /// for cancellation between calls. Splitting a prompt there must not change the logits: the
+    /// CPU engine runs its prefill in passes of this many rows anyway.
+    fn prefill_piece(&self) -> usize {
+        usize::MAX
+    }
+
     /// Runs one token; returns its logits.
     fn decode(&mut self, token: u32) -> Result<&[f32]> {
         self.prefill(&[token])
@@ -55,6 +62,10 @@ impl<'m, 'a> CpuEngine<'m, 'a> {
 impl Engine for CpuEngine<'_, '_> {
     fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.model.prefill(&mut self.state, tokens)
+    }
+
+    fn prefill_piece(&self) -> usize {
+        crate::model::PREFILL_CHUNK
     }
 
     fn len(&self) -> usize {

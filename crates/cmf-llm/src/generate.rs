@@ -72,8 +72,9 @@ pub fn generate(
 }
 
 /// [`generate`] that also ends, with [`FinishReason::Cancelled`], as soon as `cancelled()`
-/// returns true. It is asked before the prefill and before every decode step, so a server can
-/// drop the work of a client that went away within one token. A cancelled run emits nothing more
+/// returns true. It is asked before the prefill, between the prefill's pieces
+/// ([`Engine::prefill_piece`]) and before every decode step, so a server can drop the work of a
+/// client that went away within one token or one prefill piece. A cancelled run emits nothing more
 /// (held-back text is dropped) and leaves the engine's cache and `history` consistent with each other.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_cancellable(
@@ -105,9 +106,29 @@ pub fn generate_cancellable(
         return Ok(stats);
     }
     let t0 = Instant::now();
-    let mut logits = engine.prefill(prompt)?.to_vec();
+    // The prompt goes in pieces the engine would run as one pass anyway (so the logits are the
+    // same), with a cancellation check between them: a long prompt whose client left stops
+    // within one piece instead of after the whole prefill.
+    let piece = engine.prefill_piece().max(1);
+    let parts: Vec<&[u32]> = match prompt.is_empty() {
+        true => vec![prompt], // the engine's own error for an empty prefill
+        false => prompt.chunks(piece).collect(),
+    };
+    let last = parts.len() - 1;
+    let mut logits = Vec::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        if i > 0 && cancelled() {
+            stats.prefill_time = t0.elapsed();
+            stats.finish = FinishReason::Cancelled;
+            return Ok(stats);
+        }
+        let out = engine.prefill(part)?;
+        history.extend_from_slice(part);
+        if i == last {
+            logits = out.to_vec();
+        }
+    }
     stats.prefill_time = t0.elapsed();
-    history.extend_from_slice(prompt);
 
     let mut emit = |text: &str, stops: &mut StopMatcher| -> bool {
         let (out, hit) = stops.push(text);

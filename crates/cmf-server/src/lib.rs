@@ -7,12 +7,16 @@
 //! - [`worker`]: the single inference thread that owns the model, fed by a bounded queue;
 //!   a client that disconnects cancels its generation within one token;
 //! - [`openai`]: response and stream-chunk shapes; [`error`]: OpenAI's error body and statuses;
+//! - [`conn`]: accepting connections: the connection limit, header/body/idle timeouts, the
+//!   shutdown deadline; [`observe`]: request ids, one log line per request, `/metrics`;
 //! - [`server`]: start (model first, then the port), serve, graceful shutdown.
 //!
 //! The user-facing description (endpoints, flags, examples, what is not supported) is
 //! `docs/server.md`.
 
+pub mod conn;
 pub mod error;
+pub mod observe;
 pub mod openai;
 pub mod prompt;
 pub mod request;
@@ -20,6 +24,8 @@ pub mod routes;
 pub mod server;
 pub mod worker;
 
+pub use conn::ConnLimits;
 pub use error::ApiError;
+pub use observe::{Metrics, RequestLog};
 pub use server::{run_until_ctrl_c, RunningServer, ServerConfig};
 pub use worker::{EngineBuilder, EngineOptions, ModelInfo, StartError, WorkerStats};

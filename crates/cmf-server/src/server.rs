@@ -1,13 +1,18 @@
 //! Starting and stopping: load the model (the port opens only once it is ready), bind, serve on a
-//! small tokio runtime, shut down gracefully (in-flight answers finish; the queue drains).
+//! small tokio runtime ([`crate::conn`]: limits and timeouts per connection), shut down
+//! gracefully (in-flight answers finish within the shutdown deadline; the queue drains).
 
+use crate::conn::{ConnLimits, Shared, Stopped};
+use crate::observe::{Metrics, RequestLog};
 use crate::routes::{router, AppState};
 use crate::worker::{Engine, EngineOptions, StartError, WorkerStats};
-use std::future::Future;
+use axum::http::{header, HeaderValue};
+use axum::response::IntoResponse;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 #[derive(Debug, Clone)]
@@ -25,6 +30,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Threads of the HTTP runtime (inference has its own thread and the kernels' pool).
     pub http_threads: usize,
+    /// Connection limit, timeouts and the shutdown deadline.
+    pub limits: ConnLimits,
+    /// Where the one line per request goes.
+    pub request_log: RequestLog,
 }
 
 impl ServerConfig {
@@ -38,6 +47,8 @@ impl ServerConfig {
             api_key: None,
             max_body_bytes: 1 << 20,
             http_threads: 2,
+            limits: ConnLimits::default(),
+            request_log: RequestLog::default(),
         }
     }
 }
@@ -69,42 +80,85 @@ async fn bind(cfg: &ServerConfig) -> Result<tokio::net::TcpListener, StartError>
         .map_err(|e| StartError::Other(format!("cannot listen on {addr}: {e}")))
 }
 
-async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+/// The routes plus `GET /metrics`, and what every connection shares.
+fn shared(cfg: &ServerConfig, state: Arc<AppState>, metrics: Arc<Metrics>) -> Arc<Shared> {
+    let m = metrics.clone();
+    let st = state.clone();
+    let app = router(state).route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            let mut r = m.render(&st.engine).into_response();
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }),
+    );
+    Arc::new(Shared {
+        app,
+        limits: cfg.limits.clone(),
+        metrics,
+        log: cfg.request_log.clone(),
+    })
+}
+
+fn check_limits(l: &ConnLimits) -> Result<(), StartError> {
+    if l.max_connections == 0 {
+        return Err(StartError::Other(
+            "the connection limit must be at least 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Loads the model, listens, calls `on_listening` with the address, and serves until Ctrl-C or
-/// SIGTERM (then a Ctrl-C exits at once). For `cmf serve`.
+/// SIGTERM; then answers in flight get `limits.shutdown` to finish, and a second Ctrl-C or
+/// SIGTERM exits at once. For `cmf serve`.
 pub fn run_until_ctrl_c(
     cfg: ServerConfig,
     on_listening: impl FnOnce(SocketAddr, &crate::worker::ModelInfo),
 ) -> Result<(), StartError> {
+    let mut cfg = cfg;
+    check_limits(&cfg.limits)?;
+    cfg.limits.max_connections = crate::conn::connection_cap(cfg.limits.max_connections);
     let rt = runtime(cfg.http_threads)?;
     let state = state(&cfg)?;
-    rt.block_on(async {
+    let metrics = Arc::new(Metrics::default());
+    let stopped = rt.block_on(async {
         let listener = bind(&cfg).await?;
         let addr = listener
             .local_addr()
             .map_err(|e| StartError::Other(e.to_string()))?;
         on_listening(addr, &state.engine.info);
-        let shutdown = async {
+        let stop = async {
             stop_signal().await;
-            eprintln!("shutting down: finishing the answers in flight (Ctrl-C again to quit now)");
+            eprintln!(
+                "cmf serve: shutting down: finishing the answers in flight (Ctrl-C again to quit now)"
+            );
             tokio::spawn(async {
-                let _ = tokio::signal::ctrl_c().await;
+                stop_signal().await;
                 std::process::exit(130);
             });
         };
-        serve(listener, state, shutdown)
-            .await
-            .map_err(|e| StartError::Other(format!("server error: {e}")))
-    })
+        let shared = shared(&cfg, state.clone(), metrics);
+        Ok::<_, StartError>(crate::conn::serve(listener, shared, stop).await)
+    })?;
+    if let Stopped::DeadlinePassed(n) = stopped {
+        eprintln!("cmf serve: shutdown deadline passed: closing {n} connection(s)");
+    }
+    // Tasks still running (connections past the deadline, a request still being prepared) are
+    // dropped or left behind rather than waited for.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    // The worker stops within one token or prefill piece once its clients are gone; joining it
+    // is bounded all the same (a thread still busy after that dies with the process).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(state);
+        let _ = tx.send(());
+    });
+    let _ = rx.recv_timeout(cfg.limits.shutdown.min(Duration::from_secs(5)));
+    Ok(())
 }
 
 /// Ctrl-C, or (Unix) SIGTERM as service managers send it.
@@ -127,33 +181,39 @@ async fn stop_signal() {
 pub struct RunningServer {
     addr: SocketAddr,
     state: Arc<AppState>,
+    metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl RunningServer {
     pub fn start(cfg: ServerConfig) -> Result<RunningServer, StartError> {
+        let mut cfg = cfg;
+        check_limits(&cfg.limits)?;
+        cfg.limits.max_connections = crate::conn::connection_cap(cfg.limits.max_connections);
         let rt = runtime(cfg.http_threads)?;
         let state = state(&cfg)?;
+        let metrics = Arc::new(Metrics::default());
         let listener = rt.block_on(bind(&cfg))?;
         let addr = listener
             .local_addr()
             .map_err(|e| StartError::Other(e.to_string()))?;
         let (tx, rx) = oneshot::channel::<()>();
-        let st = state.clone();
+        let shared = shared(&cfg, state.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
             .name("cmf-server".into())
             .spawn(move || {
-                let _ = rt.block_on(serve(listener, st, async {
+                let _ = rt.block_on(crate::conn::serve(listener, shared, async {
                     let _ = rx.await;
                 }));
-                // Connections still open after the graceful shutdown are dropped with the runtime.
-                rt.shutdown_timeout(std::time::Duration::from_secs(5));
+                // Connections still open after the deadline are dropped with the runtime.
+                rt.shutdown_timeout(Duration::from_secs(1));
             })
             .map_err(|e| StartError::Other(format!("cannot start the server thread: {e}")))?;
         Ok(RunningServer {
             addr,
             state,
+            metrics,
             shutdown: Some(tx),
             thread: Some(thread),
         })
@@ -165,6 +225,11 @@ impl RunningServer {
 
     pub fn stats(&self) -> &WorkerStats {
         &self.state.engine.stats
+    }
+
+    /// The HTTP side's counters (as `GET /metrics` shows them).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     pub fn model_info(&self) -> &crate::worker::ModelInfo {

@@ -8,12 +8,13 @@
 //! A request is a [`Job`]: the prompt's ids, the generation config, and the sending end of an
 //! unbounded channel of [`Event`]s (text pieces, then `Done` or `Failed`). The HTTP handler holds
 //! the receiving end; when the client goes away the handler (or the response stream) is dropped,
-//! the channel closes, and the worker sees it before the next forward pass
+//! the channel closes, and the worker sees it before the next forward pass or prefill piece
 //! (`generate_cancellable`) and stops: a client that disconnects cancels its generation within
-//! one token. A job whose client left while it waited is skipped. The KV cache is cleared for
+//! one token, or one piece of a long prompt. A job whose client left while it waited is skipped. The KV cache is cleared for
 //! every request (no prefix reuse across requests).
 
 use crate::error::ApiError;
+use crate::observe::{current_record, RequestRecord};
 use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
 use cmf_llm::chat::TextAssets;
@@ -141,7 +142,7 @@ pub struct Engine {
     pub info: ModelInfo,
     pub stats: Arc<WorkerStats>,
     queue_capacity: usize,
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Option<mpsc::Sender<Queued>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -217,10 +218,12 @@ impl Engine {
         })
     }
 
-    /// Queues a job; 503 when the queue is full.
+    /// Queues a job; 503 when the queue is full. The request's record (see
+    /// [`crate::observe`]), when the caller runs under one, gets the job's token counts.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let jobs = self.jobs.as_ref().expect("jobs is only taken in drop");
-        jobs.try_send(job).map_err(|e| match e {
+        let record = current_record();
+        jobs.try_send(Queued { job, record }).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => ApiError::overloaded(self.queue_capacity),
             mpsc::error::TrySendError::Closed(_) => {
                 ApiError::internal("the inference worker has stopped")
@@ -251,6 +254,12 @@ impl Drop for Engine {
     }
 }
 
+/// A job and the record of the request it came from.
+struct Queued {
+    job: Job,
+    record: Option<Arc<RequestRecord>>,
+}
+
 /// The worker thread's side.
 struct Worker {
     assets: Arc<TextAssets>,
@@ -276,7 +285,7 @@ impl Worker {
         self,
         file: CmfModel,
         ready: std::sync::mpsc::Sender<Result<(), StartError>>,
-        mut rx: mpsc::Receiver<Job>,
+        mut rx: mpsc::Receiver<Queued>,
     ) {
         let model = match Model::load(&file) {
             Ok(m) => m,
@@ -297,7 +306,7 @@ impl Worker {
         };
         let _ = ready.send(Ok(()));
         drop(ready);
-        while let Some(job) = rx.blocking_recv() {
+        while let Some(Queued { job, record }) = rx.blocking_recv() {
             if job.events.is_closed() {
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -306,8 +315,13 @@ impl Worker {
             // A panic in one request must not take the server down: it is reported to that
             // client, and the next request starts from a fresh state.
             engine.truncate(0);
-            let result =
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.run_job(&mut *engine, &job)));
+            let record = record.unwrap_or_default();
+            record
+                .prompt_tokens
+                .store(job.ids.len() as u64, Ordering::Relaxed);
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.run_job(&mut *engine, &job, &record)
+            }));
             self.stats.busy.store(false, Ordering::Relaxed);
             if result.is_err() {
                 // The engine may be mid-step: start over from a new one (the CPU's if the
@@ -320,6 +334,9 @@ impl Worker {
             }
             let event = match result {
                 Ok(Ok(stats)) => {
+                    record
+                        .generated_tokens
+                        .store(stats.generated_tokens as u64, Ordering::Relaxed);
                     self.stats
                         .generated_tokens
                         .fetch_add(stats.generated_tokens as u64, Ordering::Relaxed);
@@ -340,9 +357,15 @@ impl Worker {
         }
     }
 
-    fn run_job(&self, engine: &mut dyn LlmEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
+    fn run_job(
+        &self,
+        engine: &mut dyn LlmEngine,
+        job: &Job,
+        record: &RequestRecord,
+    ) -> cmf_llm::Result<GenerationStats> {
         let events = &job.events;
         let mut on_text = |t: &str| {
+            record.first_text.get_or_init(std::time::Instant::now);
             let _ = events.send(Event::Text(t.to_string()));
         };
         let cancelled = || {

@@ -1,10 +1,12 @@
 //! `cmf serve FILE`: an OpenAI-compatible HTTP API over one LLM (see `docs/server.md`). The
 //! model loads first; the port opens once it is ready. Ctrl-C stops accepting, lets answers in
-//! flight finish, and exits. `--gpu` / `--gpu-layers` place the model as for `cmf run`.
+//! flight finish (within `--shutdown-timeout`), and exits; a second one exits at once.
+//! `--gpu` / `--gpu-layers` place the model as for `cmf run`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use cmf_server::{EngineBuilder, EngineOptions, ServerConfig};
+use cmf_server::{ConnLimits, EngineBuilder, EngineOptions, ServerConfig};
 
 use super::llm_opts::EngineOpts;
 use crate::exit::UsageError;
@@ -35,6 +37,21 @@ pub struct Args {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_body: usize,
+    /// Client connections open at once; one more is answered 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a request head may take from its first byte; slower connections are closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a request body may take after its head; slower requests get 408.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    idle_timeout: f64,
+    /// Seconds answers in flight get to finish after Ctrl-C or SIGTERM.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    shutdown_timeout: f64,
     #[command(flatten)]
     engine: EngineOpts,
 }
@@ -51,6 +68,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.max_body < 1024 {
         return Err(UsageError("--max-body must be at least 1024 bytes".into()).into());
     }
+    if args.max_connections == 0 {
+        return Err(UsageError("--max-connections must be at least 1".into()).into());
+    }
+    let limits = ConnLimits {
+        max_connections: args.max_connections,
+        header: seconds("--header-timeout", args.header_timeout)?,
+        body: seconds("--body-timeout", args.body_timeout)?,
+        idle: seconds("--idle-timeout", args.idle_timeout)?,
+        shutdown: seconds("--shutdown-timeout", args.shutdown_timeout)?,
+    };
     if args.ctx == Some(0) || args.ctx == Some(1) {
         return Err(UsageError("--ctx must be at least 2".into()).into());
     }
@@ -70,6 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens_default: args.max_tokens_default,
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body,
+        limits,
         ..ServerConfig::new(&args.file)
     };
     let auth = if cfg.api_key.is_some() {
@@ -84,6 +112,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     })?;
     Ok(())
+}
+
+/// A timeout flag's value: more than 0 and at most a day.
+fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(UsageError(format!(
+            "{flag} must be more than 0 and at most 86400 seconds (got {v})"
+        ))
+        .into());
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 /// The model on the GPU when `--gpu` / `--gpu-layers` allow it (as `cmf run`), else the CPU.

@@ -15,13 +15,17 @@ use crate::vae::VaeModel;
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A backend whose device has `total_bytes` of memory and runs on the CPU.
 #[derive(Debug)]
 pub struct FakeBackend {
     pub total_bytes: u64,
     stats: Arc<MemStats>,
+    /// Faults a test injects; shared with the models it loads.
+    pub faults: Arc<FakeFaults>,
 }
 
 impl FakeBackend {
@@ -29,7 +33,47 @@ impl FakeBackend {
         FakeBackend {
             total_bytes,
             stats: Arc::new(MemStats::default()),
+            faults: Arc::new(FakeFaults {
+                alloc_limit: AtomicU64::new(u64::MAX),
+                ..FakeFaults::default()
+            }),
         }
+    }
+}
+
+/// What a shared or full card does to a real backend, on demand.
+#[derive(Debug, Default)]
+pub struct FakeFaults {
+    /// Bytes an LLM upload can really allocate (another process holds the rest of what
+    /// `free_bytes` reports); more fails as the CUDA driver does. `u64::MAX`: no limit.
+    pub alloc_limit: AtomicU64,
+    /// The next LLM entry-point call fails to allocate its workspace.
+    pub fail_next_alloc: AtomicBool,
+    /// Microseconds added to every LLM entry-point call (a card time-sliced with others).
+    pub delay_us: AtomicU64,
+}
+
+impl FakeFaults {
+    /// The driver's out-of-memory error, as the CUDA backend reports it.
+    pub fn out_of_memory(op: &'static str, bytes: u64) -> Refusal {
+        Refusal::new(
+            op,
+            RefusalReason::Device(format!(
+                "allocating {bytes} bytes on the device: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+            )),
+        )
+    }
+
+    /// What every LLM entry point goes through first.
+    fn before(&self, op: &'static str) -> Result<(), Refusal> {
+        let us = self.delay_us.load(Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(Duration::from_micros(us));
+        }
+        if self.fail_next_alloc.swap(false, Ordering::Relaxed) {
+            return Err(FakeFaults::out_of_memory(op, 1 << 20));
+        }
+        Ok(())
     }
 }
 
@@ -97,9 +141,26 @@ impl Backend for FakeBackend {
     fn load_llm(
         &self,
         model: &LlmModel,
-        _opts: &LlmOptions,
+        opts: &LlmOptions,
         placement: &Placement,
     ) -> Result<Box<dyn LlmDevice>, Refusal> {
+        let fp = self.llm_footprint(model, opts)?;
+        let on: u64 = fp
+            .layer_bytes
+            .iter()
+            .zip(&placement.on_device)
+            .filter(|(_, &on)| on)
+            .map(|(b, _)| b)
+            .sum();
+        let head = if placement.head_on_device {
+            fp.head_bytes
+        } else {
+            0
+        };
+        let bytes = on + head + fp.fixed_bytes;
+        if bytes > self.faults.alloc_limit.load(Ordering::Relaxed) {
+            return Err(FakeFaults::out_of_memory("llm.load", bytes));
+        }
         let owned = OwnedModel::copy(model);
         self.stats.add_uploaded(owned.bytes);
         self.stats.add_resident(owned.bytes);
@@ -109,6 +170,7 @@ impl Backend for FakeBackend {
             model: owned,
             placement: placement.clone(),
             stats: self.stats.clone(),
+            faults: self.faults.clone(),
         }))
     }
 }
@@ -232,6 +294,7 @@ struct FakeLlm {
     ids: Vec<u32>,
     placement: Placement,
     stats: Arc<MemStats>,
+    faults: Arc<FakeFaults>,
 }
 
 impl FakeLlm {
@@ -264,6 +327,7 @@ impl LlmDevice for FakeLlm {
         out: &mut DecodeOutput,
     ) -> Result<(), Refusal> {
         self.need_whole("llm.decode")?;
+        self.faults.before("llm.decode")?;
         if let Some(why) = match sampler {
             Sampler::Sample(spec) => spec.device_limit(),
             Sampler::Greedy => None,
@@ -299,6 +363,7 @@ impl LlmDevice for FakeLlm {
         out: &mut [f32],
     ) -> Result<(), Refusal> {
         self.need_whole("llm.prefill")?;
+        self.faults.before("llm.prefill")?;
         let vocab = self.model.spec.vocab;
         if out.len() != logits.len(tokens.len(), vocab) {
             return Err(Refusal::new(
@@ -343,6 +408,7 @@ impl LlmDevice for FakeLlm {
                 RefusalReason::NotResident(format!("layers {layers:?}")),
             ));
         }
+        self.faults.before("llm.forward_layers")?;
         let h = self.model.spec.hidden;
         let kv = self.model.spec.kv_dim();
         let model = self.model.view();
@@ -370,6 +436,7 @@ impl LlmDevice for FakeLlm {
                 RefusalReason::NotResident("lm_head".into()),
             ));
         }
+        self.faults.before("llm.head")?;
         let (h, v) = (self.model.spec.hidden, self.model.spec.vocab);
         let model = self.model.view();
         for i in 0..t {

@@ -54,3 +54,9 @@ pub fn debug(msg: &str) {
         eprintln!("cmf-gpu: [{t:7.3} s] {msg}");
     }
 }
+
+/// Writes `cmf-gpu: warning: {msg}` to stderr whatever the verbosity: for the few events a user
+/// must hear about (the device given up for the rest of the process).
+pub fn warn(msg: &str) {
+    eprintln!("cmf-gpu: warning: {msg}");
+}

@@ -7,6 +7,7 @@
 //! a [`Refusal`]; on a refusal the caller runs its CPU path and nothing it passed in has changed.
 
 mod backend;
+mod contention;
 mod devices;
 pub mod fake;
 mod guards;
@@ -17,6 +18,9 @@ mod probe;
 mod refusal;
 
 pub use backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
+pub use contention::{
+    FACTOR as CONTENTION_FACTOR, FLOOR as CONTENTION_FLOOR, STRIKES as CONTENTION_STRIKES,
+};
 pub use devices::{
     parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
 };
@@ -51,12 +55,14 @@ pub enum GpuError {
 /// the first N (to exercise the CPU fallback from the command line).
 pub const ENV_INJECT_REFUSAL: &str = "CMF_GPU_INJECT_REFUSAL";
 
-/// The checks every entry point passes before touching the device.
+/// The checks every entry point passes before touching the device, and the contention guard
+/// that times what runs there.
 #[derive(Debug)]
 pub struct Gate {
     /// Calls allowed before injected refusals start (u64::MAX: never).
     inject_after: AtomicU64,
     calls: AtomicU64,
+    contention: contention::ContentionGuard,
 }
 
 impl Gate {
@@ -68,7 +74,23 @@ impl Gate {
         Gate {
             inject_after: AtomicU64::new(n),
             calls: AtomicU64::new(0),
+            contention: contention::ContentionGuard::default(),
         }
+    }
+
+    /// Passes the gate, runs `device` (an entry point over `units` of work) and tells the
+    /// contention guard how long it took.
+    fn run<T>(
+        &self,
+        op: &'static str,
+        units: usize,
+        device: impl FnOnce() -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        self.check(op)?;
+        let t0 = Instant::now();
+        let v = device().map_err(Refusal::logged)?;
+        self.contention.observe(op, units, t0.elapsed());
+        Ok(v)
     }
 
     /// Ok when `op` may run on the device now; the refusal is logged (once per reason).
@@ -77,6 +99,8 @@ impl Gate {
             Some(RefusalReason::Paused)
         } else if guards::in_cpu_scope() {
             Some(RefusalReason::CpuScope)
+        } else if self.contention.tripped() {
+            Some(RefusalReason::Contended)
         } else if self.calls.fetch_add(1, Ordering::SeqCst)
             >= self.inject_after.load(Ordering::SeqCst)
         {
@@ -217,6 +241,11 @@ impl Gpu {
         self.gate.inject_after.store(calls, Ordering::SeqCst);
     }
 
+    /// Whether the contention guard has given the device up for the rest of the process.
+    pub fn is_contended(&self) -> bool {
+        self.gate.contention.tripped()
+    }
+
     /// Ok when `op` may use the device now.
     pub fn check(&self, op: &'static str) -> Result<(), Refusal> {
         if self.backend.is_none() {
@@ -270,48 +299,78 @@ impl Gpu {
         let fp = backend
             .llm_footprint(model, opts)
             .map_err(Refusal::logged)?;
-        let budget = self.vram_budget();
-        let placement = Placement::plan(
-            &fp.layer_bytes,
-            fp.head_bytes,
-            fp.fixed_bytes,
-            budget,
-            layers,
-        )
-        .map_err(|e| {
-            Refusal::new("llm.load", RefusalReason::UnsupportedShape(e.to_string())).logged()
-        })?;
-        if placement.device_layer_count() == 0 {
-            let need = fp.layer_bytes.first().copied().unwrap_or(0) + fp.fixed_bytes;
-            return Err(
-                Refusal::new("llm.load", RefusalReason::OutOfMemory { need, budget }).logged(),
-            );
-        }
-        log::debug(&format!(
-            "llm: {} of {} layers on the device{}",
-            placement.device_layer_count(),
-            placement.on_device.len(),
-            if placement.is_whole_model() {
-                " (whole-token graph)"
-            } else {
-                ""
+        let mut budget = self.vram_budget();
+        loop {
+            let placement = Placement::plan(
+                &fp.layer_bytes,
+                fp.head_bytes,
+                fp.fixed_bytes,
+                budget,
+                layers,
+            )
+            .map_err(|e| {
+                Refusal::new("llm.load", RefusalReason::UnsupportedShape(e.to_string())).logged()
+            })?;
+            if placement.device_layer_count() == 0 {
+                let need = fp.layer_bytes.first().copied().unwrap_or(0) + fp.fixed_bytes;
+                return Err(
+                    Refusal::new("llm.load", RefusalReason::OutOfMemory { need, budget }).logged(),
+                );
             }
-        ));
-        let t0 = std::time::Instant::now();
-        let dev = backend
-            .load_llm(model, opts, &placement)
-            .map_err(Refusal::logged)?;
-        log::debug(&format!(
-            "llm: uploaded in {:.2} s",
-            t0.elapsed().as_secs_f64()
-        ));
-        Ok(GpuLlm {
-            dev,
-            gate: self.gate.clone(),
-        })
+            log::debug(&format!(
+                "llm: {} of {} layers on the device{}",
+                placement.device_layer_count(),
+                placement.on_device.len(),
+                if placement.is_whole_model() {
+                    " (whole-token graph)"
+                } else {
+                    ""
+                }
+            ));
+            let t0 = std::time::Instant::now();
+            match backend.load_llm(model, opts, &placement) {
+                Ok(dev) => {
+                    log::debug(&format!(
+                        "llm: uploaded in {:.2} s",
+                        t0.elapsed().as_secs_f64()
+                    ));
+                    return Ok(GpuLlm {
+                        dev,
+                        gate: self.gate.clone(),
+                    });
+                }
+                // The device had less memory than the budget said (another process took some
+                // since it was read): fewer layers, unless the user placed them.
+                Err(r) if r.reason.is_out_of_memory() && layers.is_none() => {
+                    budget = placement_bytes(&placement, &fp) / 4 * 3;
+                    log::debug(&format!(
+                        "llm: {r}; trying a placement under {} MiB",
+                        budget >> 20
+                    ));
+                }
+                Err(r) => return Err(r.logged()),
+            }
+        }
     }
 }
 
+/// Device bytes `placement` takes by `fp`.
+fn placement_bytes(placement: &Placement, fp: &Footprint) -> u64 {
+    let layers: u64 = fp
+        .layer_bytes
+        .iter()
+        .zip(&placement.on_device)
+        .filter(|(_, &on)| on)
+        .map(|(b, _)| b)
+        .sum();
+    layers
+        + fp.fixed_bytes
+        + if placement.head_on_device {
+            fp.head_bytes
+        } else {
+            0
+        }
+}
 impl Gpu {
     /// Uploads a DiT (the whole model: a denoising step needs every layer). Refuses when no
     /// backend runs, the backend has no DiT path, or the weights do not fit.
@@ -367,8 +426,8 @@ impl GpuVae {
         w: usize,
         out: &mut [f32],
     ) -> Result<(), Refusal> {
-        self.gate.check("vae.decode")?;
-        self.dev.decode(z, h, w, out).map_err(Refusal::logged)
+        self.gate
+            .run("vae.decode", h * w, || self.dev.decode(z, h, w, out))
     }
 
     /// See [`VaeDevice::decode_rgb8`].
@@ -379,8 +438,8 @@ impl GpuVae {
         w: usize,
         out: &mut [u8],
     ) -> Result<bool, Refusal> {
-        self.gate.check("vae.decode")?;
-        self.dev.decode_rgb8(z, h, w, out).map_err(Refusal::logged)
+        self.gate
+            .run("vae.decode", h * w, || self.dev.decode_rgb8(z, h, w, out))
     }
 
     /// See [`VaeDevice::prepare`].
@@ -412,8 +471,8 @@ impl GpuDit {
         len: usize,
         rope: RopeRows,
     ) -> Result<CondId, Refusal> {
-        self.gate.check("dit.condition")?;
-        self.dev.condition(cap, len, rope).map_err(Refusal::logged)
+        self.gate
+            .run("dit.condition", len, || self.dev.condition(cap, len, rope))
     }
     /// See [`DitDevice::prepare`].
     pub fn prepare(&mut self, items: &[DitItemSetup], ni: usize) -> Result<(), Refusal> {
@@ -422,8 +481,9 @@ impl GpuDit {
     }
     /// See [`DitDevice::step`].
     pub fn step(&mut self, items: &[DitStepItem], out: &mut [f32]) -> Result<(), Refusal> {
-        self.gate.check("dit.step")?;
-        self.dev.step(items, out).map_err(Refusal::logged)
+        // Sized by the output: items × patches × patch values.
+        self.gate
+            .run("dit.step", out.len(), || self.dev.step(items, out))
     }
     pub fn release(&mut self) {
         self.dev.release()
@@ -474,10 +534,9 @@ impl GpuLlm {
         want_logits: bool,
         out: &mut DecodeOutput,
     ) -> Result<(), Refusal> {
-        self.gate.check("llm.decode")?;
-        self.dev
-            .decode(token, pos, sampler, want_logits, out)
-            .map_err(Refusal::logged)
+        self.gate.run("llm.decode", 1, || {
+            self.dev.decode(token, pos, sampler, want_logits, out)
+        })
     }
 
     /// See [`LlmDevice::prefill`].
@@ -488,10 +547,9 @@ impl GpuLlm {
         logits: Logits,
         out: &mut [f32],
     ) -> Result<(), Refusal> {
-        self.gate.check("llm.prefill")?;
-        self.dev
-            .prefill(tokens, start, logits, out)
-            .map_err(Refusal::logged)
+        self.gate.run("llm.prefill", tokens.len(), || {
+            self.dev.prefill(tokens, start, logits, out)
+        })
     }
 
     /// See [`LlmDevice::forward_layers`].
@@ -502,16 +560,15 @@ impl GpuLlm {
         t: usize,
         start: usize,
     ) -> Result<(), Refusal> {
-        self.gate.check("llm.forward_layers")?;
-        self.dev
-            .forward_layers(layers, x, t, start)
-            .map_err(Refusal::logged)
+        let units = t * layers.len();
+        self.gate.run("llm.forward_layers", units, || {
+            self.dev.forward_layers(layers, x, t, start)
+        })
     }
 
     /// See [`LlmDevice::head`].
     pub fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
-        self.gate.check("llm.head")?;
-        self.dev.head(x, t, logits).map_err(Refusal::logged)
+        self.gate.run("llm.head", t, || self.dev.head(x, t, logits))
     }
 }
 

@@ -31,6 +31,9 @@ pub enum RefusalReason {
     Device(String),
     /// Injected by a test or by `CMF_GPU_INJECT_REFUSAL` (diagnostics).
     Injected,
+    /// The contention guard tripped: device operations kept running over their time budget
+    /// (another process shares the card), so the rest of the process runs on the CPU.
+    Contended,
 }
 
 impl RefusalReason {
@@ -60,6 +63,24 @@ impl RefusalReason {
             RefusalReason::NotResident(_) => "not-resident",
             RefusalReason::Device(_) => "device",
             RefusalReason::Injected => "injected",
+            RefusalReason::Contended => "contended",
+        }
+    }
+
+    /// Whether the device ran out of memory: the budget said no, or an allocation failed on the
+    /// device (another process took the memory after the budget was read, or the driver needed
+    /// more than planned). The caller may try a smaller placement; the CPU path always works.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            RefusalReason::OutOfMemory { .. } => true,
+            RefusalReason::Device(s) => {
+                let s = s.to_ascii_lowercase();
+                // Driver (CUDA_ERROR_OUT_OF_MEMORY), runtime and cuBLAS/cuBLASLt/cuDNN spellings.
+                ["out_of_memory", "out of memory", "alloc_failed"]
+                    .iter()
+                    .any(|k| s.contains(k))
+            }
+            _ => false,
         }
     }
 }
@@ -81,6 +102,9 @@ impl std::fmt::Display for RefusalReason {
             RefusalReason::NotResident(s) => write!(f, "not resident on the device: {s}"),
             RefusalReason::Device(s) => write!(f, "device error: {s}"),
             RefusalReason::Injected => f.write_str("refusal injected for testing"),
+            RefusalReason::Contended => f.write_str(
+                "the device is contended (operations kept running over their time budget)",
+            ),
         }
     }
 }
@@ -137,6 +161,19 @@ mod tests {
         let m1 = RefusalReason::OutOfMemory { need: 1, budget: 2 }.log_key();
         let m2 = RefusalReason::OutOfMemory { need: 3, budget: 4 }.log_key();
         assert_eq!(m1, m2);
+    }
+
+    #[test]
+    fn allocation_failures_count_as_out_of_memory() {
+        for s in [
+            "allocating 4096 bytes on the device: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+            "cublasLt workspace: CUBLAS_STATUS_ALLOC_FAILED",
+        ] {
+            assert!(RefusalReason::Device(s.into()).is_out_of_memory(), "{s}");
+        }
+        assert!(RefusalReason::OutOfMemory { need: 2, budget: 1 }.is_out_of_memory());
+        assert!(!RefusalReason::Device("CUDA_ERROR_ILLEGAL_ADDRESS".into()).is_out_of_memory());
+        assert!(!RefusalReason::Injected.is_out_of_memory());
     }
 
     #[test]

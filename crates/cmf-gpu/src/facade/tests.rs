@@ -271,3 +271,121 @@ fn run_probed_keeps_the_faster_arm() {
         "{arms:?}"
     );
 }
+
+/// A fake GPU and the handle its tests inject faults through.
+fn faulty_gpu(total: u64) -> (Gpu, Arc<fake::FakeFaults>) {
+    let b = FakeBackend::new(total);
+    let faults = b.faults.clone();
+    let mut g = Gpu::with_backend(GpuMode::Auto, Arc::new(b));
+    g.set_probe(Probe::with("fake", "test", None, false));
+    (g, faults)
+}
+
+/// The device has less memory than it reported free (another process took it): the upload's
+/// allocation failure becomes a smaller placement, and with no room for one layer a refusal;
+/// layers the user placed are not moved.
+#[test]
+fn allocation_failure_at_load_gives_a_smaller_placement_or_a_refusal() {
+    let _g = lock();
+    let m = tiny();
+    let model = m.model();
+    let fp = FakeBackend::new(0)
+        .llm_footprint(&model, &LlmOptions::default())
+        .unwrap();
+    let (gpu, faults) = faulty_gpu(1 << 40);
+    faults.alloc_limit.store(
+        fp.layer_bytes[0] * 2 + fp.layer_bytes[0] / 2,
+        Ordering::Relaxed,
+    );
+    let dev = gpu.load_llm(&model, &LlmOptions::default(), None).unwrap();
+    let on = dev.placement().device_layer_count();
+    assert!((1..=2).contains(&on), "{:?}", dev.placement());
+    assert!(!dev.placement().is_whole_model());
+
+    let set = LayerSet::parse("0-2", "--gpu-layers").unwrap();
+    let r = gpu
+        .load_llm(&model, &LlmOptions::default(), Some(&set))
+        .unwrap_err();
+    assert!(r.reason.is_out_of_memory(), "{r}");
+
+    faults
+        .alloc_limit
+        .store(fp.layer_bytes[0] / 2, Ordering::Relaxed);
+    let r = gpu
+        .load_llm(&model, &LlmOptions::default(), None)
+        .unwrap_err();
+    assert!(r.reason.is_out_of_memory(), "{r}");
+    // The caller's CPU path then gives what a CPU-only run gives.
+    assert_eq!(
+        generate(&gpu, &m, &[1, 5, 9], 6),
+        generate(&Gpu::cpu_only(), &m, &[1, 5, 9], 6)
+    );
+}
+
+/// An allocation that fails while running is a refusal with its outputs untouched, and the
+/// caller's CPU path gives the same tokens.
+#[test]
+fn allocation_failure_while_running_is_a_refusal() {
+    let _g = lock();
+    let m = tiny();
+    let (gpu, faults) = faulty_gpu(1 << 30);
+    let mut dev = gpu
+        .load_llm(&m.model(), &LlmOptions::default(), None)
+        .unwrap();
+    faults.fail_next_alloc.store(true, Ordering::Relaxed);
+    let mut out = DecodeOutput {
+        token: 0xDEAD,
+        logits: vec![],
+    };
+    let r = dev
+        .decode(1, 0, &Sampler::Greedy, true, &mut out)
+        .unwrap_err();
+    assert!(r.reason.is_out_of_memory(), "{r}");
+    assert_eq!((out.token, out.logits.len()), (0xDEAD, 0));
+    dev.decode(1, 0, &Sampler::Greedy, false, &mut out).unwrap();
+
+    let cpu_only = generate(&Gpu::cpu_only(), &m, &[1, 5, 9], 6);
+    faults.fail_next_alloc.store(true, Ordering::Relaxed);
+    let fell_back = generate(&gpu, &m, &[1, 5, 9], 6);
+    assert_eq!(fell_back.0, cpu_only.0);
+}
+
+/// Three device operations in a row over their time budget send the rest of the process to the
+/// CPU: every entry point and every later load refuse as contended.
+#[test]
+fn contention_guard_moves_the_rest_to_the_cpu() {
+    let _g = lock();
+    let m = tiny();
+    let (gpu, faults) = faulty_gpu(1 << 30);
+    let mut dev = gpu
+        .load_llm(&m.model(), &LlmOptions::default(), None)
+        .unwrap();
+    let mut out = DecodeOutput::default();
+    for pos in 0..6 {
+        dev.decode(1, pos, &Sampler::Greedy, false, &mut out)
+            .unwrap();
+    }
+    let slow = CONTENTION_FLOOR * 2;
+    faults
+        .delay_us
+        .store(slow.as_micros() as u64, Ordering::Relaxed);
+    for pos in 6..6 + CONTENTION_STRIKES as usize {
+        assert!(!gpu.is_contended());
+        dev.decode(1, pos, &Sampler::Greedy, false, &mut out)
+            .unwrap();
+    }
+    assert!(gpu.is_contended());
+    faults.delay_us.store(0, Ordering::Relaxed);
+    let r = dev
+        .decode(1, 9, &Sampler::Greedy, false, &mut out)
+        .unwrap_err();
+    assert_eq!(r.reason, RefusalReason::Contended);
+    let r = gpu
+        .load_llm(&m.model(), &LlmOptions::default(), None)
+        .unwrap_err();
+    assert_eq!(r.reason, RefusalReason::Contended);
+    assert_eq!(
+        gpu.check("probe").unwrap_err().reason,
+        RefusalReason::Contended
+    );
+}

@@ -5,4 +5,5 @@
 mod api;
 mod client;
 mod fixture;
+mod hostile;
 mod request_fuzz;
