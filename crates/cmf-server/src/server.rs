@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Threads of the HTTP runtime (inference has its own thread and the kernels' pool).
     pub http_threads: usize,
+    /// Origins browsers may call the API from (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServerConfig {
@@ -38,6 +40,7 @@ impl ServerConfig {
             api_key: None,
             max_body_bytes: 1 << 20,
             http_threads: 2,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -54,12 +57,15 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, StartError> {
 
 fn state(cfg: &ServerConfig) -> Result<Arc<AppState>, StartError> {
     let engine = Engine::start(&cfg.model, cfg.engine.clone())?;
-    Ok(Arc::new(AppState::new(
+    let state = AppState::new(
         engine,
         cfg.api_key.clone(),
         cfg.max_body_bytes,
         cfg.max_tokens_default,
-    )))
+    )
+    .with_cors(&cfg.cors_origins)
+    .map_err(StartError::Other)?;
+    Ok(Arc::new(state))
 }
 
 async fn bind(cfg: &ServerConfig) -> Result<tokio::net::TcpListener, StartError> {

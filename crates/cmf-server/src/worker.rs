@@ -18,7 +18,7 @@ use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
 use cmf_llm::chat::TextAssets;
 use cmf_llm::engine::{CpuEngine, Engine as LlmEngine};
-use cmf_llm::generate::{generate_cancellable, FinishReason, GenerationConfig, GenerationStats};
+use cmf_llm::generate::{FinishReason, GenerationStats};
 use cmf_llm::{Model, ModelConfig};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -28,21 +28,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-pub struct Job {
-    pub ids: Vec<u32>,
-    pub gen: GenerationConfig,
-    pub events: mpsc::UnboundedSender<Event>,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    /// A piece of generated text (never part of a stop string).
-    Text(String),
-    /// Generation ended normally; the stats carry the token counts and the finish reason.
-    Done(GenerationStats),
-    /// Generation failed after the request was accepted.
-    Failed(String),
-}
+pub use crate::generation::{Event, Job, JobOptions};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -138,6 +124,8 @@ pub enum StartError {
 /// The loaded model behind its queue.
 pub struct Engine {
     pub assets: Arc<TextAssets>,
+    /// Grammars and the tool-call format (structured output, tool calling).
+    pub guidance: Arc<crate::guidance::Guidance>,
     pub info: ModelInfo,
     pub stats: Arc<WorkerStats>,
     queue_capacity: usize,
@@ -178,6 +166,11 @@ impl Engine {
             ctx,
             vocab_size: config.vocab_size,
         };
+        let guidance = Arc::new(crate::guidance::Guidance::new(
+            &file,
+            &assets,
+            config.vocab_size,
+        ));
         let (jobs, rx) = mpsc::channel(opts.queue_capacity);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let stats = Arc::new(WorkerStats::default());
@@ -209,6 +202,7 @@ impl Engine {
         }
         Ok(Engine {
             assets,
+            guidance,
             info,
             stats,
             queue_capacity: opts.queue_capacity,
@@ -341,25 +335,13 @@ impl Worker {
     }
 
     fn run_job(&self, engine: &mut dyn LlmEngine, job: &Job) -> cmf_llm::Result<GenerationStats> {
-        let events = &job.events;
-        let mut on_text = |t: &str| {
-            let _ = events.send(Event::Text(t.to_string()));
-        };
         let cancelled = || {
             if let Some(d) = self.pacing {
                 std::thread::sleep(d);
             }
-            events.is_closed()
+            job.events.is_closed()
         };
-        generate_cancellable(
-            engine,
-            &self.assets.tokenizer,
-            &job.ids,
-            &mut Vec::new(),
-            &job.gen,
-            &mut on_text,
-            &cancelled,
-        )
+        crate::generation::run_job(engine, &self.assets.tokenizer, job, &cancelled)
     }
 }
 

@@ -81,6 +81,14 @@ pub fn assets() -> TextAssets {
     TextAssets::from_cmf(&CmfModel::open(model_path()).unwrap()).unwrap()
 }
 
+/// Grammars and the tool format of the test model, as the server builds them.
+pub fn guidance() -> cmf_server::guidance::Guidance {
+    let file = CmfModel::open(model_path()).unwrap();
+    let a = TextAssets::from_cmf(&file).unwrap();
+    let vocab = cmf_llm::ModelConfig::from_cmf(&file).unwrap().vocab_size;
+    cmf_server::guidance::Guidance::new(&file, &a, vocab)
+}
+
 /// The prompt ids the chat endpoint must build for `messages` (template + tokenizer).
 pub fn chat_ids(messages: &[(&str, &str)]) -> Vec<u32> {
     let a = assets();
