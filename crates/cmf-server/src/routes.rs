@@ -103,13 +103,16 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
             .route(&format!("{prefix}/completions"), post(completions));
     }
-    let r = match &state.cors {
-        Some(layer) => r.layer(layer.clone()),
-        None => r,
-    };
-    r.fallback(|| async { ApiError::not_found("no such endpoint") })
+    let cors = state.cors.clone();
+    let r = r
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .with_state(state)
+        .with_state(state);
+    // Outermost, so that preflight requests are answered before routing.
+    match cors {
+        Some(layer) => r.layer(layer),
+        None => r,
+    }
 }
 
 pub(crate) fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {

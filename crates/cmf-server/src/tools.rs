@@ -81,7 +81,10 @@ impl ToolFormat {
                 })
             })
             .collect();
-        let schema = cmf_llm::constraint::bounded_whitespace(&json!({"anyOf": calls}));
+        // Calls written exactly as the templates render them (`{"name": "f", "arguments": …}`):
+        // what the model has seen, and no room to wander in whitespace.
+        let schema = json!({"anyOf": calls, "x-guidance": {
+            "whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
         let (first, sep, last) = match self {
             ToolFormat::Hermes => (
                 r#""<tool_call>\n""#,

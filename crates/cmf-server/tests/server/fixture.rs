@@ -13,6 +13,7 @@ use std::time::Duration;
 
 #[path = "../../../../test-support/scratch.rs"]
 mod scratch;
+pub use scratch::scratch_dir;
 
 /// `fixtures/llm/qwen2-tiny` as a CMF f32 file (converted once per test process).
 pub fn model_path() -> &'static PathBuf {

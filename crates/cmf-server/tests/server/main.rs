@@ -4,5 +4,6 @@
 
 mod api;
 mod client;
+mod features;
 mod fixture;
 mod request_fuzz;
