@@ -27,7 +27,7 @@ fn user(text: &str) -> Value {
 
 /// −log p of every token after the first of `ids`, from one teacher-forced pass (f32 cache),
 /// as `cmf ppl` computes them.
-fn teacher_forced(ids: &[u32]) -> Vec<f64> {
+pub fn teacher_forced(ids: &[u32]) -> Vec<f64> {
     let file = CmfModel::open(model_path()).unwrap();
     let model = Model::load(&file).unwrap();
     let mut st = model.new_state_with(ids.len(), cmf_kernels::KvDtype::F32);
@@ -389,7 +389,7 @@ const TOOL_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"#;
 
-fn tool_model() -> &'static PathBuf {
+pub fn tool_model() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");

@@ -6,4 +6,5 @@ mod api;
 mod client;
 mod features;
 mod fixture;
+mod python_clients;
 mod request_fuzz;
