@@ -35,6 +35,9 @@ pub struct Args {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_body: usize,
+    /// Let browsers on this origin call the API (repeatable; `*` allows any). Off by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origin: Vec<String>,
     #[command(flatten)]
     engine: EngineOpts,
 }
@@ -54,6 +57,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.ctx == Some(0) || args.ctx == Some(1) {
         return Err(UsageError("--ctx must be at least 2".into()).into());
     }
+    if let Some(o) = args
+        .cors_origin
+        .iter()
+        .find(|o| o.is_empty() || o.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        return Err(UsageError(format!(
+            "--cors-origin {o:?} is not an origin (e.g. http://localhost:3000, or *)"
+        ))
+        .into());
+    }
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(UsageError("--api-key must not be empty".into()).into());
     }
@@ -70,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         max_tokens_default: args.max_tokens_default,
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body,
+        cors_origins: args.cors_origin.clone(),
         ..ServerConfig::new(&args.file)
     };
     let auth = if cfg.api_key.is_some() {
