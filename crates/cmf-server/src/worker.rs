@@ -9,7 +9,7 @@
 //! unbounded channel of [`Event`]s (text pieces, then `Done` or `Failed`). The HTTP handler holds
 //! the receiving end; when the client goes away the handler (or the response stream) is dropped,
 //! the channel closes, and the worker sees it before the next forward pass
-//! (`generate_cancellable`) and stops: a client that disconnects cancels its generation within
+//! (`cmf_llm::guided::generate_guided`) and stops: a client that disconnects cancels its generation within
 //! one token. A job whose client left while it waited is skipped. The KV cache is cleared for
 //! every request (no prefix reuse across requests).
 
