@@ -232,6 +232,7 @@ async fn run_generation(
         n: req.n,
         logprobs: req.logprobs.is_some(),
         tool_format: prepared.tool_format,
+        parallel_tool_calls: req.parallel_tool_calls,
         echo_text: prepared.echo_text.clone(),
         prompt_ids: prepared.ids.clone(),
         state: s.clone(),
@@ -263,6 +264,7 @@ struct Shape {
     n: usize,
     logprobs: bool,
     tool_format: Option<ToolFormat>,
+    parallel_tool_calls: bool,
     echo_text: Option<String>,
     prompt_ids: Vec<u32>,
     state: Arc<AppState>,
@@ -271,10 +273,15 @@ struct Shape {
 impl Shape {
     fn tool_parser(&self, meta: &ResponseMeta, choice: usize) -> Option<ToolParser> {
         self.tool_format.map(|f| {
-            ToolParser::new(
+            let p = ToolParser::new(
                 f,
                 format!("call_{}_{choice}_", &meta.id[meta.id.len() - 8..]),
-            )
+            );
+            if self.parallel_tool_calls {
+                p
+            } else {
+                p.single_call()
+            }
         })
     }
 

@@ -322,6 +322,8 @@ pub struct ToolParser {
     at_start: bool,
     /// Per call: the name emitted and how much of the arguments.
     emitted: Vec<(String, usize)>,
+    /// `parallel_tool_calls: false`: only the first call counts.
+    single: bool,
 }
 
 impl ToolParser {
@@ -333,7 +335,14 @@ impl ToolParser {
             in_calls: false,
             at_start: true,
             emitted: Vec::new(),
+            single: false,
         }
+    }
+
+    /// Keeps only the first call (OpenAI's `parallel_tool_calls: false`).
+    pub fn single_call(mut self) -> ToolParser {
+        self.single = true;
+        self
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
@@ -374,7 +383,12 @@ impl ToolParser {
 
     /// Emits what the calls in `buf` add to what was already sent.
     fn scan(&mut self, out: &mut Vec<Delta>) {
-        for (i, obj) in top_level_objects(&self.buf).into_iter().enumerate() {
+        let limit = if self.single { 1 } else { usize::MAX };
+        for (i, obj) in top_level_objects(&self.buf)
+            .into_iter()
+            .enumerate()
+            .take(limit)
+        {
             let Some(name) = string_field(obj, "name") else {
                 break;
             };
@@ -594,6 +608,23 @@ mod tests {
         let (c2, calls2) = stream(ToolFormat::Hermes, &refs);
         assert_eq!(c2.trim(), "Let me check.");
         assert_eq!(calls2, calls);
+    }
+
+    #[test]
+    fn single_call_keeps_the_first() {
+        let text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+        let mut p = ToolParser::new(ToolFormat::Hermes, "c".into()).single_call();
+        let deltas = p.push(text);
+        let (_, calls) = p.finish();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "a");
+        assert_eq!(
+            deltas
+                .iter()
+                .filter(|d| matches!(d, Delta::CallStart { .. }))
+                .count(),
+            1
+        );
     }
 
     #[test]
