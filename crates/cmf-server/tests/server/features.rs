@@ -391,31 +391,83 @@ const TOOL_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
 
 pub fn tool_model() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
-        let dir = scratch_dir("cmf-server-tools");
-        for f in std::fs::read_dir(&src).unwrap() {
-            let f = f.unwrap().path();
-            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-        }
-        let cfg_path = dir.join("tokenizer_config.json");
-        let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
-        cfg["chat_template"] = json!(TOOL_TEMPLATE);
-        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-        // Tool definitions take hundreds of tokens of this 512-entry vocabulary: a longer
-        // context than the fixture's 256 (the weights are random either way).
-        let conf_path = dir.join("config.json");
-        let mut conf: Value = serde_json::from_slice(&std::fs::read(&conf_path).unwrap()).unwrap();
-        conf["max_position_embeddings"] = json!(1024);
-        std::fs::write(&conf_path, conf.to_string()).unwrap();
-        let out = dir.join("qwen2-tools.cmf");
-        let opts = cmf_convert::Options {
-            quant: Some(cmf_convert::Quant::F32),
-            ..Default::default()
-        };
-        cmf_convert::hf::convert(&dir, &out, &opts).unwrap();
-        out
-    })
+    PATH.get_or_init(|| model_with_template("qwen2-tools", TOOL_TEMPLATE))
+}
+
+/// The qwen2-tiny weights with `template` as their chat template. Tool definitions take
+/// hundreds of tokens of this 512-entry vocabulary: the context is 1024 rather than the
+/// fixture's 256 (the weights are random either way).
+fn model_with_template(name: &str, template: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
+    let dir = scratch_dir(&format!("cmf-server-{name}"));
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let edit = |file: &str, key: &str, value: Value| {
+        let path = dir.join(file);
+        let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        v[key] = value;
+        std::fs::write(&path, v.to_string()).unwrap();
+    };
+    edit("tokenizer_config.json", "chat_template", json!(template));
+    edit("config.json", "max_position_embeddings", json!(1024));
+    let out = dir.join(format!("{name}.cmf"));
+    let opts = cmf_convert::Options {
+        quant: Some(cmf_convert::Quant::F32),
+        ..Default::default()
+    };
+    cmf_convert::hf::convert(&dir, &out, &opts).unwrap();
+    out
+}
+
+#[test]
+fn template_kwargs_and_reasoning_effort_reach_the_template() {
+    let template = "<|im_start|>user\n{{ messages[0].content }}\
+        {% if enable_thinking is false %} /no_think{% endif %}\
+        {% if reasoning_effort %} effort={{ reasoning_effort }}{% endif %}<|im_end|>\n<|im_start|>assistant\n";
+    let path = model_with_template("qwen2-kwargs", template);
+    let mut cfg = config();
+    cfg.model = path.clone();
+    let srv = start(cfg);
+    let assets = TextAssets::from_cmf(&CmfModel::open(&path).unwrap()).unwrap();
+    let mut counts = Vec::new();
+    for (extra, kwargs, suffix) in [
+        (json!({}), vec![], ""),
+        (
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+            vec![("enable_thinking".to_string(), minijinja::Value::from(false))],
+            " /no_think",
+        ),
+        (
+            json!({"reasoning_effort": "high"}),
+            vec![(
+                "reasoning_effort".to_string(),
+                minijinja::Value::from("high"),
+            )],
+            " effort=high",
+        ),
+    ] {
+        let mut body = json!({"messages": user("Hi"), "max_tokens": 1});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let v = ok(post(srv.addr(), CHAT, &body));
+        let text = assets
+            .template
+            .render_with_kwargs(
+                minijinja::Value::from_serialize(user("Hi")),
+                None,
+                &kwargs,
+                true,
+            )
+            .unwrap();
+        assert!(text.contains(&format!("Hi{suffix}<|im_end|>")), "{text:?}");
+        let ids = assets.tokenizer.encode(&text, false).unwrap();
+        assert_eq!(v["usage"]["prompt_tokens"], ids.len(), "{suffix:?}");
+        counts.push(ids.len());
+    }
+    assert!(counts[0] < counts[1] && counts[0] < counts[2], "{counts:?}");
 }
 
 fn weather_tools() -> Value {
