@@ -30,6 +30,19 @@ pub trait Engine {
         Ok(None)
     }
 
+    /// Runs `tokens` after the cached ones and calls `f(i, logits_i)` for every one of them
+    /// (scoring a prompt, OpenAI's `echo` with `logprobs`). By default one token at a time.
+    fn prefill_scored(
+        &mut self,
+        tokens: &[u32],
+        f: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> Result<()> {
+        for (i, &t) in tokens.iter().enumerate() {
+            f(i, self.prefill(&[t])?);
+        }
+        Ok(())
+    }
+
     /// Tokens cached (the next token's position).
     fn len(&self) -> usize;
 
@@ -66,6 +79,14 @@ impl Engine for CpuEngine<'_, '_> {
 
     fn prefill_piece(&self) -> usize {
         crate::model::PREFILL_CHUNK
+    }
+
+    fn prefill_scored(
+        &mut self,
+        tokens: &[u32],
+        f: &mut (dyn FnMut(usize, &[f32]) + Send),
+    ) -> Result<()> {
+        self.model.forward_scored(&mut self.state, tokens, 0, f)
     }
 
     fn len(&self) -> usize {

@@ -5,8 +5,9 @@
 use crate::chat::Tokenizer;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::sampling::{Sampler, SamplingParams};
-use std::time::{Duration, Instant};
+use crate::guided::{generate_guided, Hooks, Step};
+use crate::sampling::SamplingParams;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Default)]
 pub struct GenerationConfig {
@@ -86,104 +87,21 @@ pub fn generate_cancellable(
     on_text: &mut dyn FnMut(&str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<GenerationStats> {
-    let mut sampler = Sampler::new(cfg.sampling.clone());
-    let mut stops = StopMatcher::new(&cfg.stop_strings);
-    // The last prompt ids give the decoder the left context of the first generated token.
-    let context = &prompt[prompt.len().saturating_sub(4)..];
-    let mut decoder = tokenizer.text_decoder(context, true);
-
-    let mut stats = GenerationStats {
-        prompt_tokens: prompt.len(),
-        generated_tokens: 0,
-        prefill_time: Duration::ZERO,
-        decode_steps: 0,
-        decode_time: Duration::ZERO,
-        time_to_first_token: Duration::ZERO,
-        finish: FinishReason::Length,
+    let mut on_step = |step: Step| {
+        if let Step::Text(t) = step {
+            on_text(t)
+        }
     };
-    if cancelled() {
-        stats.finish = FinishReason::Cancelled;
-        return Ok(stats);
-    }
-    let t0 = Instant::now();
-    // The prompt goes in pieces the engine would run as one pass anyway (so the logits are the
-    // same), with a cancellation check between them: a long prompt whose client left stops
-    // within one piece instead of after the whole prefill.
-    let piece = engine.prefill_piece().max(1);
-    let parts: Vec<&[u32]> = match prompt.is_empty() {
-        true => vec![prompt], // the engine's own error for an empty prefill
-        false => prompt.chunks(piece).collect(),
-    };
-    let last = parts.len() - 1;
-    let mut logits = Vec::new();
-    for (i, part) in parts.into_iter().enumerate() {
-        if i > 0 && cancelled() {
-            stats.prefill_time = t0.elapsed();
-            stats.finish = FinishReason::Cancelled;
-            return Ok(stats);
-        }
-        let out = engine.prefill(part)?;
-        history.extend_from_slice(part);
-        if i == last {
-            logits = out.to_vec();
-        }
-    }
-    stats.prefill_time = t0.elapsed();
-
-    let mut emit = |text: &str, stops: &mut StopMatcher| -> bool {
-        let (out, hit) = stops.push(text);
-        if !out.is_empty() {
-            on_text(&out);
-        }
-        hit
-    };
-    let spec = cfg.sampling.spec();
-    // The token the engine drew on its own sampler, when it has one (then `logits` is stale).
-    let mut drawn: Option<u32> = None;
-    while stats.generated_tokens < cfg.max_tokens {
-        let token = match drawn.take() {
-            Some(t) => t,
-            None => sampler.sample(&mut logits, history),
-        };
-        if stats.generated_tokens == 0 {
-            stats.time_to_first_token = t0.elapsed();
-        }
-        if cfg.eos_ids.contains(&token) {
-            stats.finish = FinishReason::Eos;
-            break;
-        }
-        stats.generated_tokens += 1;
-        if emit(&decoder.push(token)?, &mut stops) {
-            stats.finish = FinishReason::Stop;
-            return Ok(stats); // the stop string's token stays out of the cache
-        }
-        if stats.generated_tokens == cfg.max_tokens {
-            break;
-        }
-        if engine.len() >= engine.limit() {
-            stats.finish = FinishReason::ContextFull;
-            break;
-        }
-        if cancelled() {
-            stats.finish = FinishReason::Cancelled;
-            return Ok(stats);
-        }
-        let t = Instant::now();
-        drawn = engine.decode_sampled(token, &spec)?;
-        if drawn.is_none() {
-            logits.copy_from_slice(engine.decode(token)?);
-        }
-        stats.decode_time += t.elapsed();
-        stats.decode_steps += 1;
-        history.push(token);
-    }
-    let tail = decoder.flush()?;
-    emit(&tail, &mut stops);
-    let rest = stops.flush();
-    if !rest.is_empty() {
-        on_text(&rest);
-    }
-    Ok(stats)
+    generate_guided(
+        engine,
+        tokenizer,
+        prompt,
+        history,
+        cfg,
+        &mut Hooks::default(),
+        &mut on_step,
+        cancelled,
+    )
 }
 
 /// Holds back text that could be the start of a stop string, so the stream never shows part

@@ -6,17 +6,21 @@
 //! - [`chat`]: tokenizer, chat templates, streaming detokenization, multi-turn sessions.
 //! - [`sampling`]: logits → next token (greedy, temperature, top-k/p, min-p, penalties, seed).
 //! - [`engine`]: the `Engine` trait the loop drives (CPU: `CpuEngine`; a GPU backend plugs in here).
-//! - [`generate`]: the prefill/decode loop with stop conditions and timings.
+//! - [`generate`]: the prefill/decode loop with stop conditions and timings; [`guided`]: the same
+//!   loop with logit processors ([`logits`], [`constraint`]) and log-probabilities.
 //! - [`gpu`]: the hook that runs that loop's forward passes through cmf-gpu when a device holds the model.
 //! - [`bench`], [`perplexity`]: llama-bench's pp/tg contract and llama-perplexity's method.
 
 pub mod bench;
 pub mod chat;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod fuzzing;
 pub mod generate;
 pub mod gpu;
+pub mod guided;
+pub mod logits;
 pub mod model;
 pub mod perplexity;
 pub mod profile;

@@ -4,6 +4,9 @@
 //! - [`routes`]: axum routes, API key, bounded body reading, JSON and server-sent-event answers;
 //! - [`request`]: strict parsing and validation of the untrusted request bodies;
 //! - [`prompt`]: chat template + tokenizer, and the context checks that need the token count;
+//! - [`tools`]: tool definitions, the model's tool-call syntax parsed into OpenAI `tool_calls`;
+//!   [`guidance`]: grammars (JSON schemas, forced tool calls) compiled for the vocabulary;
+//! - [`generation`]: one request's choices with logit bias, constraints and log-probabilities;
 //! - [`worker`]: the single inference thread that owns the model, fed by a bounded queue;
 //!   a client that disconnects cancels its generation within one token;
 //! - [`openai`]: response and stream-chunk shapes; [`error`]: OpenAI's error body and statuses;
@@ -16,12 +19,15 @@
 
 pub mod conn;
 pub mod error;
+pub mod generation;
+pub mod guidance;
 pub mod observe;
 pub mod openai;
 pub mod prompt;
 pub mod request;
 pub mod routes;
 pub mod server;
+pub mod tools;
 pub mod worker;
 
 pub use conn::ConnLimits;

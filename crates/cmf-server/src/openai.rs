@@ -1,15 +1,19 @@
 //! Response bodies in OpenAI's shapes: `chat.completion`, `chat.completion.chunk`,
-//! `text_completion` (whole and streamed), `list` of `model`s, and the usage block.
+//! `text_completion` (whole and streamed), `list` of `model`s, the usage block, and the two
+//! `logprobs` shapes (chat's `content` entries, completions' parallel arrays).
 //!
 //! A stream is a sequence of server-sent events `data: <json>\n\n` ended by `data: [DONE]\n\n`.
-//! Chat streams open with a chunk whose delta carries the role, then content deltas, then a chunk
-//! with an empty delta and the `finish_reason`; this server puts `usage` on that last chunk too
-//! (OpenAI sends usage only in an extra chunk with no choices when `stream_options.include_usage`
-//! is set; that chunk is sent as well when asked).
+//! Chat streams open with a chunk per choice whose delta carries the role, then content (or
+//! `tool_calls`) deltas, then a chunk per choice with an empty delta and the `finish_reason`.
+//! Usage is sent once: in OpenAI's extra chunk with no choices when
+//! `stream_options.include_usage` is set, otherwise on the last finish chunk.
 
+use crate::tools::{Delta, ToolCall};
+use cmf_llm::chat::Tokenizer;
 use cmf_llm::generate::{FinishReason, GenerationStats};
+use cmf_llm::logits::TokenLogprob;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// Which endpoint a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,14 +49,24 @@ impl Usage {
 }
 
 /// OpenAI's `finish_reason`: `stop` for an end-of-sequence token or a stop string, `length` for
-/// the token budget or a full context.
-pub fn finish_reason(f: FinishReason) -> &'static str {
+/// the token budget or a full context, `tool_calls` when a finished answer called tools.
+pub fn finish_reason(f: FinishReason, called_tools: bool) -> &'static str {
     match f {
+        FinishReason::Eos | FinishReason::Stop if called_tools => "tool_calls",
         FinishReason::Eos | FinishReason::Stop => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
         // Never sent: a cancelled request has no client left to read it.
         FinishReason::Cancelled => "cancelled",
     }
+}
+
+/// One finished choice of a whole (non-streamed) answer.
+#[derive(Debug, Default)]
+pub struct ChoiceOut {
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub logprobs: Option<Value>,
+    pub finish: Option<&'static str>,
 }
 
 impl ResponseMeta {
@@ -64,8 +78,8 @@ impl ResponseMeta {
         }
     }
 
-    fn envelope(&self, chunk: bool, choices: Value) -> serde_json::Map<String, Value> {
-        let mut m = serde_json::Map::new();
+    fn envelope(&self, chunk: bool, choices: Value) -> Map<String, Value> {
+        let mut m = Map::new();
         m.insert("id".into(), json!(self.id));
         m.insert("object".into(), json!(self.object(chunk)));
         m.insert("created".into(), json!(self.created));
@@ -76,61 +90,75 @@ impl ResponseMeta {
     }
 
     /// The whole (non-streamed) response.
-    pub fn complete(&self, text: &str, stats: &GenerationStats) -> Value {
-        let finish = finish_reason(stats.finish);
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": finish,
-            }),
-            Endpoint::Completion => json!({
-                "index": 0,
-                "text": text,
-                "logprobs": null,
-                "finish_reason": finish,
-            }),
-        };
-        let mut m = self.envelope(false, json!([choice]));
+    pub fn complete(&self, choices: &[ChoiceOut], stats: &GenerationStats) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match self.endpoint {
+                Endpoint::Chat => {
+                    let mut msg =
+                        json!({"role": "assistant", "content": c.content, "refusal": null});
+                    if !c.tool_calls.is_empty() {
+                        msg["tool_calls"] = c.tool_calls.iter().map(ToolCall::to_json).collect();
+                        if c.content.trim().is_empty() {
+                            msg["content"] = Value::Null;
+                        }
+                    }
+                    json!({"index": i, "message": msg, "logprobs": c.logprobs,
+                           "finish_reason": c.finish})
+                }
+                Endpoint::Completion => json!({"index": i, "text": c.content,
+                    "logprobs": c.logprobs, "finish_reason": c.finish}),
+            })
+            .collect();
+        let mut m = self.envelope(false, Value::Array(choices));
         m.insert("usage".into(), json!(Usage::from_stats(stats)));
         Value::Object(m)
     }
 
-    /// The opening chunk of a chat stream (the role); `None` for completions, which have none.
-    pub fn first_chunk(&self) -> Option<Value> {
+    /// The opening chunk of choice `index` of a chat stream (the role); `None` for completions.
+    pub fn first_chunk(&self, index: usize) -> Option<Value> {
         match self.endpoint {
             Endpoint::Chat => Some(Value::Object(self.envelope(
                 true,
-                json!([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                json!([{"index": index, "delta": {"role": "assistant", "content": ""},
                         "logprobs": null, "finish_reason": null}]),
             ))),
             Endpoint::Completion => None,
         }
     }
 
-    /// A chunk carrying a piece of generated text.
-    pub fn text_chunk(&self, text: &str) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": {"content": text},
-                                     "logprobs": null, "finish_reason": null}),
-            Endpoint::Completion => json!({"index": 0, "text": text,
-                                           "logprobs": null, "finish_reason": null}),
+    /// A chunk carrying a piece of choice `index`'s answer (text or a tool-call delta).
+    pub fn delta_chunk(&self, index: usize, delta: &Delta, logprobs: Option<Value>) -> Value {
+        let choice = match (self.endpoint, delta) {
+            (Endpoint::Completion, Delta::Content(t)) => {
+                json!({"index": index, "text": t, "logprobs": logprobs, "finish_reason": null})
+            }
+            (_, d) => json!({"index": index, "delta": delta_json(d), "logprobs": logprobs,
+                             "finish_reason": null}),
         };
         Value::Object(self.envelope(true, json!([choice])))
     }
 
-    /// The last chunk with a choice: empty delta / text, the finish reason, and the usage.
-    pub fn final_chunk(&self, stats: &GenerationStats) -> Value {
-        let finish = finish_reason(stats.finish);
+    /// The finish chunk of choice `index`: empty delta / text, the finish reason, and the usage
+    /// when it is the stream's last and no usage chunk follows.
+    pub fn finish_chunk(
+        &self,
+        index: usize,
+        finish: &str,
+        logprobs: Option<Value>,
+        usage: Option<&GenerationStats>,
+    ) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null,
+            Endpoint::Chat => json!({"index": index, "delta": {}, "logprobs": logprobs,
                                      "finish_reason": finish}),
-            Endpoint::Completion => json!({"index": 0, "text": "", "logprobs": null,
+            Endpoint::Completion => json!({"index": index, "text": "", "logprobs": logprobs,
                                            "finish_reason": finish}),
         };
         let mut m = self.envelope(true, json!([choice]));
-        m.insert("usage".into(), json!(Usage::from_stats(stats)));
+        if let Some(s) = usage {
+            m.insert("usage".into(), json!(Usage::from_stats(s)));
+        }
         Value::Object(m)
     }
 
@@ -140,6 +168,74 @@ impl ResponseMeta {
         m.insert("usage".into(), json!(Usage::from_stats(stats)));
         Value::Object(m)
     }
+}
+
+fn delta_json(d: &Delta) -> Value {
+    match d {
+        Delta::Content(t) => json!({"content": t}),
+        Delta::CallStart { index, id, name } => json!({"tool_calls": [{
+            "index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""}}]}),
+        Delta::CallArgs { index, text } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]})
+        }
+    }
+}
+
+/// Token text for log-probability entries: the token decoded alone, and its UTF-8 bytes.
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// Chat's `logprobs`: `{"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"}`.
+pub fn chat_logprobs(tok: &Tokenizer, entries: &[TokenLogprob]) -> Value {
+    let one = |id: u32, lp: f32| {
+        let t = token_text(tok, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut v = one(e.id, e.logprob);
+            v["top_logprobs"] = e.top.iter().map(|&(i, l)| one(i, l)).collect();
+            v
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Completions' `logprobs`: parallel arrays `tokens`, `token_logprobs`, `top_logprobs` (a
+/// token → log-probability object per position) and `text_offset` (bytes into the returned
+/// text, from `offset`). Entries without a log-probability (the prompt's first token under
+/// `echo`) are `(id, None)`.
+pub fn completion_logprobs(
+    tok: &Tokenizer,
+    entries: &[(u32, Option<&TokenLogprob>)],
+    mut offset: usize,
+) -> Value {
+    let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for (id, e) in entries {
+        let t = token_text(tok, *id);
+        offsets.push(json!(offset));
+        offset += t.len();
+        tokens.push(json!(t));
+        match e {
+            Some(e) => {
+                lps.push(json!(e.logprob));
+                let m: Map<String, Value> = e
+                    .top
+                    .iter()
+                    .map(|&(i, l)| (token_text(tok, i), json!(l)))
+                    .collect();
+                tops.push(Value::Object(m));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
 /// One server-sent event carrying `payload`.

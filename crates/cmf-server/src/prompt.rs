@@ -4,10 +4,16 @@
 //! `max_tokens` must fit in what is left (OpenAI's rule: prompt + max_tokens ≤ context).
 
 use crate::error::ApiError;
-use crate::request::{GenRequest, PromptInput};
+use crate::generation::JobOptions;
+use crate::guidance::Guidance;
+use crate::request::{ChatPrompt, GenRequest, PromptInput};
+use crate::tools::{ToolChoice, ToolFormat};
 use cmf_llm::chat::TextAssets;
+use cmf_llm::constraint::Grammar;
 use cmf_llm::generate::GenerationConfig;
+use cmf_llm::logits::LogitBias;
 use cmf_llm::LlmError;
+use minijinja::Value as TmplValue;
 
 /// What a request may use of the model.
 #[derive(Debug, Clone, Copy)]
@@ -20,28 +26,28 @@ pub struct PromptLimits {
     pub vocab_size: usize,
 }
 
-#[derive(Debug, Clone)]
 pub struct Prepared {
     pub ids: Vec<u32>,
     pub gen: GenerationConfig,
+    pub options: JobOptions,
+    /// Parse the answer for tool calls in this format (the request has tools and allows calls).
+    pub tool_format: Option<ToolFormat>,
+    /// Completions' `echo`: the prompt's text, shown before the answer.
+    pub echo_text: Option<String>,
 }
 
 /// Renders and tokenizes the prompt and fixes the token budget. `seed` is used when the request
 /// has none.
 pub fn prepare(
     assets: &TextAssets,
+    guidance: &Guidance,
     req: &GenRequest,
     limits: PromptLimits,
     seed: u64,
 ) -> Result<Prepared, ApiError> {
     let (ids, what) = match &req.prompt {
-        PromptInput::Chat(messages) => {
-            // The template may refuse a conversation (e.g. roles that do not alternate) through
-            // raise_exception; that is the client's to fix.
-            let text = assets
-                .template
-                .render(messages, true)
-                .map_err(|e| ApiError::field("messages", template_msg(e)))?;
+        PromptInput::Chat(chat) => {
+            let text = render_chat(assets, chat)?;
             (encode(assets, &text, false)?, "messages")
         }
         PromptInput::Text(text) => (encode(assets, text, true)?, "prompt"),
@@ -97,7 +103,64 @@ pub fn prepare(
     };
     let mut sampling = req.sampling.clone();
     sampling.seed = req.seed.unwrap_or(seed);
+    if let Some(&(id, _)) = req
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= limits.vocab_size)
+    {
+        return Err(ApiError::field(
+            format!("logit_bias.{id}"),
+            format!(
+                "token id {id} is outside the vocabulary (size {})",
+                limits.vocab_size
+            ),
+        ));
+    }
+    let tools: &[serde_json::Value] = match &req.prompt {
+        PromptInput::Chat(c) => &c.tools,
+        _ => &[],
+    };
+    let format = guidance.tool_format;
+    let (grammar, param) = match (&req.json_schema, &req.tool_choice) {
+        (Some(schema), _) => (Some(Grammar::JsonSchema(schema.clone())), "response_format"),
+        (None, ToolChoice::Required) => (
+            Some(Grammar::Lark(format.grammar(
+                tools,
+                None,
+                req.parallel_tool_calls,
+            ))),
+            "tools",
+        ),
+        (None, ToolChoice::Function(name)) => (
+            Some(Grammar::Lark(format.grammar(tools, Some(name), false))),
+            "tools",
+        ),
+        _ => (None, ""),
+    };
+    let constraint = match grammar {
+        Some(g) => Some(guidance.constrain(&g, param)?),
+        None => None,
+    };
+    let echo_text = match (&req.prompt, req.echo) {
+        (PromptInput::Text(t), true) => Some(t.clone()),
+        (PromptInput::Tokens(ids), true) => Some(
+            assets
+                .tokenizer
+                .decode(ids, false)
+                .map_err(|e| ApiError::internal(format!("decoding the prompt failed: {e}")))?,
+        ),
+        _ => None,
+    };
     Ok(Prepared {
+        options: JobOptions {
+            n: req.n,
+            logprobs: req.logprobs,
+            prompt_logprobs: if req.echo { req.logprobs } else { None },
+            logit_bias: LogitBias(req.logit_bias.clone()),
+            constraint,
+        },
+        tool_format: (!tools.is_empty() && req.tool_choice != ToolChoice::None).then_some(format),
+        echo_text,
         ids,
         gen: GenerationConfig {
             max_tokens,
@@ -106,6 +169,23 @@ pub fn prepare(
             eos_ids: assets.eos_ids.clone(),
         },
     })
+}
+
+/// The conversation through the model's template, with the tools and the extra variables. The
+/// template may refuse a conversation (e.g. roles that do not alternate) through
+/// raise_exception; that is the client's to fix.
+fn render_chat(assets: &TextAssets, chat: &ChatPrompt) -> Result<String, ApiError> {
+    let messages = TmplValue::from_serialize(&chat.messages);
+    let tools = (!chat.tools.is_empty()).then(|| TmplValue::from_serialize(&chat.tools));
+    let kwargs: Vec<(String, TmplValue)> = chat
+        .kwargs
+        .iter()
+        .map(|(k, v)| (k.clone(), TmplValue::from_serialize(v)))
+        .collect();
+    assets
+        .template
+        .render_with_kwargs(messages, tools, &kwargs, true)
+        .map_err(|e| ApiError::field("messages", template_msg(e)))
 }
 
 fn encode(assets: &TextAssets, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {

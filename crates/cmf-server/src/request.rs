@@ -4,18 +4,20 @@
 //! - the body must be one JSON object (serde_json's recursion limit bounds nesting);
 //! - every key must be one this server knows; an unknown key is refused by name rather than
 //!   silently ignored (OpenAI refuses unknown arguments too);
-//! - keys OpenAI defines but this server does not implement (`tools`, `logprobs`, `n` > 1, …) are
-//!   accepted only with their neutral value, otherwise refused with the field named;
+//! - keys OpenAI defines that do not apply here (`store`, `metadata`, `service_tier`, …) are
+//!   accepted and ignored (docs/server.md lists every field and what this server does with it);
+//!   the few it cannot honour (audio output, the deprecated `functions`) are refused by name;
 //! - numbers are range-checked here; what needs the tokenizer (prompt length against the
 //!   context, `max_tokens` against what is left of it) is checked in [`crate::prompt`].
 //!
-//! `null` means "absent" for every optional field, as in OpenAI's API. Nothing here panics on
-//! any input (see `tests/request_fuzz.rs`).
+//! `null` means "absent" for every optional field at every level, as in OpenAI's API (so a
+//! history built from `message.model_dump()`, full of nulls, is accepted). Nothing here panics
+//! on any input (see `tests/request_fuzz.rs`).
 
 use crate::error::ApiError;
-use cmf_llm::chat::Message;
+use crate::tools::{parse_tool_choice, parse_tools, ToolChoice};
 use cmf_llm::sampling::SamplingParams;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// Bounds that do not depend on the prompt.
 #[derive(Debug, Clone, Copy)]
@@ -28,11 +30,27 @@ pub struct Limits {
 /// cost nothing, but the stop matcher's work grows with count × length.
 pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 256;
+/// Most choices (`n`) and `top_logprobs` / `logprobs` alternatives one request may ask for.
+pub const MAX_CHOICES: u64 = 16;
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+/// Most `logit_bias` entries (OpenAI allows 300; the cost is one add per entry and token).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// A chat conversation as the template sees it: messages as JSON objects (`role`, `content`,
+/// and `tool_calls` / `tool_call_id` / `name` where given), the tools, and extra template
+/// variables (`chat_template_kwargs`, `reasoning_effort`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatPrompt {
+    pub messages: Vec<Value>,
+    /// OpenAI tool objects (`{"type": "function", "function": {…}}`), checked.
+    pub tools: Vec<Value>,
+    pub kwargs: Vec<(String, Value)>,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
     /// Chat messages, rendered with the model's chat template.
-    Chat(Vec<Message>),
+    Chat(ChatPrompt),
     /// Raw text, tokenized with the tokenizer's own special tokens (e.g. a BOS).
     Text(String),
     /// Token ids as given (checked against the vocabulary later).
@@ -53,6 +71,18 @@ pub struct GenRequest {
     pub sampling: SamplingParams,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
+    /// Choices to generate (`n`), one after the other over the same cached prompt.
+    pub n: usize,
+    /// `Some(k)`: report each answer token's log-probability and its `k` best alternatives.
+    pub logprobs: Option<usize>,
+    /// Completions' `echo`: the answer starts with the prompt (and its log-probabilities).
+    pub echo: bool,
+    /// `logit_bias` as (token id, bias); ids are checked against the vocabulary later.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `response_format` `json_object` / `json_schema`: the JSON schema the answer must match.
+    pub json_schema: Option<Value>,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
 }
 
 /// Parses a chat completion request.
@@ -61,8 +91,38 @@ pub fn parse_chat(body: &[u8], limits: Limits) -> Result<GenRequest, ApiError> {
     check_keys(&obj, CHAT_KEYS, "")?;
     let f = Fields(&obj);
     let messages = parse_messages(f.get("messages"))?;
-    refuse_unless_neutral(&f)?;
-    common(&f, PromptInput::Chat(messages), limits)
+    refuse_inapplicable(&f)?;
+    let tools = parse_tools(f.get("tools"))?;
+    let tool_choice = parse_tool_choice(f.get("tool_choice"), &tools)?;
+    let kwargs = template_kwargs(&f)?;
+    let json_schema = parse_response_format(f.get("response_format"))?;
+    if json_schema.is_some()
+        && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_))
+    {
+        return Err(ApiError::field(
+            "response_format",
+            "cannot be combined with a tool_choice that forces a tool call",
+        ));
+    }
+    let logprobs = match f.bool("logprobs")? {
+        Some(true) => Some(f.uint_max("top_logprobs", MAX_TOP_LOGPROBS)?.unwrap_or(0) as usize),
+        _ if f.get("top_logprobs").is_some() => {
+            return Err(ApiError::field("top_logprobs", "requires `logprobs: true`"))
+        }
+        _ => None,
+    };
+    let parallel_tool_calls = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    let prompt = PromptInput::Chat(ChatPrompt {
+        messages,
+        tools,
+        kwargs,
+    });
+    let mut r = common(&f, prompt, limits)?;
+    r.logprobs = logprobs;
+    r.json_schema = json_schema;
+    r.tool_choice = tool_choice;
+    r.parallel_tool_calls = parallel_tool_calls;
+    Ok(r)
 }
 
 /// Parses a (legacy, raw prompt) completion request.
@@ -71,25 +131,33 @@ pub fn parse_completion(body: &[u8], limits: Limits) -> Result<GenRequest, ApiEr
     check_keys(&obj, COMPLETION_KEYS, "")?;
     let f = Fields(&obj);
     let prompt = parse_prompt(f.get("prompt"))?;
-    refuse_unless_neutral(&f)?;
-    if f.bool("echo")?.unwrap_or(false) {
-        return Err(ApiError::field(
-            "echo",
-            "echo is not supported (only false)",
-        ));
-    }
-    if f.get("suffix").is_some() {
+    if f.get("suffix").is_some_and(|v| v.as_str() != Some("")) {
         return Err(ApiError::field(
             "suffix",
             "suffix (fill-in-the-middle) is not supported",
         ));
     }
+    let mut r = common(&f, prompt, limits)?;
     if let Some(b) = f.uint("best_of")? {
-        if b != 1 {
-            return Err(ApiError::field("best_of", "only best_of = 1 is supported"));
+        if b != 1 && b != r.n as u64 {
+            return Err(ApiError::field(
+                "best_of",
+                format!("only best_of = n ({}) is supported", r.n),
+            ));
         }
     }
-    common(&f, prompt, limits)
+    r.logprobs = f
+        .uint_max("logprobs", MAX_TOP_LOGPROBS)?
+        .map(|k| k as usize);
+    r.echo = f.bool("echo")?.unwrap_or(false);
+    if r.echo && r.stream && r.logprobs.is_some() {
+        // The prompt's log-probabilities would have no chunk to travel in.
+        return Err(ApiError::field(
+            "echo",
+            "echo with logprobs is not supported when streaming",
+        ));
+    }
+    Ok(r)
 }
 
 /// Keys shared by both endpoints.
@@ -120,6 +188,20 @@ const CHAT_ONLY_KEYS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "reasoning_effort",
+    "chat_template_kwargs",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "metadata",
+    "store",
+    "service_tier",
+    "prediction",
+    "verbosity",
+    "prompt_cache_key",
+    "safety_identifier",
+    "web_search_options",
 ];
 const COMPLETION_ONLY_KEYS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
 const CHAT_KEYS: &[&[&str]] = &[COMMON_KEYS, CHAT_ONLY_KEYS];
@@ -170,14 +252,17 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
             return Err(type_err("user", "a string", u));
         }
     }
-    if let Some(n) = f.uint("n")? {
-        if n != 1 {
+    let n = match f.uint("n")? {
+        None => 1,
+        Some(0) => return Err(ApiError::field("n", "must be at least 1")),
+        Some(n) if n > MAX_CHOICES => {
             return Err(ApiError::field(
                 "n",
-                format!("only n = 1 is supported (got {n}); send one request per choice"),
-            ));
+                format!("at most {MAX_CHOICES} choices per request (got {n})"),
+            ))
         }
-    }
+        Some(n) => n as usize,
+    };
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -188,7 +273,11 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
                     "only allowed when `stream` is true",
                 ));
             }
-            check_keys(o, &[&["include_usage"]], "stream_options.")?;
+            check_keys(
+                o,
+                &[&["include_usage", "include_obfuscation"]],
+                "stream_options.",
+            )?;
             match o.get("include_usage") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
@@ -241,6 +330,7 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
         ),
     };
     let stop = parse_stop(f.get("stop"))?;
+    let logit_bias = parse_logit_bias(f.get("logit_bias"))?;
     Ok(GenRequest {
         prompt,
         stream,
@@ -249,6 +339,13 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
         sampling,
         seed,
         stop,
+        n,
+        logprobs: None,
+        echo: false,
+        logit_bias,
+        json_schema: None,
+        tool_choice: ToolChoice::Auto,
+        parallel_tool_calls: true,
     })
 }
 
@@ -282,62 +379,193 @@ fn max_tokens(f: &Fields, limits: Limits) -> Result<Option<usize>, ApiError> {
     Ok(Some(n as usize))
 }
 
-/// Fields OpenAI defines that this server accepts only with their neutral value.
-fn refuse_unless_neutral(f: &Fields) -> Result<(), ApiError> {
-    if let Some(v) = f.get("logprobs") {
-        let neutral = matches!(v, Value::Bool(false));
-        if !neutral {
+/// Chat fields OpenAI defines that this server cannot honour: refused when they ask for
+/// something (audio output, the deprecated function calling); the rest of OpenAI's fields that
+/// do not apply (`store`, `metadata`, `service_tier`, …) are ignored.
+fn refuse_inapplicable(f: &Fields) -> Result<(), ApiError> {
+    if let Some(v) = f.get("modalities") {
+        let Value::Array(a) = v else {
+            return Err(type_err("modalities", "an array of strings", v));
+        };
+        for (i, m) in a.iter().enumerate() {
+            match m.as_str() {
+                Some("text") => {}
+                Some(other) => {
+                    return Err(ApiError::field(
+                        format!("modalities[{i}]"),
+                        format!(
+                            "only text output is supported (got \"{}\")",
+                            printable(other)
+                        ),
+                    ))
+                }
+                None => return Err(type_err(&format!("modalities[{i}]"), "a string", m)),
+            }
+        }
+    }
+    if f.get("audio").is_some() {
+        return Err(ApiError::field("audio", "audio output is not supported"));
+    }
+    for name in ["functions", "function_call"] {
+        if f.get(name).is_some() {
             return Err(ApiError::field(
-                "logprobs",
-                "log probabilities are not supported",
+                name,
+                "the deprecated function-calling fields are not supported: use `tools` and `tool_choice`",
             ));
         }
     }
-    if f.get("top_logprobs").is_some() {
-        return Err(ApiError::field(
-            "top_logprobs",
-            "log probabilities are not supported",
-        ));
-    }
-    if let Some(v) = f.get("logit_bias") {
-        match v {
-            Value::Object(m) if m.is_empty() => {}
-            _ => return Err(ApiError::field("logit_bias", "logit bias is not supported")),
+    if let Some(v) = f.get("metadata") {
+        if !v.is_object() {
+            return Err(type_err("metadata", "an object", v));
         }
     }
-    if let Some(v) = f.get("response_format") {
-        let text = v
-            .as_object()
-            .is_some_and(|o| o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text"));
-        if !text {
-            return Err(ApiError::field(
-                "response_format",
-                "only {\"type\": \"text\"} is supported (no JSON mode or schemas)",
-            ));
+    for name in [
+        "service_tier",
+        "verbosity",
+        "prompt_cache_key",
+        "safety_identifier",
+    ] {
+        if let Some(v) = f.get(name) {
+            if !v.is_string() {
+                return Err(type_err(name, "a string", v));
+            }
         }
     }
-    if let Some(v) = f.get("tools") {
-        if !matches!(v, Value::Array(a) if a.is_empty()) {
-            return Err(ApiError::field("tools", "tool calling is not supported"));
-        }
-    }
-    if let Some(v) = f.get("tool_choice") {
-        if !matches!(v.as_str(), Some("none" | "auto")) {
-            return Err(ApiError::field(
-                "tool_choice",
-                "tool calling is not supported (only \"none\" or \"auto\" without tools)",
-            ));
-        }
-    }
-    if let Some(v) = f.get("parallel_tool_calls") {
-        if !v.is_boolean() {
-            return Err(type_err("parallel_tool_calls", "a boolean", v));
-        }
-    }
+    f.bool("store")?;
     Ok(())
 }
 
-fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+/// `chat_template_kwargs` (extra template variables, e.g. `enable_thinking` for Qwen3) and
+/// `reasoning_effort` (passed to the template under that name, as gpt-oss templates read it).
+fn template_kwargs(f: &Fields) -> Result<Vec<(String, Value)>, ApiError> {
+    let mut out = Vec::new();
+    match f.get("chat_template_kwargs") {
+        None => {}
+        Some(Value::Object(o)) => {
+            for (k, v) in o {
+                if !v.is_null() {
+                    out.push((k.clone(), v.clone()));
+                }
+            }
+        }
+        Some(v) => return Err(type_err("chat_template_kwargs", "an object", v)),
+    }
+    if let Some(v) = f.get("reasoning_effort") {
+        match v.as_str() {
+            Some("none" | "minimal" | "low" | "medium" | "high") => {
+                out.push(("reasoning_effort".into(), v.clone()))
+            }
+            Some(other) => {
+                return Err(ApiError::field(
+                    "reasoning_effort",
+                    format!(
+                        "expected none, minimal, low, medium or high (got \"{}\")",
+                        printable(other)
+                    ),
+                ))
+            }
+            None => return Err(type_err("reasoning_effort", "a string", v)),
+        }
+    }
+    Ok(out)
+}
+
+/// `response_format`: `text` → None; `json_object` → any JSON object; `json_schema` → its schema.
+fn parse_response_format(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(v) = v else { return Ok(None) };
+    let Value::Object(o) = v else {
+        return Err(type_err("response_format", "an object", v));
+    };
+    let ty = match o.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        None | Some(Value::Null) => {
+            return Err(ApiError::field("response_format.type", "is required"))
+        }
+        Some(t) => return Err(type_err("response_format.type", "a string", t)),
+    };
+    match ty {
+        "text" => {
+            check_keys(o, &[&["type"]], "response_format.")?;
+            Ok(None)
+        }
+        "json_object" => {
+            check_keys(o, &[&["type"]], "response_format.")?;
+            Ok(Some(json!({"type": "object"})))
+        }
+        "json_schema" => {
+            check_keys(o, &[&["type", "json_schema"]], "response_format.")?;
+            let js = match o.get("json_schema") {
+                Some(Value::Object(js)) => js,
+                None | Some(Value::Null) => {
+                    return Err(ApiError::field(
+                        "response_format.json_schema",
+                        "is required",
+                    ))
+                }
+                Some(v) => return Err(type_err("response_format.json_schema", "an object", v)),
+            };
+            let p = "response_format.json_schema.";
+            check_keys(js, &[&["name", "description", "schema", "strict"]], p)?;
+            match js.get("name") {
+                Some(Value::String(_)) => {}
+                None | Some(Value::Null) => {
+                    return Err(ApiError::field(format!("{p}name"), "is required"))
+                }
+                Some(v) => return Err(type_err(&format!("{p}name"), "a string", v)),
+            }
+            if let Some(s) = js.get("strict").filter(|s| !s.is_null() && !s.is_boolean()) {
+                return Err(type_err(&format!("{p}strict"), "a boolean", s));
+            }
+            match js.get("schema") {
+                None | Some(Value::Null) => Ok(Some(json!({}))),
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(s.clone())),
+                Some(s) => Err(type_err(&format!("{p}schema"), "a JSON schema object", s)),
+            }
+        }
+        other => Err(ApiError::field(
+            "response_format.type",
+            format!(
+                "expected text, json_object or json_schema (got \"{}\")",
+                printable(other)
+            ),
+        )),
+    }
+}
+
+/// `logit_bias`: `{"token id": bias}` with biases in [-100, 100].
+fn parse_logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    let Value::Object(o) = v else {
+        return Err(type_err("logit_bias", "an object of token id → bias", v));
+    };
+    if o.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::field(
+            "logit_bias",
+            format!("at most {MAX_LOGIT_BIAS} entries (got {})", o.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(o.len());
+    for (k, b) in o {
+        let at = format!("logit_bias.{}", printable(k));
+        let id: u32 = k
+            .parse()
+            .map_err(|_| ApiError::field(&at, "keys must be token ids (integers as strings)"))?;
+        if b.is_null() {
+            continue;
+        }
+        let x = b.as_f64().ok_or_else(|| type_err(&at, "a number", b))?;
+        if !(-100.0..=100.0).contains(&x) {
+            return Err(ApiError::field(
+                &at,
+                format!("must be in [-100, 100] (got {x})"),
+            ));
+        }
+        out.push((id, x as f32));
+    }
+    Ok(out)
+}
+
+fn parse_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     let arr = match v {
         None => return Err(ApiError::field("messages", "is required")),
         Some(Value::Array(a)) => a,
@@ -349,72 +577,132 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
             "must hold at least one message",
         ));
     }
-    let mut out = Vec::with_capacity(arr.len());
-    for (i, m) in arr.iter().enumerate() {
-        let at = |field: &str| format!("messages[{i}].{field}");
-        let Value::Object(o) = m else {
-            return Err(type_err(&format!("messages[{i}]"), "an object", m));
-        };
-        for k in o.keys() {
-            match k.as_str() {
-                "role" | "content" | "name" => {}
-                "tool_calls" | "tool_call_id" | "function_call" => {
-                    return Err(ApiError::field(at(k), "tool calling is not supported"))
-                }
-                _ => {
-                    return Err(ApiError::field(at(&printable(k)), "unrecognized field")
-                        .with_code("unknown_parameter"))
-                }
-            }
-        }
-        let role = match o.get("role") {
-            Some(Value::String(r)) => r.as_str(),
-            None | Some(Value::Null) => return Err(ApiError::field(at("role"), "is required")),
-            Some(v) => return Err(type_err(&at("role"), "a string", v)),
-        };
-        // OpenAI's newer name for the system role; templates only know `system`.
-        let role = match role {
-            "developer" => "system",
-            "system" | "user" | "assistant" => role,
-            "tool" | "function" => {
-                return Err(ApiError::field(
-                    at("role"),
-                    "tool messages are not supported",
-                ))
-            }
-            other => {
-                return Err(ApiError::field(
-                    at("role"),
-                    format!(
-                        "unknown role \"{}\" (expected system, user or assistant)",
-                        printable(other)
-                    ),
-                ))
-            }
-        };
-        if let Some(n) = o.get("name") {
-            if !n.is_string() && !n.is_null() {
-                return Err(type_err(&at("name"), "a string", n));
-            }
-        }
-        let content = match o.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => text_parts(parts, i)?,
-            None | Some(Value::Null) => return Err(ApiError::field(at("content"), "is required")),
-            Some(v) => {
-                return Err(type_err(
-                    &at("content"),
-                    "a string or an array of text parts",
-                    v,
-                ))
-            }
-        };
-        out.push(Message::new(role, content));
-    }
-    Ok(out)
+    arr.iter()
+        .enumerate()
+        .map(|(i, m)| parse_message(i, m))
+        .collect()
 }
 
-/// `[{"type": "text", "text": "…"}, …]` joined with newlines; other part types are refused.
+/// Keys a message may carry (OpenAI's message shapes, as `model_dump()` writes them).
+const MESSAGE_KEYS: &[&str] = &[
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "refusal",
+    "annotations",
+    "audio",
+    "function_call",
+    "reasoning_content",
+];
+
+/// One message as the template sees it: `role`, `content` (a string), and `name`,
+/// `tool_calls` (arguments parsed into objects, as transformers expects) or `tool_call_id`.
+fn parse_message(i: usize, m: &Value) -> Result<Value, ApiError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Value::Object(o) = m else {
+        return Err(type_err(&format!("messages[{i}]"), "an object", m));
+    };
+    check_keys(o, &[MESSAGE_KEYS], &format!("messages[{i}]."))?;
+    let get = |k: &str| o.get(k).filter(|v| !v.is_null());
+    let role = match get("role") {
+        Some(Value::String(r)) => r.as_str(),
+        None => return Err(ApiError::field(at("role"), "is required")),
+        Some(v) => return Err(type_err(&at("role"), "a string", v)),
+    };
+    // OpenAI's newer name for the system role; templates only know `system`.
+    let role = match role {
+        "developer" => "system",
+        "system" | "user" | "assistant" | "tool" => role,
+        "function" => {
+            return Err(ApiError::field(
+                at("role"),
+                "the deprecated function role is not supported: use tool messages",
+            ))
+        }
+        other => {
+            return Err(ApiError::field(
+                at("role"),
+                format!(
+                    "unknown role \"{}\" (expected system, user, assistant or tool)",
+                    printable(other)
+                ),
+            ))
+        }
+    };
+    let mut out = Map::new();
+    out.insert("role".into(), json!(role));
+    if let Some(n) = get("name") {
+        if !n.is_string() {
+            return Err(type_err(&at("name"), "a string", n));
+        }
+        out.insert("name".into(), n.clone());
+    }
+    if get("function_call").is_some() {
+        return Err(ApiError::field(
+            at("function_call"),
+            "the deprecated function calling is not supported: use tool_calls",
+        ));
+    }
+    if get("audio").is_some() {
+        return Err(ApiError::field(at("audio"), "audio is not supported"));
+    }
+    let tool_calls = match get("tool_calls") {
+        None => None,
+        Some(v) if role == "assistant" => {
+            Some(crate::tools::parse_history_calls(v, &at("tool_calls"))?)
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                at("tool_calls"),
+                "only assistant messages carry tool calls",
+            ))
+        }
+    };
+    let content = match get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => text_parts(parts, i)?,
+        // An assistant turn that only calls tools has no content.
+        None if role == "assistant" => String::new(),
+        None => return Err(ApiError::field(at("content"), "is required")),
+        Some(v) => {
+            return Err(type_err(
+                &at("content"),
+                "a string or an array of text parts",
+                v,
+            ))
+        }
+    };
+    out.insert("content".into(), json!(content));
+    if let Some(calls) = tool_calls {
+        out.insert("tool_calls".into(), calls);
+    }
+    if let Some(r) = get("reasoning_content") {
+        if !r.is_string() {
+            return Err(type_err(&at("reasoning_content"), "a string", r));
+        }
+        out.insert("reasoning_content".into(), r.clone());
+    }
+    match (role, get("tool_call_id")) {
+        ("tool", Some(Value::String(id))) => {
+            out.insert("tool_call_id".into(), json!(id));
+        }
+        ("tool", None) => return Err(ApiError::field(at("tool_call_id"), "is required")),
+        ("tool", Some(v)) => return Err(type_err(&at("tool_call_id"), "a string", v)),
+        (_, Some(_)) => {
+            return Err(ApiError::field(
+                at("tool_call_id"),
+                "only tool messages carry a tool_call_id",
+            ))
+        }
+        (_, None) => {}
+    }
+    Ok(Value::Object(out))
+}
+
+/// `[{"type": "text", "text": "…"}, …]` joined with newlines (a `refusal` part counts as text);
+/// other part types are refused.
 fn text_parts(parts: &[Value], i: usize) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, p) in parts.iter().enumerate() {
@@ -422,8 +710,9 @@ fn text_parts(parts: &[Value], i: usize) -> Result<String, ApiError> {
         let Value::Object(o) = p else {
             return Err(type_err(&at, "an object", p));
         };
-        match o.get("type").and_then(Value::as_str) {
-            Some("text") => {}
+        let key = match o.get("type").and_then(Value::as_str) {
+            Some("text") => "text",
+            Some("refusal") => "refusal",
             Some(t) => {
                 return Err(ApiError::field(
                     format!("{at}.type"),
@@ -439,12 +728,14 @@ fn text_parts(parts: &[Value], i: usize) -> Result<String, ApiError> {
                     "is required (\"text\")",
                 ))
             }
-        }
-        check_keys(o, &[&["type", "text"]], &format!("{at}."))?;
-        match o.get("text") {
+        };
+        check_keys(o, &[&["type", key, "annotations"]], &format!("{at}."))?;
+        match o.get(key) {
             Some(Value::String(s)) => texts.push(s.as_str()),
-            Some(v) => return Err(type_err(&format!("{at}.text"), "a string", v)),
-            None => return Err(ApiError::field(format!("{at}.text"), "is required")),
+            None | Some(Value::Null) => {
+                return Err(ApiError::field(format!("{at}.{key}"), "is required"))
+            }
+            Some(v) => return Err(type_err(&format!("{at}.{key}"), "a string", v)),
         }
     }
     Ok(texts.join("\n"))
@@ -562,6 +853,17 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A non-negative integer of at most `max`.
+    fn uint_max(&self, name: &str, max: u64) -> Result<Option<u64>, ApiError> {
+        match self.uint(name)? {
+            Some(n) if n > max => Err(ApiError::field(
+                name,
+                format!("must be at most {max} (got {n})"),
+            )),
+            n => Ok(n),
+        }
+    }
+
     /// A finite number in `[lo, hi]` (as f32; `range` says the range in the message).
     fn num(&self, name: &str, lo: f64, hi: f64, range: &str) -> Result<Option<f32>, ApiError> {
         let Some(v) = self.get(name) else {
@@ -580,7 +882,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn type_err(name: &str, expected: &str, got: &Value) -> ApiError {
+pub(crate) fn type_err(name: &str, expected: &str, got: &Value) -> ApiError {
     ApiError::field(
         name,
         format!("expected {expected}, got {} {}", kind(got), short(got)),
@@ -611,7 +913,7 @@ fn short(v: &Value) -> String {
 }
 
 /// A client-chosen key or value echoed in a message: control characters escaped, length cut.
-fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     let mut out: String = s.chars().take(64).flat_map(char::escape_default).collect();
     if s.chars().count() > 64 {
         out.push('…');
@@ -624,6 +926,18 @@ mod tests {
     use super::*;
 
     const L: Limits = Limits { ctx: 256 };
+
+    fn msg(role: &str, content: &str) -> Value {
+        json!({"role": role, "content": content})
+    }
+
+    fn chat_prompt(messages: Vec<Value>) -> PromptInput {
+        PromptInput::Chat(ChatPrompt {
+            messages,
+            tools: vec![],
+            kwargs: vec![],
+        })
+    }
 
     fn chat(body: &str) -> Result<GenRequest, ApiError> {
         parse_chat(body.as_bytes(), L)
@@ -638,11 +952,9 @@ mod tests {
     #[test]
     fn minimal_chat_gets_openai_defaults() {
         let r = chat(r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-        assert_eq!(
-            r.prompt,
-            PromptInput::Chat(vec![Message::new("user", "hi")])
-        );
+        assert_eq!(r.prompt, chat_prompt(vec![msg("user", "hi")]));
         assert!(!r.stream && r.max_tokens.is_none() && r.seed.is_none());
+        assert_eq!((r.n, r.logprobs, r.echo), (1, None, false));
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.top_p, 1.0);
     }
@@ -656,13 +968,9 @@ mod tests {
             "stop":["x","yy"],"n":1,"user":"u","logprobs":false,"logit_bias":{},"response_format":{"type":"text"},"tools":[],"tool_choice":"none"}"#,
         )
         .unwrap();
-        assert_eq!(
-            r.prompt,
-            PromptInput::Chat(vec![
-                Message::new("system", "a\nb"),
-                Message::new("user", "q")
-            ])
-        );
+        let mut user = msg("user", "q");
+        user["name"] = json!("n");
+        assert_eq!(r.prompt, chat_prompt(vec![msg("system", "a\nb"), user]));
         assert!(r.stream && r.include_usage);
         assert_eq!(r.max_tokens, Some(7));
         let s = &r.sampling;
@@ -695,7 +1003,6 @@ mod tests {
                 r#""max_tokens":3,"max_completion_tokens":4"#,
                 "max_completion_tokens",
             ),
-            (r#""n":2"#, "n"),
             (r#""stop":[1]"#, "stop[0]"),
             (r#""stop":"""#, "stop"),
             (r#""stream":"yes""#, "stream"),
@@ -706,13 +1013,41 @@ mod tests {
             (r#""seed":"x""#, "seed"),
             (r#""presence_penalty":3"#, "presence_penalty"),
             (r#""repetition_penalty":0"#, "repetition_penalty"),
-            (r#""logprobs":true"#, "logprobs"),
-            (r#""tools":[{"type":"function"}]"#, "tools"),
-            (
-                r#""response_format":{"type":"json_object"}"#,
-                "response_format",
-            ),
             (r#""frobnicate":1"#, "frobnicate"),
+            (r#""frobnicate":null"#, "frobnicate"),
+            (r#""n":0"#, "n"),
+            (r#""n":17"#, "n"),
+            (r#""top_logprobs":2"#, "top_logprobs"),
+            (r#""logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#""logit_bias":{"x":1}"#, "logit_bias.x"),
+            (r#""logit_bias":{"5":101}"#, "logit_bias.5"),
+            (r#""tools":[{"type":"function"}]"#, "tools[0].function"),
+            (
+                r#""tools":[{"type":"function","function":{"name":"a b"}}]"#,
+                "tools[0].function.name",
+            ),
+            (r#""tool_choice":"required""#, "tool_choice"),
+            (
+                r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+                "tool_choice",
+            ),
+            (
+                r#""response_format":{"type":"xml"}"#,
+                "response_format.type",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{}}"#,
+                "response_format.json_schema.name",
+            ),
+            (r#""modalities":["audio"]"#, "modalities[0]"),
+            (r#""audio":{"voice":"x"}"#, "audio"),
+            (r#""functions":[]"#, "functions"),
+            (r#""reasoning_effort":"max""#, "reasoning_effort"),
+            (r#""chat_template_kwargs":1"#, "chat_template_kwargs"),
+            (
+                r#""stream":true,"stream_options":{"x":1}"#,
+                "stream_options.x",
+            ),
         ] {
             let body = format!("{{{m},{extra}}}");
             assert_eq!(param(chat(&body)), want, "{body}");
@@ -725,8 +1060,19 @@ mod tests {
                 r#"[{"role":"user","content":"x"},{"role":"wizard","content":"x"}]"#,
                 "messages[1].role",
             ),
-            (r#"[{"role":"tool","content":"x"}]"#, "messages[0].role"),
             (r#"[{"role":"user"}]"#, "messages[0].content"),
+            (
+                r#"[{"role":"tool","content":"x"}]"#,
+                "messages[0].tool_call_id",
+            ),
+            (
+                r#"[{"role":"user","content":"x","tool_calls":[]}]"#,
+                "messages[0].tool_calls",
+            ),
+            (
+                r#"[{"role":"assistant","tool_calls":[{"function":{}}]}]"#,
+                "messages[0].tool_calls[0].function.name",
+            ),
             (r#"[{"role":"user","content":7}]"#, "messages[0].content"),
             (
                 r#"[{"role":"user","content":[{"type":"image_url"}]}]"#,
@@ -736,15 +1082,56 @@ mod tests {
                 r#"[{"role":"user","content":"x","extra":1}]"#,
                 "messages[0].extra",
             ),
-            (
-                r#"[{"role":"assistant","content":"x","tool_calls":[]}]"#,
-                "messages[0].tool_calls",
-            ),
         ] {
             let body = format!(r#"{{"messages":{msgs}}}"#);
             assert_eq!(param(chat(&body)), want, "{body}");
         }
         assert_eq!(param(chat("{}")), "messages");
+    }
+
+    #[test]
+    fn openai_fields_and_nulls_are_accepted() {
+        // A history as the openai client's `message.model_dump()` writes it, and the fields of
+        // OpenAI's reference that do not apply here.
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"q","name":null},
+            {"role":"assistant","content":null,"refusal":null,"annotations":null,"audio":null,"function_call":null,
+             "tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},
+            {"role":"tool","content":"42","tool_call_id":"c1"}],
+            "reasoning_effort":"low","metadata":{"k":"v"},"store":false,"service_tier":"auto","modalities":["text"],
+            "prediction":{"type":"content","content":"x"},"verbosity":"low","prompt_cache_key":"k","safety_identifier":"s",
+            "stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false},"web_search_options":null,
+            "chat_template_kwargs":{"enable_thinking":false},"top_logprobs":null,"audio":null,"functions":null,
+            "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],
+            "tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,
+            "logprobs":true,"n":3,"logit_bias":{"7":-100}}"#,
+        )
+        .unwrap();
+        let PromptInput::Chat(c) = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(
+            c.messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"a": 1})
+        );
+        assert_eq!(c.messages[1]["content"], "");
+        assert_eq!(c.messages[2]["tool_call_id"], "c1");
+        assert_eq!(
+            c.kwargs,
+            vec![
+                ("enable_thinking".to_string(), json!(false)),
+                ("reasoning_effort".to_string(), json!("low"))
+            ]
+        );
+        assert_eq!(r.tool_choice, ToolChoice::Function("f".into()));
+        assert!(!r.parallel_tool_calls);
+        assert_eq!((r.n, r.logprobs), (3, Some(0)));
+        assert_eq!(r.logit_bias, vec![(7, -100.0)]);
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object"}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.json_schema, Some(json!({"type":"object"})));
     }
 
     #[test]
@@ -791,8 +1178,9 @@ mod tests {
             (r#"{"prompt":[4294967296]}"#, "prompt[0]"),
             (r#"{"prompt":{}}"#, "prompt"),
             (r#"{}"#, "prompt"),
-            (r#"{"prompt":"a","echo":true}"#, "echo"),
             (r#"{"prompt":"a","best_of":2}"#, "best_of"),
+            (r#"{"prompt":"a","logprobs":21}"#, "logprobs"),
+            (r#"{"prompt":"a","suffix":"b"}"#, "suffix"),
             (r#"{"prompt":"a","messages":[]}"#, "messages"),
         ] {
             assert_eq!(param(parse_completion(b.as_bytes(), L)), want, "{b}");

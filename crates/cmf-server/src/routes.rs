@@ -8,14 +8,21 @@
 //! | `POST /v1/chat/completions` | yes | messages → chat template → generation |
 //! | `POST /v1/completions` | yes | raw prompt → generation |
 //!
-//! Anything else is 404 (405 for a known path with the wrong method), in OpenAI's error shape.
+//! The `/v1` routes answer without the prefix too (`/models`, `/chat/completions`, as
+//! llama-server does). Anything else is 404 (405 for a known path with the wrong method), in
+//! OpenAI's error shape; so is a path segment that is not UTF-8.
 
 use crate::error::ApiError;
-use crate::openai::{model_object, sse_event, Endpoint, ResponseMeta, SSE_DONE};
+use crate::openai::{
+    chat_logprobs, completion_logprobs, finish_reason, model_object, sse_event, ChoiceOut,
+    Endpoint, ResponseMeta, SSE_DONE,
+};
 use crate::prompt::{prepare, PromptLimits};
 use crate::request::{parse_chat, parse_completion, GenRequest, Limits};
+use crate::tools::{Delta, ToolFormat, ToolParser};
 use crate::worker::{Engine, Event, Job};
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// What every handler shares.
 pub struct AppState {
@@ -34,6 +42,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub max_tokens_default: usize,
+    /// Cross-origin access for browser front ends (`--cors-origin`); None: no CORS headers.
+    cors: Option<CorsLayer>,
     requests: AtomicU64,
 }
 
@@ -49,21 +59,60 @@ impl AppState {
             api_key,
             max_body_bytes,
             max_tokens_default,
+            cors: None,
             requests: AtomicU64::new(0),
         }
+    }
+
+    /// Allows browsers on `origins` (`*`: any) to call the API, preflight requests included.
+    pub fn with_cors(mut self, origins: &[String]) -> Result<AppState, String> {
+        if origins.is_empty() {
+            return Ok(self);
+        }
+        let allow = if origins.iter().any(|o| o == "*") {
+            AllowOrigin::any()
+        } else {
+            let list = origins
+                .iter()
+                .map(|o| {
+                    HeaderValue::from_str(o)
+                        .map_err(|_| format!("--cors-origin: invalid origin {o:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            AllowOrigin::list(list)
+        };
+        self.cors = Some(
+            CorsLayer::new()
+                .allow_origin(allow)
+                .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+                .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+        );
+        Ok(self)
     }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{id}", get(get_model))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
+    let mut r = Router::new().route("/health", get(health));
+    for prefix in ["/v1", ""] {
+        r = r
+            .route(&format!("{prefix}/models"), get(list_models))
+            .route(&format!("{prefix}/models/{{id}}"), get(get_model))
+            .route(
+                &format!("{prefix}/chat/completions"),
+                post(chat_completions),
+            )
+            .route(&format!("{prefix}/completions"), post(completions));
+    }
+    let cors = state.cors.clone();
+    let r = r
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .with_state(state)
+        .with_state(state);
+    // Outermost, so that preflight requests are answered before routing.
+    match cors {
+        Some(layer) => r.layer(layer),
+        None => r,
+    }
 }
 
 pub(crate) fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
@@ -106,9 +155,12 @@ async fn list_models(
 async fn get_model(
     State(s): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     check_api_key(&s, &headers)?;
+    let Path(id) = id.map_err(|e| {
+        ApiError::bad_request(format!("invalid path: {}", e.body_text())).with_code("invalid_path")
+    })?;
     let info = &s.engine.info;
     if id != info.id {
         return Err(ApiError::not_found(format!(
@@ -163,16 +215,32 @@ async fn run_generation(
             max_tokens_default: state.max_tokens_default,
             vocab_size: info.vocab_size,
         };
-        let p = prepare(&state.engine.assets, &req, prompt_limits, fresh_seed(n))?;
+        let p = prepare(
+            &state.engine.assets,
+            &state.engine.guidance,
+            &req,
+            prompt_limits,
+            fresh_seed(n),
+        )?;
         Ok::<_, ApiError>((req, p))
     })
     .await
     .map_err(|e| ApiError::internal(format!("request preparation failed: {e}")))??;
 
     let (events, rx) = mpsc::unbounded_channel();
+    let shape = Shape {
+        n: req.n,
+        logprobs: req.logprobs.is_some(),
+        tool_format: prepared.tool_format,
+        parallel_tool_calls: req.parallel_tool_calls,
+        echo_text: prepared.echo_text.clone(),
+        prompt_ids: prepared.ids.clone(),
+        state: s.clone(),
+    };
     s.engine.submit(Job {
         ids: prepared.ids,
         gen: prepared.gen,
+        options: prepared.options,
         events,
     })?;
     let meta = ResponseMeta {
@@ -185,24 +253,107 @@ async fn run_generation(
         endpoint,
     };
     if req.stream {
-        Ok(stream_response(meta, rx, req.include_usage))
+        Ok(stream_response(meta, shape, rx, req.include_usage))
     } else {
-        collect_response(meta, rx).await
+        collect_response(meta, shape, rx).await
     }
+}
+
+/// How the events of one request become its answer.
+struct Shape {
+    n: usize,
+    logprobs: bool,
+    tool_format: Option<ToolFormat>,
+    parallel_tool_calls: bool,
+    echo_text: Option<String>,
+    prompt_ids: Vec<u32>,
+    state: Arc<AppState>,
+}
+
+impl Shape {
+    fn tool_parser(&self, meta: &ResponseMeta, choice: usize) -> Option<ToolParser> {
+        self.tool_format.map(|f| {
+            let p = ToolParser::new(
+                f,
+                format!("call_{}_{choice}_", &meta.id[meta.id.len() - 8..]),
+            );
+            if self.parallel_tool_calls {
+                p
+            } else {
+                p.single_call()
+            }
+        })
+    }
+
+    fn tokenizer(&self) -> &cmf_llm::chat::Tokenizer {
+        &self.state.engine.assets.tokenizer
+    }
+
+    /// A logprobs block for `entries` (None when the request did not ask). Completions count
+    /// `text_offset` from `offset`.
+    fn logprobs(
+        &self,
+        endpoint: Endpoint,
+        entries: &[cmf_llm::logits::TokenLogprob],
+        offset: usize,
+    ) -> Option<serde_json::Value> {
+        if !self.logprobs {
+            return None;
+        }
+        Some(match endpoint {
+            Endpoint::Chat => chat_logprobs(self.tokenizer(), entries),
+            Endpoint::Completion => {
+                let e: Vec<_> = entries.iter().map(|e| (e.id, Some(e))).collect();
+                completion_logprobs(self.tokenizer(), &e, offset)
+            }
+        })
+    }
+}
+
+/// One choice being collected.
+#[derive(Default)]
+struct Collecting {
+    text: String,
+    logprobs: Vec<cmf_llm::logits::TokenLogprob>,
+    finish: Option<cmf_llm::generate::FinishReason>,
 }
 
 /// Waits for the whole answer. If the client goes away meanwhile, hyper drops this future, the
 /// receiver with it, and the worker cancels the generation.
 async fn collect_response(
     meta: ResponseMeta,
+    shape: Shape,
     mut rx: mpsc::UnboundedReceiver<Event>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let mut choices: Vec<Collecting> = (0..shape.n).map(|_| Collecting::default()).collect();
+    let mut prompt_lp = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Text(t) => text.push_str(&t),
+            Event::Prompt(lp) => prompt_lp = lp,
+            Event::Text {
+                choice,
+                text,
+                logprobs,
+            } => {
+                let c = &mut choices[choice];
+                c.text.push_str(&text);
+                c.logprobs.extend(logprobs);
+            }
+            Event::ChoiceDone {
+                choice,
+                finish,
+                logprobs,
+            } => {
+                choices[choice].finish = Some(finish);
+                choices[choice].logprobs.extend(logprobs);
+            }
             Event::Done(stats) => {
-                return Ok(json_response(StatusCode::OK, &meta.complete(&text, &stats)))
+                let out: Vec<ChoiceOut> = choices
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, c)| finish_choice(&meta, &shape, i, c, &prompt_lp))
+                    .collect();
+                return Ok(json_response(StatusCode::OK, &meta.complete(&out, &stats)));
             }
             Event::Failed(msg) => return Err(ApiError::internal(msg)),
         }
@@ -212,60 +363,194 @@ async fn collect_response(
     ))
 }
 
-/// Server-sent events: the role chunk at once, a chunk per text piece as the worker sends it,
-/// then the finish chunk (with usage), the optional usage-only chunk and `[DONE]`. A failure
-/// after the stream started is sent as an `{"error": …}` event and the stream ends without
-/// `[DONE]`. When the client disconnects, hyper drops the body stream and with it the receiver,
-/// which is what the worker watches.
+/// A collected choice in its response shape: tool calls parsed out, echo prepended, logprobs.
+fn finish_choice(
+    meta: &ResponseMeta,
+    shape: &Shape,
+    i: usize,
+    c: Collecting,
+    prompt_lp: &[cmf_llm::logits::TokenLogprob],
+) -> ChoiceOut {
+    let (content, tool_calls) = match shape.tool_parser(meta, i) {
+        Some(mut p) => {
+            let mut deltas = p.push(&c.text);
+            let (tail, calls) = p.finish();
+            deltas.extend(tail);
+            let content = deltas
+                .into_iter()
+                .filter_map(|d| match d {
+                    Delta::Content(t) => Some(t),
+                    _ => None,
+                })
+                .collect::<String>();
+            (content, calls)
+        }
+        None => (c.text, Vec::new()),
+    };
+    let finish = c.finish.map(|f| finish_reason(f, !tool_calls.is_empty()));
+    let echo = shape.echo_text.as_deref().unwrap_or("");
+    let logprobs = match (meta.endpoint, shape.echo_text.is_some() && shape.logprobs) {
+        (Endpoint::Completion, true) => {
+            // The prompt's tokens first (the first one has no log-probability), then the answer's.
+            let ids = &shape.prompt_ids;
+            let mut e: Vec<(u32, Option<&cmf_llm::logits::TokenLogprob>)> = Vec::new();
+            if let Some(&first) = ids.first() {
+                e.push((first, None));
+            }
+            e.extend(prompt_lp.iter().map(|l| (l.id, Some(l))));
+            e.extend(c.logprobs.iter().map(|l| (l.id, Some(l))));
+            Some(completion_logprobs(shape.tokenizer(), &e, 0))
+        }
+        _ => shape.logprobs(meta.endpoint, &c.logprobs, echo.len()),
+    };
+    ChoiceOut {
+        content: format!("{echo}{content}"),
+        tool_calls,
+        logprobs,
+        finish,
+    }
+}
+
+/// Server-sent events: the role chunk of each choice at once, a chunk per text piece (or
+/// tool-call delta) as the worker sends it, then each choice's finish chunk, the usage (on the
+/// last finish chunk, or in OpenAI's usage-only chunk when `include_usage` asks) and `[DONE]`.
+/// A failure after the stream started is sent as an `{"error": …}` event and the stream ends
+/// without `[DONE]`. When the client disconnects, hyper drops the body stream and with it the
+/// receiver, which is what the worker watches.
 fn stream_response(
     meta: ResponseMeta,
+    shape: Shape,
     rx: mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
 ) -> Response {
     struct S {
         meta: ResponseMeta,
+        shape: Shape,
         rx: mpsc::UnboundedReceiver<Event>,
         include_usage: bool,
+        parsers: Vec<Option<ToolParser>>,
+        /// Per choice: whether it called a tool; log-probabilities not yet sent; bytes sent.
+        called: Vec<bool>,
+        held_lp: Vec<Vec<cmf_llm::logits::TokenLogprob>>,
+        sent: Vec<usize>,
+        /// The last choice's finish, sent with the usage once every choice is done.
+        last_finish: Option<(usize, &'static str, Option<serde_json::Value>)>,
         done: bool,
     }
-    let head = meta.first_chunk().map(|c| sse_event(&c));
+    impl S {
+        fn deltas(&mut self, choice: usize, deltas: Vec<Delta>, out: &mut String) {
+            for d in deltas {
+                if !matches!(d, Delta::Content(_)) {
+                    self.called[choice] = true;
+                }
+                let lp = std::mem::take(&mut self.held_lp[choice]);
+                let block = self
+                    .shape
+                    .logprobs(self.meta.endpoint, &lp, self.sent[choice]);
+                if let Delta::Content(t) = &d {
+                    self.sent[choice] += t.len();
+                }
+                out.push_str(&sse_event(&self.meta.delta_chunk(choice, &d, block)));
+            }
+        }
+    }
+    let n = shape.n;
+    let mut head = String::new();
+    for i in 0..n {
+        if let Some(c) = meta.first_chunk(i) {
+            head.push_str(&sse_event(&c));
+        }
+    }
+    if let Some(echo) = shape.echo_text.as_deref() {
+        for i in 0..n {
+            let d = Delta::Content(echo.to_string());
+            head.push_str(&sse_event(&meta.delta_chunk(i, &d, None)));
+        }
+    }
+    let parsers = (0..n).map(|i| shape.tool_parser(&meta, i)).collect();
+    let sent = vec![shape.echo_text.as_deref().map_or(0, str::len); n];
     let body = stream::unfold(
         S {
             meta,
+            shape,
             rx,
             include_usage,
+            parsers,
+            called: vec![false; n],
+            held_lp: vec![Vec::new(); n],
+            sent,
+            last_finish: None,
             done: false,
         },
         |mut s| async move {
             if s.done {
                 return None;
             }
-            let out = match s.rx.recv().await {
-                Some(Event::Text(t)) => sse_event(&s.meta.text_chunk(&t)),
+            let mut out = String::new();
+            match s.rx.recv().await {
+                Some(Event::Prompt(_)) => {}
+                Some(Event::Text {
+                    choice,
+                    text,
+                    logprobs,
+                }) => {
+                    s.held_lp[choice].extend(logprobs);
+                    let deltas = match s.parsers[choice].as_mut() {
+                        Some(p) => p.push(&text),
+                        None => vec![Delta::Content(text)],
+                    };
+                    s.deltas(choice, deltas, &mut out);
+                }
+                Some(Event::ChoiceDone {
+                    choice,
+                    finish,
+                    logprobs,
+                }) => {
+                    if let Some(mut p) = s.parsers[choice].take() {
+                        let (tail, calls) = p.finish();
+                        s.deltas(choice, tail, &mut out);
+                        s.called[choice] |= !calls.is_empty();
+                    }
+                    s.held_lp[choice].extend(logprobs);
+                    let lp = std::mem::take(&mut s.held_lp[choice]);
+                    let block = s.shape.logprobs(s.meta.endpoint, &lp, s.sent[choice]);
+                    let reason = finish_reason(finish, s.called[choice]);
+                    if choice + 1 == s.shape.n {
+                        s.last_finish = Some((choice, reason, block));
+                    } else {
+                        out.push_str(&sse_event(
+                            &s.meta.finish_chunk(choice, reason, block, None),
+                        ));
+                    }
+                }
                 Some(Event::Done(stats)) => {
                     s.done = true;
-                    let mut out = sse_event(&s.meta.final_chunk(&stats));
+                    if let Some((choice, reason, block)) = s.last_finish.take() {
+                        let usage = (!s.include_usage).then_some(&stats);
+                        out.push_str(&sse_event(
+                            &s.meta.finish_chunk(choice, reason, block, usage),
+                        ));
+                    }
                     if s.include_usage {
                         out.push_str(&sse_event(&s.meta.usage_chunk(&stats)));
                     }
                     out.push_str(SSE_DONE);
-                    out
                 }
                 Some(Event::Failed(msg)) => {
                     s.done = true;
-                    sse_event(&ApiError::internal(msg).body())
+                    out = sse_event(&ApiError::internal(msg).body());
                 }
                 None => {
                     s.done = true;
-                    sse_event(
+                    out = sse_event(
                         &ApiError::internal("the inference worker stopped before finishing").body(),
-                    )
+                    );
                 }
-            };
+            }
             Some((Ok::<_, Infallible>(Bytes::from(out)), s))
         },
     );
-    let body = stream::iter(head.map(|h| Ok(Bytes::from(h)))).chain(body);
+    let body = stream::iter((!head.is_empty()).then(|| Ok(Bytes::from(head)))).chain(body);
     let mut r = Response::new(Body::from_stream(body));
     let h = r.headers_mut();
     h.insert(

@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub limits: ConnLimits,
     /// Where the one line per request goes.
     pub request_log: RequestLog,
+    /// Origins browsers may call the API from (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl ServerConfig {
@@ -49,6 +51,7 @@ impl ServerConfig {
             http_threads: 2,
             limits: ConnLimits::default(),
             request_log: RequestLog::default(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -65,12 +68,15 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, StartError> {
 
 fn state(cfg: &ServerConfig) -> Result<Arc<AppState>, StartError> {
     let engine = Engine::start(&cfg.model, cfg.engine.clone())?;
-    Ok(Arc::new(AppState::new(
+    let state = AppState::new(
         engine,
         cfg.api_key.clone(),
         cfg.max_body_bytes,
         cfg.max_tokens_default,
-    )))
+    )
+    .with_cors(&cfg.cors_origins)
+    .map_err(StartError::Other)?;
+    Ok(Arc::new(state))
 }
 
 async fn bind(cfg: &ServerConfig) -> Result<tokio::net::TcpListener, StartError> {

@@ -9,8 +9,9 @@
 //! unbounded channel of [`Event`]s (text pieces, then `Done` or `Failed`). The HTTP handler holds
 //! the receiving end; when the client goes away the handler (or the response stream) is dropped,
 //! the channel closes, and the worker sees it before the next forward pass or prefill piece
-//! (`generate_cancellable`) and stops: a client that disconnects cancels its generation within
-//! one token, or one piece of a long prompt. A job whose client left while it waited is skipped. The KV cache is cleared for
+//! (`cmf_llm::guided::generate_guided`) and stops: a client that disconnects cancels its
+//! generation within one token, or one piece of a long prompt. A job whose client left while it
+//! waited is skipped. The KV cache is cleared for
 //! every request (no prefix reuse across requests).
 
 use crate::error::ApiError;
@@ -19,7 +20,7 @@ use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
 use cmf_llm::chat::TextAssets;
 use cmf_llm::engine::{CpuEngine, Engine as LlmEngine};
-use cmf_llm::generate::{generate_cancellable, FinishReason, GenerationConfig, GenerationStats};
+use cmf_llm::generate::{FinishReason, GenerationStats};
 use cmf_llm::{Model, ModelConfig};
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
@@ -29,21 +30,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-pub struct Job {
-    pub ids: Vec<u32>,
-    pub gen: GenerationConfig,
-    pub events: mpsc::UnboundedSender<Event>,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    /// A piece of generated text (never part of a stop string).
-    Text(String),
-    /// Generation ended normally; the stats carry the token counts and the finish reason.
-    Done(GenerationStats),
-    /// Generation failed after the request was accepted.
-    Failed(String),
-}
+pub use crate::generation::{Event, Job, JobOptions};
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -139,6 +126,8 @@ pub enum StartError {
 /// The loaded model behind its queue.
 pub struct Engine {
     pub assets: Arc<TextAssets>,
+    /// Grammars and the tool-call format (structured output, tool calling).
+    pub guidance: Arc<crate::guidance::Guidance>,
     pub info: ModelInfo,
     pub stats: Arc<WorkerStats>,
     queue_capacity: usize,
@@ -179,6 +168,11 @@ impl Engine {
             ctx,
             vocab_size: config.vocab_size,
         };
+        let guidance = Arc::new(crate::guidance::Guidance::new(
+            &file,
+            &assets,
+            config.vocab_size,
+        ));
         let (jobs, rx) = mpsc::channel(opts.queue_capacity);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let stats = Arc::new(WorkerStats::default());
@@ -210,6 +204,7 @@ impl Engine {
         }
         Ok(Engine {
             assets,
+            guidance,
             info,
             stats,
             queue_capacity: opts.queue_capacity,
@@ -363,25 +358,22 @@ impl Worker {
         job: &Job,
         record: &RequestRecord,
     ) -> cmf_llm::Result<GenerationStats> {
-        let events = &job.events;
-        let mut on_text = |t: &str| {
-            record.first_text.get_or_init(std::time::Instant::now);
-            let _ = events.send(Event::Text(t.to_string()));
-        };
         let cancelled = || {
             if let Some(d) = self.pacing {
                 std::thread::sleep(d);
             }
-            events.is_closed()
+            job.events.is_closed()
         };
-        generate_cancellable(
+        // The first text sent is the request's time to first token in its log line.
+        let first_text = || {
+            record.first_text.get_or_init(std::time::Instant::now);
+        };
+        crate::generation::run_job(
             engine,
             &self.assets.tokenizer,
-            &job.ids,
-            &mut Vec::new(),
-            &job.gen,
-            &mut on_text,
+            job,
             &cancelled,
+            &first_text,
         )
     }
 }

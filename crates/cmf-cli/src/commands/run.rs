@@ -36,6 +36,10 @@ pub struct Args {
     /// Stop when the output contains this text (repeatable); it is not printed.
     #[arg(long = "stop", value_name = "TEXT")]
     stop: Vec<String>,
+    /// Answer with JSON matching this JSON schema file, enforced token by token (one-shot
+    /// only: with --prompt or a prompt on stdin).
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
     /// Context length (prompt + answers) in tokens (default: 4096, capped at the model's maximum).
     #[arg(short = 'c', long, value_name = "N")]
     ctx: Option<usize>,
@@ -140,6 +144,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = out.flush();
     };
 
+    if let Some(schema_path) = &args.json_schema {
+        let Some(p) = prompt else {
+            return Err(UsageError(
+                "--json-schema answers one prompt: give --prompt or pipe the prompt on stdin"
+                    .into(),
+            )
+            .into());
+        };
+        let constraint = schema_constraint(&file, &assets, &model, schema_path)?;
+        let ids = if args.raw {
+            assets.tokenizer.encode(&p, true)?
+        } else {
+            let mut msgs = Vec::new();
+            if let Some(s) = &args.system {
+                msgs.push(cmf_llm::chat::Message::new("system", s.as_str()));
+            }
+            msgs.push(cmf_llm::chat::Message::new("user", p.as_str()));
+            let text = assets.template.render(&msgs, true)?;
+            assets.tokenizer.encode(&text, false)?
+        };
+        if ids.is_empty() {
+            return Err(UsageError("the prompt is empty".into()).into());
+        }
+        let mut engine = args.engine.engine(&model, ctx, kv_type)?;
+        let stats =
+            generate_with_schema(engine.as_mut(), &assets, &ids, &cfg, constraint, &mut print)?;
+        finish(&stats, &cfg);
+        return Ok(());
+    }
+
     match prompt {
         Some(p) if args.raw => {
             let ids = assets.tokenizer.encode(&p, true)?;
@@ -233,6 +267,60 @@ fn interactive(
         }
     }
     Ok(())
+}
+
+/// The grammar of `--json-schema FILE`; a file that cannot be read, is not JSON or is not a
+/// usable schema is reported with its path.
+fn schema_constraint(
+    file: &CmfModel,
+    assets: &TextAssets,
+    model: &Model,
+    path: &std::path::Path,
+) -> anyhow::Result<cmf_llm::constraint::Constrained> {
+    let shown = path.display();
+    let bytes = std::fs::read(path).with_context(|| format!("--json-schema {shown}"))?;
+    let schema: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("--json-schema {shown}: not valid JSON"))?;
+    let vocab = file
+        .vocab()
+        .context("the model file has no tokenizer (vocab section)")?;
+    let grammars =
+        cmf_llm::constraint::Grammars::new(vocab, &assets.eos_ids, model.config.vocab_size)?;
+    grammars
+        .constrain(&cmf_llm::constraint::Grammar::JsonSchema(schema))
+        .with_context(|| format!("--json-schema {shown}"))
+}
+
+/// One answer under a grammar constraint (the host-side loop that masks the logits).
+fn generate_with_schema(
+    engine: &mut dyn cmf_llm::engine::Engine,
+    assets: &TextAssets,
+    ids: &[u32],
+    cfg: &GenerationConfig,
+    mut constraint: cmf_llm::constraint::Constrained,
+    print: &mut dyn FnMut(&str),
+) -> anyhow::Result<GenerationStats> {
+    use cmf_llm::guided::{generate_guided, Hooks, Step};
+    let mut hooks = Hooks {
+        processors: vec![&mut constraint],
+        ..Hooks::default()
+    };
+    let mut on_step = |s: Step| {
+        if let Step::Text(t) = s {
+            print(t);
+        }
+    };
+    let never = || false;
+    Ok(generate_guided(
+        engine,
+        &assets.tokenizer,
+        ids,
+        &mut Vec::new(),
+        cfg,
+        &mut hooks,
+        &mut on_step,
+        &never,
+    )?)
 }
 
 /// Ends the answer's line and prints the timings to stderr.

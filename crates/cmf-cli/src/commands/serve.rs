@@ -52,6 +52,9 @@ pub struct Args {
     /// Seconds answers in flight get to finish after Ctrl-C or SIGTERM.
     #[arg(long, value_name = "SECS", default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// Let browsers on this origin call the API (repeatable; `*` allows any). Off by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origin: Vec<String>,
     #[command(flatten)]
     engine: EngineOpts,
 }
@@ -81,6 +84,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.ctx == Some(0) || args.ctx == Some(1) {
         return Err(UsageError("--ctx must be at least 2".into()).into());
     }
+    if let Some(o) = args
+        .cors_origin
+        .iter()
+        .find(|o| o.is_empty() || o.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        return Err(UsageError(format!(
+            "--cors-origin {o:?} is not an origin (e.g. http://localhost:3000, or *)"
+        ))
+        .into());
+    }
     if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(UsageError("--api-key must not be empty".into()).into());
     }
@@ -98,6 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body,
         limits,
+        cors_origins: args.cors_origin.clone(),
         ..ServerConfig::new(&args.file)
     };
     let auth = if cfg.api_key.is_some() {

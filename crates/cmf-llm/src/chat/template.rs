@@ -198,12 +198,25 @@ impl ChatTemplate {
         tools: Option<Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_kwargs(messages, tools, &[], add_generation_prompt)
+    }
+
+    /// [`Self::render_values`] with extra template variables, as transformers passes the
+    /// keyword arguments of `apply_chat_template` (`enable_thinking`, `reasoning_effort`, …).
+    /// They cannot replace the variables above (`messages`, `tools`, the special tokens).
+    pub fn render_with_kwargs(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        kwargs: &[(String, Value)],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| LlmError::Template(describe(&e)))?;
         let s = &self.special;
-        let ctx = Value::from_iter([
+        let fixed = [
             ("messages", messages),
             ("tools", tools.unwrap_or(Value::from(()))),
             ("documents", Value::from(())),
@@ -212,7 +225,13 @@ impl ChatTemplate {
             ("eos_token", opt(&s.eos_token)),
             ("unk_token", opt(&s.unk_token)),
             ("pad_token", opt(&s.pad_token)),
-        ]);
+        ];
+        let ctx = Value::from_iter(
+            kwargs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .chain(fixed.into_iter().map(|(k, v)| (k.to_string(), v))),
+        );
         let mut out = BoundedOutput {
             buf: Vec::new(),
             max: self.limits.max_output,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 #[path = "../../../../test-support/scratch.rs"]
 mod scratch;
+pub use scratch::scratch_dir;
 
 /// `fixtures/llm/qwen2-tiny` as a CMF f32 file (converted once per test process).
 pub fn model_path() -> &'static PathBuf {
@@ -79,6 +80,14 @@ pub fn reference(ids: &[u32], cfg: &GenerationConfig) -> (String, GenerationStat
 
 pub fn assets() -> TextAssets {
     TextAssets::from_cmf(&CmfModel::open(model_path()).unwrap()).unwrap()
+}
+
+/// Grammars and the tool format of the test model, as the server builds them.
+pub fn guidance() -> cmf_server::guidance::Guidance {
+    let file = CmfModel::open(model_path()).unwrap();
+    let a = TextAssets::from_cmf(&file).unwrap();
+    let vocab = cmf_llm::ModelConfig::from_cmf(&file).unwrap().vocab_size;
+    cmf_server::guidance::Guidance::new(&file, &a, vocab)
 }
 
 /// The prompt ids the chat endpoint must build for `messages` (template + tokenizer).

@@ -4,6 +4,8 @@
 
 mod api;
 mod client;
+mod features;
 mod fixture;
 mod hostile;
+mod python_clients;
 mod request_fuzz;

@@ -4,7 +4,7 @@
 //! 4xx with a message. Deterministic (seeded xoshiro), a few thousand cases, well under a second
 //! of work. `fuzz/fuzz_targets/openai_request.rs` runs the same entry points under libFuzzer.
 
-use crate::fixture::assets;
+use crate::fixture::{assets, guidance};
 use cmf_llm::sampling::Xoshiro256;
 use cmf_server::prompt::{prepare, PromptLimits};
 use cmf_server::request::{parse_chat, parse_completion, Limits};
@@ -16,6 +16,9 @@ const SEEDS: &[&str] = &[
     r#"{"prompt":"In the beginning","max_tokens":8,"temperature":0,"stop":"God","echo":false,"best_of":1,"logprobs":null}"#,
     r#"{"prompt":[1,2,3,400],"max_tokens":2}"#,
     r#"{"prompt":[[5,6]],"logit_bias":{},"user":"u","suffix":null}"#,
+    r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"1"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}}}}}],"tool_choice":"required","logprobs":true,"top_logprobs":2,"n":2,"logit_bias":{"3":-5}}"#,
+    r#"{"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"b":{"type":"string"}},"required":["b"]}}},"reasoning_effort":"low","metadata":{},"store":false}"#,
+    r#"{"prompt":"abc","echo":true,"logprobs":3,"n":2,"best_of":2}"#,
 ];
 
 struct Rng(Xoshiro256);
@@ -194,6 +197,7 @@ fn mutate_bytes(r: &mut Rng, b: &mut Vec<u8>) {
 #[test]
 fn mutated_requests_never_panic() {
     let assets = assets();
+    let guidance = guidance();
     let limits = Limits { ctx: 256 };
     let prompt_limits = PromptLimits {
         ctx: 256,
@@ -216,7 +220,8 @@ fn mutated_requests_never_panic() {
             b
         };
         for parsed in [parse_chat(&body, limits), parse_completion(&body, limits)] {
-            let outcome = parsed.and_then(|req| prepare(&assets, &req, prompt_limits, 1));
+            let outcome =
+                parsed.and_then(|req| prepare(&assets, &guidance, &req, prompt_limits, 1));
             match outcome {
                 Ok(p) => {
                     ok += 1;

@@ -1,0 +1,120 @@
+//! What grammar-constrained decoding costs: decode throughput of the guided loop with a JSON
+//! schema against the same loop without one (end-of-sequence banned, so both generate the same
+//! number of tokens), on the model named by `CMF_BENCH_MODEL`. Ignored by default (it needs a
+//! real model); run with
+//! `CMF_BENCH_MODEL=model.cmf cargo test --release -p cmf-llm --test constraint_overhead -- --ignored --nocapture`.
+
+use cmf_format::CmfModel;
+use cmf_llm::chat::TextAssets;
+use cmf_llm::constraint::{Grammar, Grammars};
+use cmf_llm::engine::CpuEngine;
+use cmf_llm::generate::GenerationConfig;
+use cmf_llm::guided::{generate_guided, Hooks};
+use cmf_llm::logits::{LogitBias, LogitProcessor};
+use cmf_llm::Model;
+use std::time::Instant;
+
+#[test]
+#[ignore]
+fn constrained_decode_throughput() {
+    let Ok(path) = std::env::var("CMF_BENCH_MODEL") else {
+        println!("SKIPPED: set CMF_BENCH_MODEL to a .cmf LLM");
+        return;
+    };
+    let file = CmfModel::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let assets = TextAssets::from_cmf(&file).unwrap();
+    let t = Instant::now();
+    let grammars = Grammars::new(
+        file.vocab().unwrap(),
+        &assets.eos_ids,
+        model.config.vocab_size,
+    )
+    .unwrap();
+    println!(
+        "token trie built in {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let schema = serde_json::json!({"type": "object", "properties": {"items": {"type": "array",
+        "items": {"type": "string", "maxLength": 24}, "minItems": 100, "maxItems": 100}},
+        "required": ["items"], "additionalProperties": false});
+    let msgs = [cmf_llm::chat::Message::new(
+        "user",
+        "List one hundred fruits as JSON.",
+    )];
+    let text = assets.template.render(&msgs, true).unwrap();
+    let ids = assets.tokenizer.encode(&text, false).unwrap();
+    let n = 256;
+    let cfg = GenerationConfig {
+        max_tokens: n,
+        eos_ids: assets.eos_ids.clone(),
+        ..Default::default()
+    };
+    let ban_eos = LogitBias(assets.eos_ids.iter().map(|&e| (e, -1000.0)).collect());
+    let mut rates = [Vec::new(), Vec::new()];
+    let mut outsides = [Vec::new(), Vec::new()];
+    for round in 0..10 {
+        let constrained = round % 2 == 1;
+        let mut engine = CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16);
+        let mut bias = ban_eos.clone();
+        let mut c = grammars
+            .constrain(&Grammar::JsonSchema(schema.clone()))
+            .unwrap();
+        let mut processors: Vec<&mut dyn LogitProcessor> = vec![&mut bias];
+        if constrained {
+            processors.push(&mut c);
+        }
+        let mut hooks = Hooks {
+            processors,
+            ..Hooks::default()
+        };
+        let mut first = None;
+        let t0 = Instant::now();
+        let mut count = 0;
+        let stats = generate_guided(
+            &mut engine,
+            &assets.tokenizer,
+            &ids,
+            &mut Vec::new(),
+            &cfg,
+            &mut hooks,
+            &mut |s| {
+                if let cmf_llm::guided::Step::Token(..) = s {
+                    count += 1;
+                    if count == 1 {
+                        first = Some(Instant::now());
+                    }
+                }
+            },
+            &|| false,
+        )
+        .unwrap();
+        let _ = t0;
+        let secs = first.unwrap().elapsed().as_secs_f64();
+        let rate = (stats.generated_tokens - 1) as f64 / secs;
+        // Time per token outside the engine's forward pass (sampling, masks, detokenizing):
+        // robust to other load on the machine, which slows the forward pass most.
+        let outside = (secs - stats.decode_time.as_secs_f64()) / stats.decode_steps as f64;
+        println!(
+            "{}: {} tokens, {rate:.1} tok/s after the first token (engine decode alone {:.1} tok/s; {:.3} ms a token outside it)",
+            if constrained { "json schema" } else { "free      " },
+            stats.generated_tokens,
+            stats.decode_tok_per_s(),
+            outside * 1e3
+        );
+        rates[constrained as usize].push(rate);
+        outsides[constrained as usize].push(outside * 1e3);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (free, cons) = (med(&mut rates[0]), med(&mut rates[1]));
+    let (o_free, o_cons) = (med(&mut outsides[0]), med(&mut outsides[1]));
+    println!(
+        "median: free {free:.1} tok/s, constrained {cons:.1} tok/s ({:.1} % slower); outside the forward pass {o_free:.3} vs {o_cons:.3} ms a token: the mask costs {:.1} % of a {:.2} ms token",
+        (1.0 - cons / free) * 100.0,
+        (o_cons - o_free) / (1e3 / free) * 100.0,
+        1e3 / free
+    );
+}
