@@ -6,7 +6,7 @@
 # Per model it prints: prefill tok/s and TFLOP/s at 512 and 4096 tokens (median of 3 after a
 # warm-up; against the ~790 TFLOP/s bf16 ceiling), and decode tok/s at batch 1 from contexts
 # 128 and 4096 (128 greedy steps after 4 warm-up steps, each step one graph replay, launched
-# one token ahead, and one token read from a pinned ring (CMF_GPU_DEC_AHEAD=0: step by step);
+# one token ahead, and one token read from a pinned ring);
 # against the floor weight_bytes_per_token / 4.3 TB/s), with the bytes uploaded during the
 # timed decode window (must be 0).
 #

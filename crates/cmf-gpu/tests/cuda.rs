@@ -14,7 +14,7 @@
 use cmf_format::Dtype;
 use cmf_gpu::cuda::device::Dev;
 use cmf_gpu::cuda::kernels::CommonKernels;
-use cmf_gpu::cuda::llm::AttnKernel;
+use cmf_gpu::cuda::llm::{AttnKernel, CudaLlm, DecodeTuning, ShortDecode};
 use cmf_gpu::cuda::matvec::{self, MvMode, MvSeg};
 use cmf_gpu::cuda::weights::DevWeight;
 use cmf_gpu::cuda::CudaBackend;
@@ -384,9 +384,20 @@ fn tiny_spec(head_dim: usize, window: Option<usize>) -> LlmSpec {
     s
 }
 
-fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> cmf_gpu::cuda::llm::CudaLlm {
+fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> CudaLlm {
     b.load_cuda_llm(model, opts, &Placement::all(model.spec.num_layers))
         .unwrap()
+}
+
+/// How a test sets up the loaded model before [`compare_model`] runs it.
+#[derive(Clone, Copy, Default)]
+struct Setup {
+    /// Decode-attention tuning (the defaults unless set).
+    tuning: DecodeTuning,
+    /// The prefill attention kernel (fa2 where it applies unless set).
+    attn: Option<AttnKernel>,
+    /// The short-context decode attention (staged where it fits unless set).
+    short: Option<ShortDecode>,
 }
 
 /// Teacher-forced run: prefill `prompt`, then decode `steps` tokens feeding the reference's
@@ -397,13 +408,19 @@ fn compare_model(
     opts: &LlmOptions,
     prompt: &[u32],
     steps: usize,
-    attn: AttnKernel,
-    pdl: bool,
+    setup: Setup,
 ) -> (f64, f64, usize) {
     let model = m.model();
-    let mut dev = load(b, &model, opts);
-    dev.set_attention(attn);
-    dev.set_pdl(pdl);
+    let placement = Placement::all(model.spec.num_layers);
+    let mut dev = b
+        .load_cuda_llm_tuned(&model, opts, &placement, setup.tuning)
+        .unwrap();
+    if let Some(attn) = setup.attn {
+        dev.set_attention(attn);
+    }
+    if let Some(short) = setup.short {
+        dev.set_short_decode(short);
+    }
     let mut cache = RefCache::new(model.spec.num_layers);
     let v = model.spec.vocab;
     // Prefill: all positions' logits against the reference.
@@ -469,8 +486,7 @@ fn whole_model_matches_reference() {
             },
             &prompt,
             24,
-            AttnKernel::Fa2,
-            true,
+            Setup::default(),
         );
         eprintln!(
             "{:<7} {hd:>3} {tied:>5} {bias:>6} {ep:>11.2e} {ed:>11.2e} {mis:>9}",
@@ -492,8 +508,8 @@ fn whole_model_matches_reference() {
 fn chunked_prefill_and_split_attention_at_long_context() {
     let Some(b) = backend() else { return };
     // bf16 weights → f16 KV cache → tensor-core prefill attention; 3 chunks of 128 with a
-    // sliding-window layer; decode then runs split-K over ~400 positions. Every prefill
-    // attention kernel, and the decode chain with and without programmatic dependent launch.
+    // sliding-window layer; decode then runs split-K over ~400 positions. Both prefill
+    // attention kernels (the fallback forced where fa2 applies).
     let m = SynthModel::new(
         tiny_spec(128, Some(100)),
         Dtype::Bf16,
@@ -507,27 +523,31 @@ fn chunked_prefill_and_split_attention_at_long_context() {
         prefill_chunk: 128,
         ..Default::default()
     };
-    for (attn, pdl) in [
-        (AttnKernel::Fa2, true),
-        (AttnKernel::Mma, false),
-        (AttnKernel::Simple, true),
-    ] {
-        let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, attn, pdl);
-        eprintln!("long context bf16, f16 KV, {attn:?}, pdl {pdl}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
+    for attn in [AttnKernel::Fa2, AttnKernel::Simple] {
+        let setup = Setup {
+            attn: Some(attn),
+            ..Setup::default()
+        };
+        let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, setup);
+        eprintln!(
+            "long context bf16, f16 KV, {attn:?}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}"
+        );
         assert!(ep < 6e-2 && ed < 6e-2, "{attn:?}");
     }
     // Many small decode splits (16 keys at least: ~25 per kv head here) through the merge of
     // the last block (the default, 128, gives four).
-    std::env::set_var("CMF_GPU_ATTN_MIN_CHUNK", "16");
-    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 8, AttnKernel::Fa2, true);
-    std::env::remove_var("CMF_GPU_ATTN_MIN_CHUNK");
+    let setup = Setup {
+        tuning: DecodeTuning { min_chunk: 16 },
+        ..Setup::default()
+    };
+    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 8, setup);
     eprintln!("long context bf16, f16 KV, decode splits of 16 keys: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
     assert!(ep < 6e-2 && ed < 6e-2, "small decode splits");
     let opts = LlmOptions {
         kv: KvPrecision::F32,
         ..opts
     };
-    let (ep2, ed2, _) = compare_model(&b, &m, &opts, &prompt, 4, AttnKernel::Fa2, true);
+    let (ep2, ed2, _) = compare_model(&b, &m, &opts, &prompt, 4, Setup::default());
     eprintln!("long context bf16, f32 KV (simple attention): prefill {ep2:.2e} decode {ed2:.2e}");
     assert!(ep2 < 6e-2 && ed2 < 6e-2);
 }
@@ -537,9 +557,10 @@ fn short_context_decode_graphs_match_reference_across_the_switch() {
     let Some(b) = backend() else { return };
     // Below DEC_ONE_BLOCK (256) keys decode runs a second graph with one attention block per kv
     // head (K/V staged in shared memory by default); from position 256 on, the split-K graph.
-    // Decode from 250 crosses the switch; every mode, with a sliding-window layer, q8 and bf16
-    // weights (f16 KV) and f16 weights (f32 KV: too large to stage at head_dim 128, so `grid`).
-    let prompt: Vec<u32> = (0..250).map(|i| (i * 17 + 2) % 300).collect();
+    // Decode from 250 crosses the switch; both modes, with a sliding-window layer, q8 and bf16
+    // weights (f16 KV) and f16 weights (f32 KV: too large to stage at head_dim 128, so `Grid`).
+    let below = cmf_gpu::cuda::llm::DEC_ONE_BLOCK - 6;
+    let prompt: Vec<u32> = (0..below as u32).map(|i| (i * 17 + 2) % 300).collect();
     let opts = LlmOptions {
         max_context: 512,
         prefill_chunk: 128,
@@ -547,20 +568,25 @@ fn short_context_decode_graphs_match_reference_across_the_switch() {
     };
     for (d, hd) in [(Dtype::Q8Row, 128), (Dtype::Bf16, 64), (Dtype::F16, 128)] {
         let m = SynthModel::new(tiny_spec(hd, Some(100)), d, SynthOptions::QWEN3, 11);
-        for mode in ["off", "grid", "staged"] {
-            std::env::set_var("CMF_GPU_DEC_SHORT", mode);
-            let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 12, AttnKernel::Fa2, true);
-            std::env::remove_var("CMF_GPU_DEC_SHORT");
+        for mode in [ShortDecode::Grid, ShortDecode::Staged] {
+            let setup = Setup {
+                short: Some(mode),
+                ..Setup::default()
+            };
+            let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 12, setup);
             eprintln!(
-                "{d} hd {hd}, short decode {mode}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}"
+                "{d} hd {hd}, short decode {mode:?}: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}"
             );
             let exact = d == Dtype::F16;
             let tol = if exact { 1e-4 } else { 6e-2 };
-            assert!(ep < tol && ed < tol, "{d} hd {hd} {mode}: decode {ed:.2e}");
+            assert!(
+                ep < tol && ed < tol,
+                "{d} hd {hd} {mode:?}: decode {ed:.2e}"
+            );
             if exact {
                 assert_eq!(
                     mis, 0,
-                    "{d} {mode}: greedy tokens differ from the reference"
+                    "{d} {mode:?}: greedy tokens differ from the reference"
                 );
             }
         }
@@ -585,7 +611,7 @@ fn precise_mode_is_exact_for_bf16_weights() {
         precise: true,
         ..Default::default()
     };
-    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, AttnKernel::Fa2, true);
+    let (ep, ed, mis) = compare_model(&b, &m, &opts, &prompt, 16, Setup::default());
     eprintln!("bf16 precise: prefill {ep:.2e} decode {ed:.2e} argmax≠ {mis}");
     assert!(ep < 1e-4 && ed < 1e-4);
     assert_eq!(mis, 0);
@@ -813,7 +839,7 @@ fn device_sampler_matches_the_host_algorithm() {
 /// Greedy decode with a caller that sometimes does not feed the sampled token back (`forced`:
 /// step → token) or wants logits (`logits_at`); returns the fed tokens and the logits asked for.
 fn decode_run(
-    dev: &mut cmf_gpu::cuda::llm::CudaLlm,
+    dev: &mut CudaLlm,
     v: usize,
     prompt: &[u32],
     last: usize,

@@ -583,10 +583,10 @@ enum AttnVariant {
 /// 128 on sm_90 only: TMA loads by a producer warpgroup, ping-ponged wgmma warpgroups, P in
 /// registers, 176-key tiles) or `base` (mma.sync, 4 warps, 32-bit K loads, every device).
 /// Anything else: the default. Measured on the H200 (attention of a 1024² step, 8 layers +
-/// refiners): `ws` 5.0 ms against 8.3 for the earlier wgmma kernel (attn_full_wg: loads by
-/// every thread, P through shared memory), which took 26.9 ms against 45.7 with `base` over
-/// 30 layers. attention.cu's ldmatrix variants were slower than `base` (1024² step: 4 warps
-/// (attn_full_fa2_k) 126.3 ms, 8 warps (attn_full_fa2_w8) 124.6, `base` 121.8).
+/// refiners): `ws` 5.0 ms against 8.3 for the earlier wgmma kernel (loads by every thread, P
+/// through shared memory), which took 26.9 ms against 45.7 with `base` over 30 layers. K loads
+/// through ldmatrix were slower than `base` (1024² step: 4 warps 126.3 ms, 8 warps 124.6,
+/// `base` 121.8).
 fn attention_variant(dev: &Dev, hd: usize, choice: &str) -> AttnVariant {
     let base = AttnVariant::MmaSync("attn_full_fa2", 4);
     let ws = dev

@@ -542,9 +542,8 @@ pub struct ModelKernels {
     /// The same for contexts of at most `one_block` keys, K/V staged in shared memory.
     pub attn_decode_short: Func,
     pub attn_prefill_simple: Func,
-    /// Tensor-core prefill attention (f16 cache, head_dim ≤ 128): version 1 (synchronous
-    /// tile loads) and version 2 (cp.async double buffering, ldmatrix.trans for V).
-    pub attn_prefill_mma: Option<Func>,
+    /// Tensor-core prefill attention (f16 cache, head_dim ≤ 128; cp.async double buffering,
+    /// ldmatrix.trans for V).
     pub attn_prefill_fa2: Option<Func>,
     _mods: Vec<Module>,
 }
@@ -586,11 +585,6 @@ impl ModelKernels {
                 .try_into()
                 .map_err(|_| DevError("model kernels: three modules expected".into()))?;
         let tc = !kv_f32 && head_dim <= 128 && head_dim % 16 == 0;
-        let mma = if tc {
-            Some(attn.func("attn_prefill_mma")?)
-        } else {
-            None
-        };
         let fa2 = if tc {
             let f = attn.func("attn_prefill_fa2")?;
             f.allow_smem(fa2_smem(head_dim))?;
@@ -608,7 +602,6 @@ impl ModelKernels {
             attn_decode: dec_attn.func("attn_decode")?,
             attn_decode_short: dec_attn.func("attn_decode_short")?,
             attn_prefill_simple: attn.func("attn_prefill_simple")?,
-            attn_prefill_mma: mma,
             attn_prefill_fa2: fa2,
             _mods: vec![rows, attn, dec_attn],
         };

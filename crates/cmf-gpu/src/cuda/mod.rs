@@ -78,8 +78,27 @@ impl CudaBackend {
         opts: &LlmOptions,
         placement: &Placement,
     ) -> Result<llm::CudaLlm, Refusal> {
+        self.load_cuda_llm_tuned(model, opts, placement, llm::DecodeTuning::default())
+    }
+
+    /// [`Self::load_cuda_llm`] with decode-attention tuning values other than the defaults
+    /// (tests).
+    pub fn load_cuda_llm_tuned(
+        &self,
+        model: &LlmModel,
+        opts: &LlmOptions,
+        placement: &Placement,
+        tuning: llm::DecodeTuning,
+    ) -> Result<llm::CudaLlm, Refusal> {
         model.validate()?;
-        llm::CudaLlm::load(self.dev.clone(), || self.kernels(), model, opts, placement)
+        llm::CudaLlm::load(
+            self.dev.clone(),
+            || self.kernels(),
+            model,
+            opts,
+            placement,
+            tuning,
+        )
     }
 }
 

@@ -1,44 +1,29 @@
 // attention_wg.cu — the DiT's non-causal flash attention on Hopper warpgroup MMA (wgmma).
 //
-// Same contract as attn_full_fa2 in attention.cu (q [T, NH, HD] f32; k/v [NH, S_max, HD] f16;
-// output bf16 at the item's X rows of out_b [*, NH·HD]), built for sm_90a only.
+// Same contract as attn_full_fa2 in attention.cu (q [T, NH, HD]; k/v [NH, S_max, HD]; output
+// bf16 at the item's X rows of out_b [*, NH·HD]), built for sm_90a only.
 //
 // Why: mma.sync fetches every B fragment from shared memory through the register file, and at
-// 16 query rows per warp that traffic caps the old kernel near 190 TFLOP/s. wgmma reads K and V
+// 16 query rows per warp that traffic caps attn_full_fa2 near 190 TFLOP/s. wgmma reads K and V
 // straight from shared memory for a 64-row warpgroup at once. Measured on the H200 (the 30 + 2
-// attention calls of a 1024² DiT step, 4128 rows, 30 heads): 45.7 ms with attn_full_fa2, 37 ms
-// with this kernel on unswizzled tiles, 26.9 ms (~310 TFLOP/s) with 128-byte swizzle and ex2.approx.
+// attention calls of a 1024² DiT step, 4128 rows, 30 heads): 45.7 ms with attn_full_fa2; a
+// first wgmma kernel (tiles loaded by every thread through cp.async, P through shared memory)
+// 37 ms on unswizzled tiles, 26.9 ms (~310 TFLOP/s) with 128-byte swizzle and ex2.approx;
+// attn_full_ws below took 5.0 ms against that kernel's 8.3 over 8 layers and the refiners.
 //
-// Block: two warpgroups (256 threads), 128 query rows; warp w owns rows 16w .. 16w + 15, so
-// the per-warp register fragments are the mma.sync ones (Q as the register A operand of S = Q·Kᵀ,
-// f32 accumulators in the m16n8 C layout). K/V tiles of 128 keys, double-buffered through
-// cp.async. P goes through shared memory as the A operand of O += P·V (the first register-P
-// attempt gave wrong tiles after the first: the compiler reused P's registers while the tensor
-// core still read them; attn_full_ws below pins them and takes P from registers).
-// Shared layout, 128-byte swizzle (what wgmma reads at full rate; the unswizzled layout measured
-// 37 ms of attention per 1024² step): a tile of 128 keys × 128 dims is two 16 KiB halves (dims
-// 0–63, 64–127); in a half, key k's 128 bytes sit at (k / 8) · 1024 + (k % 8) · 128, their
-// 16-byte chunk c stored at chunk position c ^ (k % 8). The same bytes serve K as a K-major B
-// operand (S = Q·Kᵀ: 8-key groups 1024 B apart, a k16 step is +32 B inside the half) and V as
-// an MN-major one (O += P·V: 8-key groups 1024 B apart, the second 64 dims 16 KiB on). P is
-// stored the same way as a K-major A operand (64 rows × 128 keys, halves of 8 KiB).
+// Shared layout, 128-byte swizzle (what wgmma reads at full rate): a tile of keys × 128 dims is
+// two halves (dims 0–63, 64–127); in a half, key k's 128 bytes sit at (k / 8) · 1024 + (k % 8) ·
+// 128, their 16-byte chunk c stored at chunk position c ^ (k % 8). The same bytes serve K as a
+// K-major B operand (S = Q·Kᵀ: 8-key groups 1024 B apart, a k16 step is +32 B inside the half)
+// and V as an MN-major one (O += P·V: 8-key groups 1024 B apart, the second 64 dims a half on).
 
 #if defined(HD) && HD == 128
-#define WG_ROWS 128
-#define WG_KEYS 128
-#define WG_TILE (WG_KEYS * HD * 2)  // bytes per K (or V) tile
-#define WG_PBLOCK (64 * WG_KEYS * 2)  // bytes of one warpgroup's P block
-// Shared memory: two K/V slots (tile j is used while tile j + 1 streams in), then the two
-// warpgroups' P blocks.
-#define WG_SLOTS 2
+#define WG_ROWS 128  // query rows per block
 
 __device__ __forceinline__ u32 wg_smem_u32(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
-}
-__device__ __forceinline__ void wg_cp16(u32 dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 // Shared-memory matrix descriptor, 128-byte swizzle (mode 1 in bits 62–63): start, leading
 // and stride byte offsets, all in 16-byte units (atoms 1024-byte aligned, base offset 0).
@@ -62,189 +47,6 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Keeps the compiler from moving register operands of an in-flight wgmma.
 __device__ __forceinline__ void wg_keep(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// d[64] += a (m64k16, registers) · B (k16n128 at desc, K-major).
-__device__ __forceinline__ void wgmma_k_major(float* d, const u32* a, u64 desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-
-// d[64] += A (m64k16 at adesc, K-major) · B (k16n128 at bdesc, MN-major).
-
-__device__ __forceinline__ void wgmma_ss_mn_major(float* d, u64 adesc, u64 bdesc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(adesc), "l"(bdesc), "r"(1));
-}
-
-
-// Online-softmax update for one tile of scores s (rows g and g + 8 of the warp, this thread's
-// 32 columns each): scale to log2 units, mask keys ≥ T, new running max, correction factors for
-// what was accumulated before, probabilities packed as f16 pairs (m16k16 A layout), row sums.
-__device__ __forceinline__ void wg_softmax(float* s, int kt, int T, int tg, float sl2, float& m0, float& m1,
-                                           float& l0, float& l1, float& corr0, float& corr1,
-                                           u32 (*pa)[4]) {
-    const bool tail = kt + WG_KEYS > T;
-    float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-    for (int nt = 0; nt < WG_KEYS / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = s[4 * nt + e] * sl2;
-            if (tail && kt + nt * 8 + tg * 2 + (e & 1) >= T) v = NEG_INF;
-            s[4 * nt + e] = v;
-            if (e < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
-        }
-    mx0 = quad_max(mx0);
-    mx1 = quad_max(mx1);
-    // Every tile holds at least one key < T, so the new maxima are finite.
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    corr0 = fast_exp2(m0 - mn0);
-    corr1 = fast_exp2(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    l0 *= corr0;
-    l1 *= corr1;
-#pragma unroll
-    for (int c = 0; c < WG_KEYS / 16; c++) {
-        float p[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            p[e] = fast_exp2(s[8 * c + e] - (e < 2 ? mn0 : mn1));
-            p[4 + e] = fast_exp2(s[8 * c + 4 + e] - (e < 2 ? mn0 : mn1));
-        }
-        l0 += p[0] + p[1] + p[4] + p[5];
-        l1 += p[2] + p[3] + p[6] + p[7];
-        pa[c][0] = pack_f16x2(p[0], p[1]);
-        pa[c][1] = pack_f16x2(p[2], p[3]);
-        pa[c][2] = pack_f16x2(p[4], p[5]);
-        pa[c][3] = pack_f16x2(p[6], p[7]);
-    }
-}
-
-// Per tile: S = Q·Kᵀ, online softmax, P to shared memory, O += P·V, one after another.
-// Overlapping the softmax of tile j with the P·V of tile j − 1 inside a warpgroup (a third V
-// slot, FlashAttention-3's intra-warpgroup order) measured no faster here (26.9 vs 27.4 ms of
-// attention per 1024² step), so the simple order stays.
-extern "C" __global__ void __launch_bounds__(256, 1)
-attn_full_wg(const float* q, const u16* kc, const u16* vc, int T, int S_max, float scale, int NH, int img_row0,
-             int np, int cap_row0, u16* out_b) {
-    extern __shared__ __align__(128) u8 wsm[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
-    const int h = blockIdx.y;
-    const int r0 = blockIdx.x * WG_ROWS + warp * 16 + g, r1 = r0 + 8;
-    const float sl2 = scale * 1.4426950408889634f;
-
-    u32 qa[HD / 16][4];
-    load_q_frags<HD>(q, r0, r1, T, NH, h, tg, qa);
-    const u32 sbase = (wg_smem_u32(wsm) + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
-    const u32 kslot0 = sbase, vslot0 = sbase + WG_SLOTS * WG_TILE;
-    // Each warpgroup's P block (64 rows × 128 keys, f16), swizzled like the tiles.
-    const int wgi = warp >> 2;
-    const u32 ps = vslot0 + WG_SLOTS * WG_TILE + wgi * WG_PBLOCK;
-    // Byte offset of the u32 pair (row, col .. col + 1) of the P block, row in 0..63.
-    auto a_off = [&](int row, int col) -> u32 { return sw_chunk(row, col >> 3, 64) + (col & 7) * 2; };
-    const int wr = (warp & 3) * 16 + g;  // this thread's first row within the warpgroup's 64
-    auto load_tile = [&](int it) {
-        const u32 kd = kslot0 + (it % WG_SLOTS) * WG_TILE, vd = vslot0 + (it % WG_SLOTS) * WG_TILE;
-        const int kt = it * WG_KEYS;
-#pragma unroll
-        for (int i = tid; i < WG_KEYS * HD / 8; i += 256) {
-            const int key = kt + (i >> 7) * 8 + (i & 7), c8 = (i >> 3) & (HD / 8 - 1);
-            const bool ok = key < T;
-            const size_t off = ((size_t)h * S_max + (ok ? key : 0)) * HD + c8 * 8;
-            const u32 at = sw_chunk(key - kt, c8, WG_KEYS);
-            wg_cp16(kd + at, kc + off, ok);
-            wg_cp16(vd + at, vc + off, ok);
-        }
-    };
-    auto store_p = [&](u32 (*pa)[4]) {
-#pragma unroll
-        for (int c = 0; c < WG_KEYS / 16; c++) {
-            const int col = c * 16 + tg * 2;
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr, col)), "r"(pa[c][0]));
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr + 8, col)), "r"(pa[c][1]));
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr, col + 8)), "r"(pa[c][2]));
-            asm volatile("st.shared.u32 [%0], %1;" ::"r"(ps + a_off(wr + 8, col + 8)), "r"(pa[c][3]));
-        }
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + wgi) : "memory");  // this warpgroup's P is complete
-    };
-    auto issue_pv = [&](float* o, int it) {
-        const u32 vb = vslot0 + (it % WG_SLOTS) * WG_TILE;
-#pragma unroll
-        for (int c = 0; c < WG_KEYS / 16; c++)
-            wgmma_ss_mn_major(o, wg_desc(ps + (c >> 2) * 8192 + (c & 3) * 32, 16, 1024),
-                              wg_desc(vb + c * 2048, WG_KEYS * 128, 1024));
-    };
-
-    float o[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
-    const int ntiles = (T + WG_KEYS - 1) / WG_KEYS;
-
-    load_tile(0);
-    asm volatile("cp.async.commit_group;");
-    for (int it = 0; it < ntiles; it++) {
-        // Tile it has landed for every thread, and every thread is done with iteration it − 1
-        // (so the slot tile it + 1 goes to is free).
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        // cp.async wrote through the generic proxy; wgmma reads through the async one.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (it + 1 < ntiles) load_tile(it + 1);
-        asm volatile("cp.async.commit_group;");
-        const u32 kb = kslot0 + (it % WG_SLOTS) * WG_TILE;
-
-        float s[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(s[i]);
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(o[i]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wgmma_k_major(s, qa[kk], wg_desc(kb + (kk >> 2) * WG_KEYS * 128 + (kk & 3) * 32, 16, 1024));
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(s[i]);
-        float corr0, corr1;
-        u32 pa[WG_KEYS / 16][4];
-        wg_softmax(s, it * WG_KEYS, T, tg, sl2, m0, m1, l0, l1, corr0, corr1, pa);
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn++) {
-            o[4 * dn + 0] *= corr0; o[4 * dn + 1] *= corr0;
-            o[4 * dn + 2] *= corr1; o[4 * dn + 3] *= corr1;
-        }
-        store_p(pa);
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(o[i]);
-        wg_fence();
-        issue_pv(o, it);
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int i = 0; i < 64; i++) wg_keep(o[i]);
-    }
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
-    store_o_xrows<HD>((const float(*)[4])o, i0, i1, r0, r1, T, np, img_row0, cap_row0, NH, h, tg, out_b);
-}
 
 // ---------------------------------------------------------------------------------------------
 // attn_full_ws: the same contract except for Q, read as f16 (qk_norm_rope writes it so: half the

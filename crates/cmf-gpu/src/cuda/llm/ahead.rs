@@ -91,6 +91,9 @@ pub struct InFlight {
 /// Decode-ahead state: the token ring, one completion event per ring parity, the graph in
 /// flight (if any).
 pub struct DecodeAhead {
+    /// Launch the next graph ahead: on unless a test turns it off. Measured on the H200
+    /// (2026-12-01, Qwen3-0.6B q8 from context 128): 1500.8 / 1502.5 tok/s against 1479.6 /
+    /// 1489.8 step by step.
     pub enabled: bool,
     pub ring: TokenRing,
     events: [sys::CUevent; 2],
@@ -101,7 +104,7 @@ pub struct DecodeAhead {
 unsafe impl Send for DecodeAhead {}
 
 impl DecodeAhead {
-    /// `CMF_GPU_DEC_AHEAD=0` turns launching ahead off (A/B runs); the ring is used either way.
+    /// Launching ahead on; the ring is used either way.
     pub fn new() -> DResult<DecodeAhead> {
         let ring = TokenRing::new()?;
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
@@ -113,7 +116,7 @@ impl DecodeAhead {
             }
         });
         Ok(DecodeAhead {
-            enabled: std::env::var("CMF_GPU_DEC_AHEAD").as_deref() != Ok("0"),
+            enabled: true,
             ring,
             events: [e0, e1.ctx(|| "cuEventCreate".into())?],
             in_flight: None,

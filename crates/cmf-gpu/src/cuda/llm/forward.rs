@@ -26,7 +26,7 @@ use crate::cuda::weights::DequantTo;
 
 impl CudaLlm {
     /// Launches a kernel of the decode chain (each calls pdl_wait before reading its
-    /// inputs), with programmatic dependent launch unless `CMF_GPU_PDL=0`.
+    /// inputs), with programmatic dependent launch.
     fn go(
         &self,
         f: &Func,
@@ -35,7 +35,7 @@ impl CudaLlm {
         smem: u32,
         args: &[Arg],
     ) -> DResult<()> {
-        self.dev.launch_ex(f, grid, block, smem, args, self.pdl)
+        self.dev.launch_ex(f, grid, block, smem, args, true)
     }
 
     fn layer(&self, l: usize) -> &DevLayer {
@@ -187,7 +187,7 @@ impl CudaLlm {
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
         let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
-            matvec::launch(dev, ck, segs, x, norm, self.eps(), y, mode, self.pdl)
+            matvec::launch(dev, ck, segs, x, norm, self.eps(), y, mode, true)
         };
         match stage {
             0 => {
@@ -266,7 +266,7 @@ impl CudaLlm {
             self.eps(),
             out,
             MvMode::Store,
-            self.pdl,
+            true,
         )
     }
 
@@ -384,11 +384,7 @@ impl CudaLlm {
     ) -> DResult<(u32, Vec<f32>)> {
         // Positions below one_block see at most that many keys in every layer. Both graphs
         // are captured together, so crossing the switch mid-generation costs no capture.
-        let split_mode = self.short != super::ShortDecode::Off;
         for slot in [false, true] {
-            if slot && !split_mode {
-                continue;
-            }
             let stale = self.graphs[slot as usize]
                 .as_ref()
                 .map(|(s, _)| s != sampler)
@@ -453,9 +449,9 @@ impl CudaLlm {
     }
 
     /// Whether the decode step at `pos` runs the short-context graph (`ShortDecode`): below
-    /// `one_block` keys, where that graph exists.
+    /// `one_block` keys.
     pub(super) fn short_graph_at(&self, pos: usize) -> bool {
-        self.short != super::ShortDecode::Off && pos < self.one_block
+        pos < self.one_block
     }
 
     /// Waits for a decode graph launched ahead, if any; called before any other use of the
@@ -678,7 +674,6 @@ impl CudaLlm {
                 .attn_prefill_fa2
                 .as_ref()
                 .map(|f| (f, kernels::fa2_smem(s.head_dim))),
-            AttnKernel::Mma => self.mk.attn_prefill_mma.as_ref().map(|f| (f, 0)),
             AttnKernel::Simple => None,
         };
         match tc {

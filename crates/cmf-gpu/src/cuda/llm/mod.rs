@@ -87,25 +87,24 @@ pub struct CudaLlm {
     dev_inputs: Option<(u32, usize)>,
     /// The token ring and the graph launched ahead (ahead.rs).
     ahead: DecodeAhead,
-    /// Programmatic dependent launch in the decode chain (`CMF_GPU_PDL=0` turns it off).
-    pdl: bool,
     attn: AttnKernel,
 }
 
-/// Which prefill attention kernel runs (`CMF_GPU_ATTN=fa2|mma|simple` for A/B runs).
+/// Which prefill attention kernel runs: `Fa2` where it applies, else `Simple`. The earlier
+/// tensor-core kernel with synchronous tile loads took 1.58 ms against fa2's 0.73 ms in a
+/// Qwen3-8B q8 prefill layer at 4096 tokens (H200).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnKernel {
     /// Tensor cores, cp.async double buffering (f16 cache, head_dim ≤ 128).
     Fa2,
-    /// Tensor cores, synchronous tile loads (version 1).
-    Mma,
-    /// f32 FMA, one warp per (query, head): any cache precision and head_dim.
+    /// f32 FMA, one warp per (query, head): any cache precision and head_dim (f32 caches and
+    /// head_dim > 128 need it).
     Simple,
 }
 
 /// Per-model facts the footprint and the load share.
 struct Plan {
-    /// `dec_one_block()`
+    /// `DEC_ONE_BLOCK`
     one_block: usize,
     kv_f32: bool,
     kv_layer_bytes: u64,
@@ -113,41 +112,46 @@ struct Plan {
     chunk_max: usize,
 }
 
-/// Fewest keys per decode-attention split beyond one block's share (`CMF_GPU_ATTN_MIN_CHUNK`,
-/// A/B runs; default 128).
-fn dec_min_chunk() -> usize {
-    std::env::var("CMF_GPU_ATTN_MIN_CHUNK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n >= 1)
-        .unwrap_or(128)
-}
+/// Fewest keys per decode-attention split beyond one block's share (`DEC_MIN_CHUNK` in
+/// attention_decode.cu): more blocks in flight against more merging. No measured comparison of
+/// values is recorded (it was 32 before one block served the first 256 keys).
+/// [`DecodeTuning::min_chunk`] overrides it for tests.
+pub const DEC_MIN_CHUNK: usize = 128;
 
-/// Whether decode attention waits for its predecessor before anything else (`DEC_EARLY_WAIT`;
-/// `CMF_GPU_DEC_EARLY_WAIT=0|1` overrides). Same-call A/B on the H200 (2026-11-30, decode from
-/// context 128): Qwen3-0.6B q8, 15 MB of weights per layer, +10 % tok/s waiting first (1173
-/// against 1060); Qwen3-8B q8 and bf16, 190 and 380 MB per layer, +2.5 % and +1.8 % with the late
-/// wait (379 against 369, 227 against 223), where idle splits exit at once and each block's
-/// prefetch overlaps the long q|k|v matvec. The 64 MiB split between the two is a guess.
-fn decode_early_wait(layer_bytes: u64) -> bool {
-    match std::env::var("CMF_GPU_DEC_EARLY_WAIT").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => layer_bytes < 64 << 20,
-    }
-}
+/// Layers with fewer weight bytes than this wait for their predecessor before anything else in
+/// decode attention (`DEC_EARLY_WAIT`); larger ones prefetch their K/V into L2 first. Measured on
+/// the H200 (2026-11-30, both orders on the same machine, decode from context 128): Qwen3-0.6B
+/// q8, 15 MB of weights per layer, +10 % tok/s waiting first (1173 against 1060); Qwen3-8B q8
+/// and bf16, 190 and 380 MB per layer, +2.5 % and +1.8 % with the late wait (379 against 369,
+/// 227 against 223), where idle splits exit at once and each block's prefetch overlaps the long
+/// q|k|v matvec. The 64 MiB threshold between the two was not measured.
+const DEC_EARLY_WAIT_BELOW_BYTES: u64 = 64 << 20;
 
 /// Up to this many visible keys, one decode-attention block per kv head (`DEC_ONE_BLOCK`), and
 /// the short-context graph (K/V staged in shared memory: 256 keys of f16 at head dim 128 are
-/// 128 KiB). `CMF_GPU_DEC_ONE_BLOCK` overrides it (A/B runs). 384 measured slower on the H200
-/// (Qwen3-8B bf16 189 against 230 tok/s from context 128, q8 354 against 389): 192 KiB of
-/// staging leaves no room for the matvec blocks that should share the SM with it.
-fn dec_one_block() -> usize {
-    std::env::var("CMF_GPU_DEC_ONE_BLOCK")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| (16..=4096).contains(&n))
-        .unwrap_or(256)
+/// 128 KiB). 384 measured slower on the H200 (Qwen3-8B bf16 189 against 230 tok/s from context
+/// 128, q8 354 against 389): 192 KiB of staging leaves no room for the matvec blocks that should
+/// share the SM with it.
+pub const DEC_ONE_BLOCK: usize = 256;
+
+fn decode_early_wait(layer_bytes: u64) -> bool {
+    layer_bytes < DEC_EARLY_WAIT_BELOW_BYTES
+}
+
+/// Tuning values of the decode attention that tests change to reach paths the defaults leave
+/// rare (e.g. many small splits at a short context). Production loads use the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeTuning {
+    /// Fewest keys per split past the one-block length ([`DEC_MIN_CHUNK`]; at least 1).
+    pub min_chunk: usize,
+}
+
+impl Default for DecodeTuning {
+    fn default() -> Self {
+        DecodeTuning {
+            min_chunk: DEC_MIN_CHUNK,
+        }
+    }
 }
 
 /// Warps per decode-attention block (`DEC_WARPS` in attention_decode.cu).
@@ -175,12 +179,9 @@ fn decode_short_smem_bytes(p: &Plan, group: usize, head_dim: usize) -> usize {
 }
 
 /// How decode attention runs at contexts of at most `one_block` keys, where the token's
-/// position picks a second captured graph (`CMF_GPU_DEC_SHORT=off|grid|staged` for A/B runs;
-/// the default is `staged` where its shared memory fits, else `grid`).
+/// position picks a second captured graph: `Staged` where its shared memory fits, else `Grid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShortDecode {
-    /// One graph for every position: the split-K grid, idle splits exiting at once.
-    Off,
     /// A graph with one block per kv head running `attn_decode`.
     Grid,
     /// A graph with one block per kv head running `attn_decode_short` (K/V staged in shared
@@ -189,15 +190,10 @@ pub enum ShortDecode {
 }
 
 fn short_decode_choice(staged_fits: bool) -> ShortDecode {
-    let want = match std::env::var("CMF_GPU_DEC_SHORT").as_deref() {
-        Ok("off") | Ok("0") => ShortDecode::Off,
-        Ok("grid") => ShortDecode::Grid,
-        _ => ShortDecode::Staged,
-    };
-    if want == ShortDecode::Staged && !staged_fits {
-        ShortDecode::Grid
+    if staged_fits {
+        ShortDecode::Staged
     } else {
-        want
+        ShortDecode::Grid
     }
 }
 
@@ -210,7 +206,12 @@ pub(super) struct DecodeSmemBytes {
     pub decode_short: usize,
 }
 
-fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal> {
+fn plan(
+    dev: &Dev,
+    model: &LlmModel,
+    opts: &LlmOptions,
+    tuning: DecodeTuning,
+) -> Result<Plan, Refusal> {
     let s = &model.spec;
     let shape = |m: String| Refusal::new("llm.load", RefusalReason::UnsupportedShape(m));
     if !(s.head_dim % 32 == 0 || s.head_dim == 16) || s.head_dim > 256 {
@@ -272,14 +273,14 @@ fn plan(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Plan, Refusal>
     let kv_elem = if kv_f32 { 4 } else { 2 };
     let kv_layer_bytes = (2 * s.num_kv_heads * opts.max_context * s.head_dim * kv_elem) as u64;
     // Up to about four blocks per SM for decode attention at long contexts (the kernel uses
-    // fewer splits, at least dec_min_chunk() keys each, at short ones); more splits where a
+    // fewer splits, at least `min_chunk` keys each, at short ones); more splits where a
     // split's scores would not fit in shared memory beside its q and per-warp outputs.
     let mut splits = (4 * dev.sm_count as usize)
         .div_ceil(s.num_kv_heads)
         .clamp(1, 128);
     // A split holds at most this many keys at the fewest (one block, or the smallest split).
-    let one_block = dec_one_block();
-    let floor = dec_min_chunk().max(one_block);
+    let one_block = DEC_ONE_BLOCK;
+    let floor = tuning.min_chunk.max(one_block);
     let chunk = |p: usize| opts.max_context.div_ceil(p).max(floor);
     while decode_smem_bytes(group, s.head_dim, chunk(splits), splits) > 96 * 1024
         && chunk(splits) > floor
@@ -306,7 +307,7 @@ fn layer_weight_bytes(w: &LayerWeights) -> u64 {
 }
 
 pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
-    let p = plan(dev, model, opts)?;
+    let p = plan(dev, model, opts, DecodeTuning::default())?;
     let layer_bytes = model
         .layers
         .iter()
@@ -337,9 +338,9 @@ fn upload_opt(dev: &Dev, v: Option<&[f32]>) -> DResult<Option<DBuf>> {
 }
 
 /// The decode attention's compile-time choices for `model` under plan `p`.
-fn decode_attn_config(model: &LlmModel, p: &Plan) -> DecodeAttnConfig {
+fn decode_attn_config(model: &LlmModel, p: &Plan, tuning: DecodeTuning) -> DecodeAttnConfig {
     DecodeAttnConfig {
-        min_chunk: dec_min_chunk(),
+        min_chunk: tuning.min_chunk,
         one_block: p.one_block,
         early_wait: decode_early_wait(model.layers.first().map_or(0, layer_weight_bytes)),
     }
@@ -354,11 +355,18 @@ impl CudaLlm {
         model: &LlmModel,
         opts: &LlmOptions,
         placement: &Placement,
+        tuning: DecodeTuning,
     ) -> Result<CudaLlm, Refusal> {
-        let p = plan(&dev, model, opts)?;
+        if tuning.min_chunk == 0 {
+            return Err(Self::refuse("llm.load", "decode min_chunk 0".into()));
+        }
+        let p = plan(&dev, model, opts, tuning)?;
         let s = &model.spec;
         let err = |e: DevError| e.refusal("llm.load");
-        let (group, attn) = (s.num_heads / s.num_kv_heads, decode_attn_config(model, &p));
+        let (group, attn) = (
+            s.num_heads / s.num_kv_heads,
+            decode_attn_config(model, &p, tuning),
+        );
         super::kernels::prefetch(ModelKernels::jobs(&dev, s.head_dim, group, p.kv_f32, attn));
         let ck = common().map_err(err)?;
         let mk = ModelKernels::load(&dev, s.head_dim, group, p.kv_f32, attn).map_err(err)?;
@@ -470,16 +478,9 @@ impl CudaLlm {
             enqueue_short: std::cell::Cell::new(false),
             dev_inputs: None,
             ahead: DecodeAhead::new().map_err(err)?,
-            pdl: std::env::var("CMF_GPU_PDL")
-                .map(|v| v != "0")
-                .unwrap_or(true),
             attn: AttnKernel::Fa2,
         }
-        .with_attention(match std::env::var("CMF_GPU_ATTN").as_deref() {
-            Ok("mma") => AttnKernel::Mma,
-            Ok("simple") => AttnKernel::Simple,
-            _ => AttnKernel::Fa2,
-        }))
+        .with_attention(AttnKernel::Fa2))
     }
 
     fn head_weight(&self) -> Option<&DevWeight> {
@@ -534,16 +535,16 @@ impl CudaLlm {
     }
 
     /// Selects the prefill attention kernel; falls back to `Simple` where the tensor-core
-    /// kernels do not apply (f32 cache, head_dim > 128).
-    pub fn with_attention(mut self, k: AttnKernel) -> Self {
+    /// kernel does not apply (f32 cache, head_dim > 128).
+    fn with_attention(mut self, k: AttnKernel) -> Self {
         self.set_attention(k);
         self
     }
 
+    /// Test and profiling hook: `Simple` runs the fallback kernel where fa2 would apply.
     pub fn set_attention(&mut self, k: AttnKernel) {
         self.attn = match k {
             AttnKernel::Fa2 if self.mk.attn_prefill_fa2.is_some() => AttnKernel::Fa2,
-            AttnKernel::Mma if self.mk.attn_prefill_mma.is_some() => AttnKernel::Mma,
             _ => AttnKernel::Simple,
         };
     }
@@ -552,15 +553,22 @@ impl CudaLlm {
         self.attn
     }
 
-    /// Turns programmatic dependent launch on or off (drops the captured graph).
-    pub fn set_pdl(&mut self, on: bool) {
+    /// Test hook: the short-context decode graph with `Grid` (unstaged) attention where
+    /// `Staged` would run; `Staged` only where its shared memory fits. Drops the captured
+    /// graphs.
+    pub fn set_short_decode(&mut self, mode: ShortDecode) {
         let _ = self.settle();
-        self.pdl = on;
+        self.short = match mode {
+            ShortDecode::Staged if self.smem.decode_short <= self.ck.max_block_smem => {
+                ShortDecode::Staged
+            }
+            _ => ShortDecode::Grid,
+        };
         self.graphs = [None, None];
     }
 
-    /// Turns launching the next decode graph ahead on or off (`CMF_GPU_DEC_AHEAD=0` at load:
-    /// off).
+    /// Test hook: decoding step by step, each graph launched only after the previous token
+    /// was read (tests compare it with decoding one token ahead, the default).
     pub fn set_decode_ahead(&mut self, on: bool) {
         let _ = self.settle();
         self.ahead.enabled = on;

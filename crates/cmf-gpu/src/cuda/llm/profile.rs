@@ -70,7 +70,7 @@ impl CudaLlm {
         for (st, name) in Self::PREFILL_STAGES.iter().enumerate() {
             if st == 3 {
                 let keep = self.attn;
-                for k in [AttnKernel::Fa2, AttnKernel::Mma, AttnKernel::Simple] {
+                for k in [AttnKernel::Fa2, AttnKernel::Simple] {
                     self.set_attention(k);
                     if self.attn != k || (k == AttnKernel::Simple && t > 1024) {
                         continue;
