@@ -10,8 +10,8 @@
 //! the receiving end; when the client goes away the handler (or the response stream) is dropped,
 //! the channel closes, and the worker sees it before the next forward pass or prefill piece
 //! (`generate_cancellable`) and stops: a client that disconnects cancels its generation within
-//! one token, or one piece of a long prompt. A job whose client left while it waited is skipped. The KV cache is cleared for
-//! every request (no prefix reuse across requests).
+//! one token, or one piece of a long prompt. A job whose client left while it waited is skipped.
+//! The KV cache is cleared for every request (no prefix reuse across requests).
 
 use crate::error::ApiError;
 use crate::observe::{current_record, RequestRecord};
