@@ -342,6 +342,21 @@ async fn handle(
         })
     });
     let record = Arc::new(RequestRecord::default());
+    // Logged when dropped: if the client leaves before the answer starts, hyper drops this
+    // future and the line says 499 (nginx's "client closed request").
+    let mut done = Done {
+        line: RequestLine {
+            id: id.clone(),
+            method,
+            path,
+            status: CLIENT_CLOSED,
+            start,
+            record: record.clone(),
+            client_left: true,
+        },
+        shared: shared.clone(),
+        clock,
+    };
     let app = shared.app.clone();
     let call = tower_service::Service::call(&mut app.clone(), req);
     let mut resp = match observe::with_record(record.clone(), call).await {
@@ -363,26 +378,23 @@ async fn handle(
             axum::http::HeaderValue::from_static("close"),
         );
     }
-    resp.headers_mut().insert("x-request-id", id.clone());
-    let line = RequestLine {
-        id,
-        method,
-        path,
-        status: resp.status(),
-        start,
-        record,
-    };
+    resp.headers_mut().insert("x-request-id", id);
+    done.line.status = resp.status();
+    done.line.client_left = false;
     Ok(resp.map(|inner| {
         Body::new(LoggedBody {
             inner,
-            done: Some(Done {
-                line,
-                shared,
-                clock,
-            }),
+            ended: false,
+            _done: done,
         })
     }))
 }
+
+/// The status logged and counted for a request whose client left before its answer started.
+const CLIENT_CLOSED: StatusCode = match StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => StatusCode::BAD_REQUEST,
+};
 
 /// A request body that fails once its deadline has passed.
 struct DeadlineBody {
@@ -423,17 +435,26 @@ impl hyper::body::Body for DeadlineBody {
     }
 }
 
-/// What to do when an answer is over.
+/// What to do when a request is over: count and log it, and start the connection's idle time.
 struct Done {
     line: RequestLine,
     shared: Arc<Shared>,
     clock: Arc<ConnClock>,
 }
 
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.line.finish(&self.shared.metrics, &self.shared.log);
+        self.clock.set(Phase::Idle);
+    }
+}
+
 /// An answer body that logs its request when it has been sent or dropped (client gone).
 struct LoggedBody {
     inner: Body,
-    done: Option<Done>,
+    /// The last frame was handed out.
+    ended: bool,
+    _done: Done,
 }
 
 impl hyper::body::Body for LoggedBody {
@@ -444,7 +465,11 @@ impl hyper::body::Body for LoggedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            self.ended = true;
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -457,10 +482,10 @@ impl hyper::body::Body for LoggedBody {
 }
 
 impl Drop for LoggedBody {
+    /// Runs before `_done` is dropped (and logs): an answer cut short is marked.
     fn drop(&mut self) {
-        if let Some(d) = self.done.take() {
-            d.line.finish(&d.shared.metrics, &d.shared.log);
-            d.clock.set(Phase::Idle);
+        if !(self.ended || hyper::body::Body::is_end_stream(&self.inner)) {
+            self._done.line.client_left = true;
         }
     }
 }

@@ -135,12 +135,13 @@ impl Metrics {
         family(
             "cmf_requests_total",
             "counter",
-            "HTTP requests answered, by status.",
+            "HTTP requests, by status (499: the client left before the answer started).",
             &labelled(&|_| true),
         );
         // Rejections: the client's fault (4xx) or no room (503); connections refused at the
         // limit are counted as 503s here too.
-        let mut rejected = labelled(&|s| (400..500).contains(&s) || s == 503);
+        // 499 (the client left before the answer started) is not a refusal.
+        let mut rejected = labelled(&|s| ((400..500).contains(&s) && s != 499) || s == 503);
         let refused = load(&self.connections_refused);
         if refused > 0 {
             match rejected.iter_mut().find(|(l, _)| l.contains("\"503\"")) {
@@ -225,6 +226,8 @@ pub struct RequestLine {
     pub status: StatusCode,
     pub start: Instant,
     pub record: Arc<RequestRecord>,
+    /// The client went away before the whole answer was sent.
+    pub client_left: bool,
 }
 
 impl RequestLine {
@@ -239,12 +242,17 @@ impl RequestLine {
         let ttft = r.first_text.get().map_or("-".into(), |t| ms(*t));
         log.write(format!(
             "cmf serve: request id={} method={} path={} status={} prompt_tokens={prompt} \
-             generated_tokens={generated} ttft_ms={ttft} total_ms={}",
+             generated_tokens={generated} ttft_ms={ttft} total_ms={} end={}",
             String::from_utf8_lossy(self.id.as_bytes()),
             self.method,
             self.path,
             self.status.as_u16(),
             ms(Instant::now()),
+            if self.client_left {
+                "client_left"
+            } else {
+                "complete"
+            },
         ));
     }
 }

@@ -11,8 +11,7 @@
 //! the channel closes, and the worker sees it before the next forward pass or prefill piece
 //! (`cmf_llm::guided::generate_guided`) and stops: a client that disconnects cancels its
 //! generation within one token, or one piece of a long prompt. A job whose client left while it
-//! waited is skipped. The KV cache is cleared for
-//! every request (no prefix reuse across requests).
+//! waited is skipped. The KV cache is cleared for every request (no prefix reuse across requests).
 
 use crate::error::ApiError;
 use crate::observe::{current_record, RequestRecord};

@@ -51,6 +51,8 @@ pub struct FakeFaults {
     pub fail_next_alloc: AtomicBool,
     /// Microseconds added to every LLM entry-point call (a card time-sliced with others).
     pub delay_us: AtomicU64,
+    /// The next LLM entry-point call panics (a backend bug).
+    pub panic_next: AtomicBool,
 }
 
 impl FakeFaults {
@@ -69,6 +71,9 @@ impl FakeFaults {
         let us = self.delay_us.load(Ordering::Relaxed);
         if us > 0 {
             std::thread::sleep(Duration::from_micros(us));
+        }
+        if self.panic_next.swap(false, Ordering::Relaxed) {
+            panic!("{op}: injected backend panic");
         }
         if self.fail_next_alloc.swap(false, Ordering::Relaxed) {
             return Err(FakeFaults::out_of_memory(op, 1 << 20));

@@ -63,6 +63,8 @@ pub struct Gate {
     inject_after: AtomicU64,
     calls: AtomicU64,
     contention: contention::ContentionGuard,
+    /// A backend call panicked: the device is not used again in this process.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Gate {
@@ -75,6 +77,35 @@ impl Gate {
             inject_after: AtomicU64::new(n),
             calls: AtomicU64::new(0),
             contention: contention::ContentionGuard::default(),
+            retired: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Runs a backend call; a panic inside it (a bug, or a driver state the backend did not
+    /// expect) becomes a refusal and retires the device for the rest of the process, so the
+    /// caller's CPU path runs instead of the process dying.
+    fn contain<T>(
+        &self,
+        op: &'static str,
+        call: impl FnOnce() -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                self.retired.store(true, Ordering::SeqCst);
+                log::warn(&format!(
+                    "{op}: the device backend panicked ({msg}): running on the CPU from now on"
+                ));
+                Err(Refusal::new(
+                    op,
+                    RefusalReason::Device(format!("the backend panicked: {msg}")),
+                ))
+            }
         }
     }
 
@@ -88,7 +119,7 @@ impl Gate {
     ) -> Result<T, Refusal> {
         self.check(op)?;
         let t0 = Instant::now();
-        let v = device().map_err(Refusal::logged)?;
+        let v = self.contain(op, device).map_err(Refusal::logged)?;
         self.contention.observe(op, units, t0.elapsed());
         Ok(v)
     }
@@ -99,6 +130,10 @@ impl Gate {
             Some(RefusalReason::Paused)
         } else if guards::in_cpu_scope() {
             Some(RefusalReason::CpuScope)
+        } else if self.retired.load(Ordering::SeqCst) {
+            Some(RefusalReason::Device(
+                "retired after a backend panic".into(),
+            ))
         } else if self.contention.tripped() {
             Some(RefusalReason::Contended)
         } else if self.calls.fetch_add(1, Ordering::SeqCst)
@@ -328,7 +363,10 @@ impl Gpu {
                 }
             ));
             let t0 = std::time::Instant::now();
-            match backend.load_llm(model, opts, &placement) {
+            match self
+                .gate
+                .contain("llm.load", || backend.load_llm(model, opts, &placement))
+            {
                 Ok(dev) => {
                     log::debug(&format!(
                         "llm: uploaded in {:.2} s",
@@ -378,7 +416,10 @@ impl Gpu {
         self.check("dit.load")?;
         let backend = self.backend.as_ref().expect("checked");
         let t0 = std::time::Instant::now();
-        let dev = backend.load_dit(model).map_err(Refusal::logged)?;
+        let dev = self
+            .gate
+            .contain("dit.load", || backend.load_dit(model))
+            .map_err(Refusal::logged)?;
         log::debug(&format!(
             "dit: resident on the device (uploaded in {:.2} s, weights {:.2} GB)",
             t0.elapsed().as_secs_f64(),
@@ -397,7 +438,10 @@ impl Gpu {
     pub fn load_vae(&self, model: &crate::vae::VaeModel) -> Result<GpuVae, Refusal> {
         self.check("vae.load")?;
         let backend = self.backend.as_ref().expect("checked");
-        let dev = backend.load_vae(model).map_err(Refusal::logged)?;
+        let dev = self
+            .gate
+            .contain("vae.load", || backend.load_vae(model))
+            .map_err(Refusal::logged)?;
         Ok(GpuVae {
             dev,
             gate: self.gate.clone(),

@@ -389,3 +389,20 @@ fn contention_guard_moves_the_rest_to_the_cpu() {
         RefusalReason::Contended
     );
 }
+
+/// A panic inside the backend is a refusal, not the end of the process; the device is not used
+/// again and the caller's CPU path gives the same tokens.
+#[test]
+fn a_backend_panic_is_a_refusal_and_retires_the_device() {
+    let _g = lock();
+    let m = tiny();
+    let (gpu, faults) = faulty_gpu(1 << 30);
+    let cpu_only = generate(&Gpu::cpu_only(), &m, &[1, 5, 9], 6);
+    faults.panic_next.store(true, Ordering::Relaxed);
+    let fell_back = generate(&gpu, &m, &[1, 5, 9], 6);
+    assert_eq!(fell_back.0, cpu_only.0);
+    let r = gpu
+        .load_llm(&m.model(), &LlmOptions::default(), None)
+        .unwrap_err();
+    assert!(matches!(r.reason, RefusalReason::Device(_)), "{r}");
+}

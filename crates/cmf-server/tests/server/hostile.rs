@@ -272,6 +272,7 @@ fn request_ids_log_lines_and_metrics() {
         format!("generated_tokens={}", usage["completion_tokens"]),
         "ttft_ms=".into(),
         "total_ms=".into(),
+        "end=complete".into(),
     ] {
         assert!(first.contains(&want), "{want:?} not in {first:?}");
     }
@@ -323,6 +324,8 @@ fn disconnect_during_a_long_prefill_frees_the_worker() {
             per_token,
         }))
     }));
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    cfg.request_log = RequestLog::Collect(lines.clone());
     let srv = start(cfg);
     let a = srv.addr();
     let long = "In the beginning was the word, and the word was long. ".repeat(8);
@@ -352,6 +355,15 @@ fn disconnect_during_a_long_prefill_frees_the_worker() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+    // The abandoned request has its line too, and it is no rejection.
+    let left = lines.lock().unwrap()[0].clone();
+    assert!(
+        left.contains("status=499") && left.contains("end=client_left"),
+        "{left}"
+    );
+    let m = get(a, "/metrics").text();
+    assert!(m.contains("cmf_requests_total{status=\"499\"} 1\n"), "{m}");
+    assert!(!m.contains("cmf_rejections_total{status=\"499\"}"), "{m}");
 }
 
 /// `generate_cancellable` asks between the prefill's pieces: cancelled at the third check, two
