@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 T0=$SECONDS; DEADLINE=${DEADLINE:-560}
 left() { echo $((DEADLINE - (SECONDS - T0))); }
 stamp() { echo "[$((SECONDS-T0)) s] $*"; }
-OUT=${OUT:-/tmp/out}; W=/dev/shm/cli; mkdir -p "$OUT" "$W" /tmp/lc
+OUT=${OUT:-/tmp/out}; W=/dev/shm/cli; D=$W/done; L=$W/logs; mkdir -p "$OUT" "$W" "$D" "$L" /tmp/lc
 PHASES=${PHASES:-tests cmf llama}
 export CMF_FIXTURES=$PWD/fixtures XDG_CACHE_HOME=/tmp/xdg CMF_REQUIRE_GPU=1
 for f in .dev/bin/*.xz .dev/tests/*.xz; do [ -f "$f" ] && xz -d "$f"; done
@@ -38,13 +38,13 @@ if has llama && [ ! -x /tmp/lc/llama.cpp/b/bin/llama-bench ] && [ ! -f /tmp/lc/b
     > /tmp/lc/cfg.log 2>&1 && cmake --build b -j12 --target llama-bench > /tmp/lc/build.log 2>&1; rm -f /tmp/lc/building" >/dev/null 2>&1 &
 fi
 
-if has tests && [ ! -f "$OUT/tests.done" ]; then
+if has tests && [ ! -f "$D/tests" ]; then
   stamp tests
   for t in .dev/tests/*; do
     n=$(basename "$t")
-    timeout 240 "$t" --test-threads 1 > "$OUT/test-$n.log" 2>&1; rc=$?
-    echo "$n rc=$rc $(grep -E '^test result' "$OUT/test-$n.log" | tail -1)" | tee -a "$OUT/summary.txt"
-    grep -E "FAILED|panicked" "$OUT/test-$n.log" | head -5
+    timeout 240 "$t" --test-threads 1 > "$L/test-$n.log" 2>&1; rc=$?
+    echo "$n rc=$rc $(grep -E '^test result' "$L/test-$n.log" | tail -1)" | tee -a "$OUT/summary.txt"
+    grep -E "FAILED|panicked" "$L/test-$n.log" | head -5
   done
   stamp "cmf run: --gpu off against --gpu cuda"
   $C convert --model fixtures/llm/qwen3-tiny --quant f32 -o $W/q3t.cmf > /dev/null 2>&1
@@ -58,13 +58,13 @@ if has tests && [ ! -f "$OUT/tests.done" ]; then
       echo "$(basename $m) [$s]: text $r off vs cuda" | tee -a "$OUT/summary.txt"
     done
   done
-  touch "$OUT/tests.done"
+  touch "$D/tests"
 fi
 
 if has cmf; then
   for p in qwen3-0.6b qwen3-8b; do
     [ $(left) -lt 60 ] && break
-    [ -f "$OUT/cmf-$p.done" ] && continue
+    [ -f "$D/cmf-$p" ] && continue
     [ -f $W/$p.cmf ] || { stamp "synth $p"; $C synth --preset $p --quant q8 -o $W/$p.cmf > /dev/null 2>&1; }
     stamp "$p: engine, cmf bench, cmf run"
     ./.dev/bin/cmf-gpu-bench --preset $p --quant q8 --decode-ctx 128 --prefill 512 2>&1 | grep -E "decode|prefill" | sed "s/^/engine: /" | tee -a "$OUT/summary.txt"
@@ -75,7 +75,7 @@ if has cmf; then
         echo "cmf run $p [$s]: $(tail -1 $W/run.err)" | tee -a "$OUT/summary.txt"
       done
     done
-    touch "$OUT/cmf-$p.done"
+    touch "$D/cmf-$p"
   done
 fi
 
@@ -85,9 +85,9 @@ if has llama; then
     [ $(left) -lt 90 ] && break
     if [ ! -f $GGUF ]; then
       stamp "random $p checkpoint -> GGUF q8_0"
-      python3 .anchor/make_qwen3_random.py $p $W/hf .anchor/tok > "$OUT/gen-$p.log" 2>&1
+      python3 .anchor/make_qwen3_random.py $p $W/hf .anchor/tok > "$L/gen-$p.log" 2>&1
       while [ ! -f /tmp/lc/llama.cpp/convert_hf_to_gguf.py ]; do sleep 2; done
-      python3 /tmp/lc/llama.cpp/convert_hf_to_gguf.py $W/hf --outtype q8_0 --outfile $GGUF > "$OUT/conv-$p.log" 2>&1 || tail -3 "$OUT/conv-$p.log"
+      python3 /tmp/lc/llama.cpp/convert_hf_to_gguf.py $W/hf --outtype q8_0 --outfile $GGUF > "$L/conv-$p.log" 2>&1 || tail -3 "$L/conv-$p.log"
       rm -rf $W/hf
     fi
   done
@@ -96,12 +96,13 @@ if has llama; then
   B=/tmp/lc/llama.cpp/b/bin
   if [ -x $B/llama-bench ]; then
     for p in qwen3-0.6b qwen3-8b; do
-      [ -f $W/$p-q8_0.gguf ] && [ ! -f "$OUT/llama-$p.done" ] && [ $(left) -gt 40 ] || continue
+      [ -f $W/$p-q8_0.gguf ] && [ ! -f "$D/llama-$p" ] && [ $(left) -gt 40 ] || continue
       timeout 120 $B/llama-bench -m $W/$p-q8_0.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 5 -o md 2>/dev/null | grep -E "pp|tg" | sed "s/^/llama-bench $p: /" | tee -a "$OUT/summary.txt"
-      touch "$OUT/llama-$p.done"
+      touch "$D/llama-$p"
     done
   else
     echo "llama.cpp not built yet: call again" | tee -a "$OUT/summary.txt"
   fi
 fi
+tar czf "$OUT/logs.tgz" -C "$W" logs 2>/dev/null
 stamp done

@@ -33,8 +33,11 @@ TOOLS = [
 
 def tool_round_trip():
     msgs = [{"role": "user", "content": "Weather?"}]
+    # One call, then the grammar ends the answer (a random-weight model would otherwise be free
+    # to add parallel calls until max_tokens).
     r = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS,
-                                       tool_choice="required", max_tokens=100, seed=1)
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=100, seed=1)
     m = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls", r
     assert m.tool_calls and m.tool_calls[0].function.name == "w", m
@@ -49,8 +52,8 @@ def tool_round_trip():
     # Streamed: the deltas add up to the same call (same seed).
     name, arguments = None, ""
     for chunk in client.chat.completions.create(model=MODEL, messages=msgs[:1], tools=TOOLS,
-                                                tool_choice="required", max_tokens=100,
-                                                seed=1, stream=True):
+                                                tool_choice="required", parallel_tool_calls=False,
+                                                max_tokens=100, seed=1, stream=True):
         for c in chunk.choices:
             for tc in c.delta.tool_calls or []:
                 name = tc.function.name or name

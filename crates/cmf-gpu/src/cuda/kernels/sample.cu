@@ -11,9 +11,11 @@
 // Ties rank the lower id first (torch.argmax); NaN logits never win.
 //
 // Weights are 40-bit fixed point in u64, so every sum is an integer sum: the block's parallel
-// reductions equal the host's sequential loops. The draw walks the survivors in vocabulary
-// order: each thread owns a contiguous slice, a block scan of the slices' weights finds the
-// slice holding the target, and its thread walks it. A top-p cut beyond the 64 merged
+// reductions equal the host's sequential loops. sample_final's passes over the vocabulary give
+// each warp a contiguous range and walk it in rows of 32 (coalesced loads; a thread-contiguous
+// slice made every warp load touch 32 lines and cost ~1 ms a token on a 152k vocabulary). The
+// draw walks the survivors in vocabulary order: the warps' sums find the warp holding the
+// target, and that warp scans its rows. A top-p cut beyond the 64 merged
 // candidates (flat distributions) is found by a three-pass radix select over the logits' order
 // keys, with per-bin weights summed by 64-bit shared-memory atomics (integers: order-free).
 
@@ -186,16 +188,62 @@ penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const i
     if (threadIdx.x == 0) hist[p & hist_mask] = tok[0];
 }
 
+// The range of the vocabulary this thread's warp owns in sample_final's passes: contiguous,
+// a multiple of 32 long, walked as rows of 32 (lane l takes lo + 32·r + l).
+struct Span {
+    int lo, hi;
+};
+__device__ __forceinline__ Span warp_span(int V) {
+    const int span = ((V + 31) / 32 + 31) & ~31;
+    const int lo = min(V, (int)(threadIdx.x >> 5) * span);
+    return {lo, min(V, lo + span)};
+}
+
+__device__ __forceinline__ u64 warp_sum_u64(u64 x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
+
+__device__ __forceinline__ u64 warp_incl_scan_u64(u64 x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// Every thread passes its warp's sum (the same value across the warp); returns the sum of the
+// warps before this one, and the block's total in *total.
+__device__ u64 warps_before_u64(u64 warp_total, u64* total) {
+    __shared__ u64 sums[32];
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = warp_total;
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    u64 before = 0, all = 0;
+    for (int w = 0; w < 32; w++) {
+        if (w < warp) before += sums[w];
+        all += sums[w];
+    }
+    *total = all;
+    return before;
+}
+
 // The survivors' rank cut for top-p over the whole vocabulary, when the 64 best did not reach
 // it: a radix select over order keys (11, 11, 10 bits) finds the key of the token whose
 // cumulative weight first reaches top_p · total, then the ties of that key are counted in id
 // order. Writes (value, id) of the last survivor to *cut_v, *cut_i. All threads call it.
-__device__ void radix_top_p(const float* logits, const float* wbuf, int lo, int hi, float top_p,
-                            u64 total, float* cut_v, int* cut_i) {
+__device__ void radix_top_p(const float* logits, const float* wbuf, int V, float top_p, u64 total,
+                            float* cut_v, int* cut_i) {
     __shared__ u64 bins[RADIX_BINS];
     __shared__ u64 s_before;
     __shared__ u32 s_bin;
-    __shared__ int s_tie_need;
+    __shared__ int s_cut;
+    const int lane = threadIdx.x & 31;
+    const Span sp = warp_span(V);
     u64 before = 0;
     u32 prefix = 0, pmask = 0;
     const int shifts[3] = {21, 10, 0};
@@ -208,7 +256,7 @@ __device__ void radix_top_p(const float* logits, const float* wbuf, int lo, int 
             s_before = before;
         }
         __syncthreads();
-        for (int i = lo; i < hi; i++) {
+        for (int i = sp.lo + lane; i < sp.hi; i += 32) {
             const float l = logits[i];
             if (l != l) continue;
             const u32 key = order_key(l);
@@ -236,21 +284,33 @@ __device__ void radix_top_p(const float* logits, const float* wbuf, int lo, int 
         before = s_before;
         __syncthreads();
     }
-    // Ties of the cut key, in id order: the smallest count c with before + c·w reaching top_p.
+    // Ties of the cut key (all of the same weight), in id order: the smallest count c with
+    // before + c·w reaching top_p; the c-th of them is the last survivor.
     const float cv = key_value(prefix);
-    int ties = 0;
-    int first_tie = -1;
-    for (int i = lo; i < hi; i++) {
+    u32 ties = 0;
+    for (int i = sp.lo + lane; i < sp.hi; i += 32) {
         const float l = logits[i];
-        if (l == l && order_key(l) == prefix) {
-            if (first_tie < 0) first_tie = i;
-            ties++;
+        ties += (l == l && order_key(l) == prefix);
+    }
+    const u64 warp_ties = warp_sum_u64(ties);
+    u64 all_ties;
+    const u64 ties_before = warps_before_u64(warp_ties, &all_ties);
+    __shared__ u64 s_wtie;
+    __shared__ int s_need;
+    if (threadIdx.x == 0) s_wtie = 0;
+    __syncthreads();
+    if (warp_ties > 0 && ties_before == 0) {
+        // The first warp holding ties: the weight of its first one.
+        for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
+            const int i = r0 + lane;
+            const float l = i < sp.hi ? logits[i] : NEG_INF;
+            const unsigned m = __ballot_sync(FULL_MASK, l == l && i < sp.hi && order_key(l) == prefix);
+            if (m) {
+                if (lane == __ffs(m) - 1) s_wtie = fixed_weight(wbuf[i]);
+                break;
+            }
         }
     }
-    u64 all_ties;
-    const u64 ties_before = block_scan_u64((u64)ties, &all_ties);
-    __shared__ u64 s_wtie;
-    if (ties > 0 && ties_before == 0) s_wtie = fixed_weight(wbuf[first_tie]);
     __syncthreads();
     if (threadIdx.x == 0) {
         const u64 wt = s_wtie;
@@ -263,20 +323,31 @@ __device__ void radix_top_p(const float* logits, const float* wbuf, int lo, int 
             while (c < all_ties && !reaches(before + c * wt, top_p, total)) c++;
         }
         if (c > all_ties) c = all_ties;
-        s_tie_need = (int)c;
+        s_need = (int)c;
+        s_cut = -1;
     }
     __syncthreads();
-    const u64 need = (u64)s_tie_need;  // the need-th tie (1-based) in id order is the last survivor
-    if (ties > 0 && ties_before < need && need <= ties_before + ties) {
+    const u64 need = (u64)s_need;
+    if (warp_ties > 0 && ties_before < need && need <= ties_before + warp_ties) {
         u64 seen = ties_before;
-        for (int i = lo; i < hi; i++) {
-            const float l = logits[i];
-            if (l == l && order_key(l) == prefix && ++seen == need) {
-                *cut_v = cv;
-                *cut_i = i;
+        for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
+            const int i = r0 + lane;
+            const float l = i < sp.hi ? logits[i] : NEG_INF;
+            const bool tie = l == l && i < sp.hi && order_key(l) == prefix;
+            const unsigned m = __ballot_sync(FULL_MASK, tie);
+            const u64 n = __popc(m);
+            if (seen + n >= need) {
+                const int rank = (int)(need - seen - 1);  // among this row's ties
+                if (tie && __popc(m & ((1u << lane) - 1)) == rank) s_cut = i;
                 break;
             }
+            seen += n;
         }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && s_cut >= 0) {
+        *cut_v = cv;
+        *cut_i = s_cut;
     }
     __syncthreads();
 }
@@ -296,7 +367,7 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
     __shared__ float best_v[TOPK_MAX];
     __shared__ int best_i[TOPK_MAX];
     __shared__ float s_cut_v;
-    __shared__ int s_cut_i, s_has_cut, s_chosen;
+    __shared__ int s_cut_i, s_has_cut, s_chosen, s_last;
     const int n = SAMPLE_BLOCKS * k;
     float v[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
     int id[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
@@ -328,18 +399,23 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
     const bool greedy = temperature <= 0.f || top_k == 1 || !(M > NEG_INF && M < -NEG_INF);
     if (!greedy) {
         const float inv_t = 1.f / temperature;
-        const int per = (V + FIN_THREADS - 1) / FIN_THREADS;
-        const int lo = min(V, threadIdx.x * per), hi = min(V, lo + per);
-        u64 mine = 0;
-        for (int i = lo; i < hi; i++) {
-            const float l = logits[i];
-            const float e = l == l ? expf((l - M) * inv_t) : 0.f;
-            wbuf[i] = e;
-            mine += fixed_weight(e);
-        }
-        u64 total_all;
-        block_scan_u64(mine, &total_all);
         const bool topk_on = top_k > 0 && top_k < V;
+        const Span sp = warp_span(V);
+        const int lane = threadIdx.x & 31;
+        // Without top-k, top-p needs the whole vocabulary's weight: one pass (kept in wbuf).
+        u64 total_all = 0;
+        if (!topk_on) {
+            u64 mine = 0;
+            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+                const float l = logits[i];
+                const float e = l == l ? expf((l - M) * inv_t) : 0.f;
+                wbuf[i] = e;
+                mine += fixed_weight(e);
+            }
+            block_scan_u64(mine, &total_all);
+        }
+        // Where the survivors end: 1 = at merged candidate s_last (the draw needs only the
+        // candidates), 2 = past them (radix select), 0 = no rank cut (the whole vocabulary).
         if (threadIdx.x == 0) {
             s_has_cut = 0;
             if (topk_on || top_p < 1.f) {
@@ -357,50 +433,86 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
                         if (reaches(cum, top_p, total)) { last = r; break; }
                     }
                 }
-                if (last >= 0) {
-                    s_has_cut = 1;
-                    s_cut_v = best_v[last];
-                    s_cut_i = best_i[last];
-                } else {
-                    s_has_cut = 2;  // top-p reaches past the merged candidates
+                s_has_cut = last >= 0 ? 1 : 2;
+                s_last = last;
+            } else if (min_p > 0.f && !(expf((best_v[k - 1] - M) * inv_t) >= min_p)) {
+                // Min-p cuts inside the merged candidates: nothing past them survives.
+                s_has_cut = 1;
+                s_last = k - 1;
+            }
+            s_chosen = chosen;
+        }
+        __syncthreads();
+        if (s_has_cut == 1) {
+            // The survivors are candidates 0..=s_last passing min-p: draw among them in id order.
+            if (threadIdx.x == 0) {
+                int ids[TOPK_MAX];
+                u64 ws[TOPK_MAX];
+                int n = 0;
+                u64 sum = 0;
+                for (int r = 0; r <= s_last; r++) {
+                    const float e = expf((best_v[r] - M) * inv_t);
+                    const u64 w = fixed_weight(e);
+                    if ((min_p > 0.f && !(e >= min_p)) || w == 0) continue;
+                    int j = n++;
+                    for (; j > 0 && ids[j - 1] > best_i[r]; j--) {
+                        ids[j] = ids[j - 1];
+                        ws[j] = ws[j - 1];
+                    }
+                    ids[j] = best_i[r];
+                    ws[j] = w;
+                    sum += w;
+                }
+                if (sum > 0) {
+                    const u64 target = draw_target(uniform24(seed, (u64)p), sum);
+                    u64 acc = 0;
+                    for (int j = 0; j < n; j++) {
+                        acc += ws[j];
+                        if (target < acc) { s_chosen = ids[j]; break; }
+                    }
                 }
             }
-        }
-        __syncthreads();
-        if (s_has_cut == 2) {
-            radix_top_p(logits, wbuf, lo, hi, top_p, total_all, &s_cut_v, &s_cut_i);
-            if (threadIdx.x == 0) s_has_cut = 1;
-            __syncthreads();
-        }
-        const bool has_cut = s_has_cut == 1;
-        const float cut_v = s_cut_v;
-        const int cut_i = s_cut_i;
-        // The survivors' weights in this thread's slice.
-        mine = 0;
-        for (int i = lo; i < hi; i++) {
-            const float l = logits[i];
-            if (l != l) continue;
-            if (min_p > 0.f && !(wbuf[i] >= min_p)) continue;
-            if (has_cut && better(cut_v, cut_i, l, i)) continue;
-            mine += fixed_weight(wbuf[i]);
-        }
-        u64 kept;
-        const u64 excl = block_scan_u64(mine, &kept);
-        if (threadIdx.x == 0) s_chosen = chosen;
-        __syncthreads();
-        if (kept > 0) {
-            const u64 target = draw_target(uniform24(seed, (u64)p), kept);
-            if (excl <= target && target < excl + mine) {
-                u64 acc = excl;
-                for (int i = lo; i < hi; i++) {
-                    const float l = logits[i];
-                    if (l != l) continue;
-                    if (min_p > 0.f && !(wbuf[i] >= min_p)) continue;
-                    if (has_cut && better(cut_v, cut_i, l, i)) continue;
-                    const u64 w = fixed_weight(wbuf[i]);
-                    if (w == 0) continue;
-                    acc += w;
-                    if (target < acc) { s_chosen = i; break; }
+        } else {
+            if (s_has_cut == 2) {
+                radix_top_p(logits, wbuf, V, top_p, total_all, &s_cut_v, &s_cut_i);
+                if (threadIdx.x == 0) s_has_cut = 3;
+                __syncthreads();
+            }
+            const bool has_cut = s_has_cut == 3;
+            const float cut_v = s_cut_v;
+            const int cut_i = s_cut_i;
+            // The survivors' weights of this warp's range, then the warp holding the target
+            // walks its rows.
+            u64 mine = 0;
+            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+                const float l = logits[i];
+                if (l != l || (min_p > 0.f && !(wbuf[i] >= min_p)) || (has_cut && better(cut_v, cut_i, l, i)))
+                    continue;
+                mine += fixed_weight(wbuf[i]);
+            }
+            const u64 wsum = warp_sum_u64(mine);
+            u64 kept;
+            const u64 wbefore = warps_before_u64(wsum, &kept);
+            if (kept > 0) {
+                const u64 target = draw_target(uniform24(seed, (u64)p), kept);
+                if (wbefore <= target && target < wbefore + wsum) {
+                    u64 base = wbefore;
+                    for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
+                        const int i = r0 + lane;
+                        u64 w = 0;
+                        if (i < sp.hi) {
+                            const float l = logits[i];
+                            if (l == l && !(min_p > 0.f && !(wbuf[i] >= min_p)) && !(has_cut && better(cut_v, cut_i, l, i)))
+                                w = fixed_weight(wbuf[i]);
+                        }
+                        const u64 incl = warp_incl_scan_u64(w);
+                        const u64 row = __shfl_sync(FULL_MASK, incl, 31);
+                        if (target < base + row) {
+                            if (w > 0 && target < base + incl && target >= base + incl - w) s_chosen = i;
+                            break;
+                        }
+                        base += row;
+                    }
                 }
             }
         }
