@@ -3,8 +3,8 @@
 //! Two layers:
 //! - [`facade`]: CPU-testable policy. Which backend runs (`--gpu auto|off|cuda`, `CMF_GPU`),
 //!   honest refusal (a device entry point does the whole job or refuses before touching any
-//!   output, and the caller runs the CPU path), the per-op-class probe, layer placement and the
-//!   VRAM budget, the `cpu_scope` / `pause_gpu` guards, device and memory counters.
+//!   output, and the caller runs the CPU path), layer placement and the VRAM budget, the
+//!   `cpu_scope` / `pause_gpu` guards, device and memory counters.
 //! - [`cuda`]: the CUDA backend (cudarc with dynamic loading, NVRTC kernels compiled to CUBIN
 //!   for the device's arch and cached on disk, cuBLAS for prefill GEMMs).
 //!
@@ -23,8 +23,8 @@ pub mod llm;
 pub mod vae;
 
 pub use facade::{
-    cpu_scope, pause_gpu, Arm, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode,
-    GpuVae, LayerSet, LlmDevice, MemStats, OpClass, Placement, Probe, Refusal, RefusalReason,
+    cpu_scope, pause_gpu, Backend, DeviceInfo, DitDevice, Gpu, GpuDit, GpuError, GpuMode, GpuVae,
+    LayerSet, LlmDevice, MemStats, Placement, Refusal, RefusalReason,
 };
 pub use llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,

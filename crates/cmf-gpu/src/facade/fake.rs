@@ -1,5 +1,5 @@
 //! A fake backend: a "device" that runs the CPU reference forward on its own copy of the
-//! weights. It lets the facade's policy (placement, refusal, probe, counters) and callers'
+//! weights. It lets the facade's policy (placement, refusal, counters) and callers'
 //! fallback paths be tested on machines without a GPU, CI included. Its DiT and VAE are
 //! plumbing stand-ins (no reference forward): the DiT's velocity is the item's own patches, the
 //! VAE's image is all zeros (mid-gray); numerics are the CUDA tests' job.

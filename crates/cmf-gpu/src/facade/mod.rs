@@ -10,11 +10,11 @@ mod backend;
 mod contention;
 mod devices;
 pub mod fake;
+mod files;
 mod guards;
 pub mod log;
 mod mode;
 mod placement;
-mod probe;
 mod refusal;
 
 pub use backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
@@ -24,11 +24,10 @@ pub use contention::{
 pub use devices::{
     parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
 };
+pub use files::{cache_dir, write_atomic};
 pub use guards::{cpu_scope, in_cpu_scope, pause_count, pause_gpu, CpuScope, GpuPause};
 pub use mode::{GpuMode, ENV_GPU};
 pub use placement::{LayerSet, Placement, ENV_GPU_LAYERS};
-pub use probe::write_atomic;
-pub use probe::{cache_dir, Arm, OpClass, Probe, CLEAN_SAMPLES};
 pub use refusal::{Refusal, RefusalReason};
 
 use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
@@ -154,7 +153,6 @@ impl Gate {
 pub struct Gpu {
     mode: GpuMode,
     backend: Option<Arc<dyn Backend>>,
-    probe: Arc<Probe>,
     gate: Arc<Gate>,
 }
 
@@ -200,25 +198,17 @@ impl Gpu {
         Gpu {
             mode: GpuMode::Off,
             backend: None,
-            probe: Arc::new(Probe::with("none", "", None, true)),
             gate: Arc::new(Gate::new()),
         }
     }
 
     /// A facade over a given backend (the fake backend in tests, or a caller-built one).
     pub fn with_backend(mode: GpuMode, backend: Arc<dyn Backend>) -> Gpu {
-        let probe = Arc::new(Probe::new(&backend.info().name));
         Gpu {
             mode,
             backend: Some(backend),
-            probe,
             gate: Arc::new(Gate::new()),
         }
-    }
-
-    /// Replaces the probe (tests; callers with their own cache location).
-    pub fn set_probe(&mut self, probe: Probe) {
-        self.probe = Arc::new(probe);
     }
 
     pub fn mode(&self) -> GpuMode {
@@ -266,10 +256,6 @@ impl Gpu {
             .unwrap_or(0)
     }
 
-    pub fn probe(&self) -> &Probe {
-        &self.probe
-    }
-
     /// Makes every entry-point call after the next `calls` refuse (tests of the fallback).
     pub fn inject_refusal_after(&self, calls: u64) {
         self.gate.calls.store(0, Ordering::SeqCst);
@@ -287,37 +273,6 @@ impl Gpu {
             return Err(Refusal::new(op, RefusalReason::NoBackend).logged());
         }
         self.gate.check(op)
-    }
-
-    /// Runs an op of a probed class: the probe picks the arm, the call is timed and recorded.
-    /// A device refusal falls back to `cpu` (and is not recorded as a sample). `cold` tells the
-    /// probe the device call included one-off work.
-    pub fn run_probed<T>(
-        &self,
-        class: OpClass,
-        cold: bool,
-        device: impl FnOnce() -> Result<T, Refusal>,
-        cpu: impl FnOnce() -> T,
-    ) -> T {
-        if self.check("probe").is_ok() && self.probe.arm(class) == Arm::Device {
-            let t0 = Instant::now();
-            match device() {
-                Ok(v) => {
-                    self.probe.record(class, Arm::Device, t0.elapsed(), cold);
-                    return v;
-                }
-                Err(r) => {
-                    r.logged();
-                }
-            }
-            return cpu();
-        }
-        let t0 = Instant::now();
-        let v = cpu();
-        if self.is_active() && self.probe.verdict(class).is_none() {
-            self.probe.record(class, Arm::Cpu, t0.elapsed(), false);
-        }
-        v
     }
 
     /// Plans placement (explicit `layers`, else the VRAM budget) and uploads `model`.
@@ -449,7 +404,7 @@ impl Gpu {
     }
 }
 
-/// A VAE decoder loaded through the facade (trusted, not probed: one upload, one readback).
+/// A VAE decoder loaded through the facade; every entry point passes the gate first.
 pub struct GpuVae {
     dev: Box<dyn VaeDevice>,
     gate: Arc<Gate>,
@@ -494,7 +449,7 @@ impl GpuVae {
 }
 
 /// A DiT loaded through the facade; every entry point passes the gate first. Whole steps run
-/// on the device and are trusted (not probed): the activations never leave the card.
+/// on the device: the activations never leave the card.
 pub struct GpuDit {
     dev: Box<dyn DitDevice>,
     gate: Arc<Gate>,
@@ -569,7 +524,7 @@ impl GpuLlm {
         self.dev.max_context()
     }
 
-    /// See [`LlmDevice::decode`]. Whole-token graphs are trusted (not probed).
+    /// See [`LlmDevice::decode`].
     pub fn decode(
         &mut self,
         token: u32,

@@ -17,8 +17,6 @@ pub enum RefusalReason {
     Paused,
     /// The calling thread is inside a [`cpu_scope`](super::cpu_scope).
     CpuScope,
-    /// The probe measured the CPU arm faster for this op class.
-    ProbeChoseCpu(&'static str),
     /// A weight codec the device kernels do not implement.
     UnsupportedCodec(Dtype),
     /// A shape or geometry the kernels do not implement (named in the text).
@@ -46,7 +44,6 @@ impl RefusalReason {
                 format!("{}:{s}", self.kind())
             }
             RefusalReason::UnsupportedCodec(d) => format!("codec:{d}"),
-            RefusalReason::ProbeChoseCpu(c) => format!("probe:{c}"),
             _ => self.kind().to_string(),
         }
     }
@@ -56,7 +53,6 @@ impl RefusalReason {
             RefusalReason::NoBackend => "no-backend",
             RefusalReason::Paused => "paused",
             RefusalReason::CpuScope => "cpu-scope",
-            RefusalReason::ProbeChoseCpu(_) => "probe",
             RefusalReason::UnsupportedCodec(_) => "codec",
             RefusalReason::UnsupportedShape(_) => "shape",
             RefusalReason::OutOfMemory { .. } => "out-of-memory",
@@ -91,9 +87,6 @@ impl std::fmt::Display for RefusalReason {
             RefusalReason::NoBackend => f.write_str("no GPU backend is open"),
             RefusalReason::Paused => f.write_str("the GPU is paused (pause_gpu)"),
             RefusalReason::CpuScope => f.write_str("this thread is in a cpu_scope"),
-            RefusalReason::ProbeChoseCpu(c) => {
-                write!(f, "the probe measured the CPU faster for `{c}`")
-            }
             RefusalReason::UnsupportedCodec(d) => write!(f, "codec {d} has no device kernel"),
             RefusalReason::UnsupportedShape(s) => write!(f, "unsupported shape: {s}"),
             RefusalReason::OutOfMemory { need, budget } => {

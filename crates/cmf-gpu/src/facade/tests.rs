@@ -24,9 +24,7 @@ fn tiny() -> SynthModel {
 }
 
 fn fake_gpu(total: u64) -> Gpu {
-    let mut g = Gpu::with_backend(GpuMode::Auto, Arc::new(FakeBackend::new(total)));
-    g.set_probe(Probe::with("fake", "test", None, false));
-    g
+    Gpu::with_backend(GpuMode::Auto, Arc::new(FakeBackend::new(total)))
 }
 
 /// Greedy generation the way a caller does it: device first, CPU path on refusal (after which
@@ -248,37 +246,11 @@ fn upload_counter_is_flat_in_steady_state() {
     assert_eq!(gpu.bytes_uploaded(), after_load);
 }
 
-#[test]
-fn run_probed_keeps_the_faster_arm() {
-    let _g = lock();
-    let gpu = fake_gpu(1 << 30);
-    let mut arms = Vec::new();
-    for _ in 0..20 {
-        let v = gpu.run_probed(
-            OpClass::LmHead,
-            false,
-            || {
-                std::thread::sleep(std::time::Duration::from_millis(3));
-                Ok("device")
-            },
-            || "cpu",
-        );
-        arms.push(v);
-    }
-    assert_eq!(gpu.probe().verdict(OpClass::LmHead), Some(Arm::Cpu));
-    assert!(
-        arms[arms.len() - 5..].iter().all(|a| *a == "cpu"),
-        "{arms:?}"
-    );
-}
-
 /// A fake GPU and the handle its tests inject faults through.
 fn faulty_gpu(total: u64) -> (Gpu, Arc<fake::FakeFaults>) {
     let b = FakeBackend::new(total);
     let faults = b.faults.clone();
-    let mut g = Gpu::with_backend(GpuMode::Auto, Arc::new(b));
-    g.set_probe(Probe::with("fake", "test", None, false));
-    (g, faults)
+    (Gpu::with_backend(GpuMode::Auto, Arc::new(b)), faults)
 }
 
 /// The device has less memory than it reported free (another process took it): the upload's
@@ -385,7 +357,7 @@ fn contention_guard_moves_the_rest_to_the_cpu() {
         .unwrap_err();
     assert_eq!(r.reason, RefusalReason::Contended);
     assert_eq!(
-        gpu.check("probe").unwrap_err().reason,
+        gpu.check("llm.decode").unwrap_err().reason,
         RefusalReason::Contended
     );
 }
