@@ -1,10 +1,10 @@
 //! `cmf`: the command-line front end. This file only registers subcommands (one module each
 //! under `commands/`) and turns their errors into messages and exit codes (see `exit`).
 
-mod broken_pipe;
 mod commands;
 mod exit;
 mod malloc_policy;
+mod panic_hook;
 
 use std::process::ExitCode;
 
@@ -38,7 +38,7 @@ enum Command {
 
 fn main() -> ExitCode {
     cmf_gpu::facade::log::mark_start();
-    broken_pipe::exit_quietly_on_closed_stdout();
+    panic_hook::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

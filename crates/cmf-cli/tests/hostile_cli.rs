@@ -190,6 +190,7 @@ fn verify_checks_the_tokenizer_and_the_template_and_exit_codes_follow_the_readme
     let o = cmf(&["verify", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("tokenizer"), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
     let o = cmf(&["run", bad.to_str().unwrap(), "-p", "hi"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("tok.cmf"), "{}", text(&o));

@@ -46,7 +46,9 @@ fn model_loader_corpus() {
     // there, naming its field.
     let load = |name: &str| {
         let f = cmf_format::CmfModel::open(corpus("model_loader").join(name)).unwrap();
-        cmf_llm::Model::load(&f).map(drop).map_err(|e| e.to_string())
+        cmf_llm::Model::load(&f)
+            .map(drop)
+            .map_err(|e| e.to_string())
     };
     load("tiny-llama.cmf").unwrap();
     for (name, field) in [
