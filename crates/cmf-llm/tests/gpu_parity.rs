@@ -168,3 +168,63 @@ fn engine_falls_back_mid_run_with_identical_ids() {
         assert_eq!(got, want_ids);
     }
 }
+
+/// What `cmf run --gpu cuda` generates equals `--gpu off` on the f32 fixtures (f32 everywhere on
+/// the device): the generation loop on the device engine — device sampler, decode ahead — against
+/// the CPU engine with the host sampler, greedy and seeded sampling with every option.
+#[test]
+fn generation_on_the_device_equals_the_cpu() {
+    use cmf_llm::chat::Tokenizer;
+    use cmf_llm::engine::CpuEngine;
+    use cmf_llm::generate::{generate, GenerationConfig};
+    use cmf_llm::sampling::SamplingParams;
+    let Some(gpu) = gpu() else { return };
+    let base = SamplingParams::default();
+    let cases = [
+        base.clone(),
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.9,
+            seed: 7,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 20,
+            min_p: 0.05,
+            repeat_penalty: 1.2,
+            presence_penalty: 0.3,
+            seed: 3,
+            ..base.clone()
+        },
+    ];
+    for name in ["llama-tiny", "mistral-tiny", "qwen2-tiny"] {
+        let dir = fixtures_llm(name);
+        let files = read_weight_files(&dir);
+        let source = SafetensorsSource::new(&files);
+        let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
+        let model = Model::from_source(&source, config, "").unwrap();
+        let tok =
+            Tokenizer::from_bytes(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+        let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+        for params in &cases {
+            let cfg = GenerationConfig {
+                max_tokens: 32,
+                sampling: params.clone(),
+                ..Default::default()
+            };
+            let mut run = |engine: &mut dyn Engine| {
+                let mut history = Vec::new();
+                generate(engine, &tok, &prompt, &mut history, &cfg, &mut |_| {}).unwrap();
+                history
+            };
+            let want = run(&mut CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32));
+            let g = GpuModel::load(&gpu, &model, 256, None).expect("the fixture loads");
+            let mut dev = GpuEngine::new(&model, g, 256, cmf_kernels::KvDtype::F32);
+            let got = run(&mut dev);
+            assert!(dev.is_gpu(), "{name}: the device refused mid-run");
+            assert_eq!(got, want, "{name} {params:?}");
+        }
+        println!("{name}: device generation equals the CPU's for {} sampler settings", cases.len());
+    }
+}
