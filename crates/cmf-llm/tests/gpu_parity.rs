@@ -213,7 +213,7 @@ fn generation_on_the_device_equals_the_cpu() {
                 sampling: params.clone(),
                 ..Default::default()
             };
-            let mut run = |engine: &mut dyn Engine| {
+            let run = |engine: &mut dyn Engine| {
                 let mut history = Vec::new();
                 generate(engine, &tok, &prompt, &mut history, &cfg, &mut |_| {}).unwrap();
                 history
@@ -225,6 +225,9 @@ fn generation_on_the_device_equals_the_cpu() {
             assert!(dev.is_gpu(), "{name}: the device refused mid-run");
             assert_eq!(got, want, "{name} {params:?}");
         }
-        println!("{name}: device generation equals the CPU's for {} sampler settings", cases.len());
+        println!(
+            "{name}: device generation equals the CPU's for {} sampler settings",
+            cases.len()
+        );
     }
 }

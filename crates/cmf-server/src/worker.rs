@@ -367,13 +367,7 @@ impl Worker {
         let first_text = || {
             record.first_text.get_or_init(std::time::Instant::now);
         };
-        crate::generation::run_job(
-            engine,
-            &self.assets.tokenizer,
-            job,
-            &cancelled,
-            &first_text,
-        )
+        crate::generation::run_job(engine, &self.assets.tokenizer, job, &cancelled, &first_text)
     }
 }
 
