@@ -50,7 +50,7 @@ pub fn generate_guided(
     on_step: &mut dyn FnMut(Step),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<GenerationStats> {
-    let mut sampler = Sampler::new(cfg.sampling.clone());
+    let mut sampler = Sampler::new(cfg.sampling);
     let mut stops = StopMatcher::new(&cfg.stop_strings);
     let context = &prompt[prompt.len().saturating_sub(4)..];
     let mut decoder = tokenizer.text_decoder(context, true);
@@ -104,7 +104,7 @@ pub fn generate_guided(
     stats.prefill_time = t0.elapsed();
     // Without hooks the engine may sample on its own (the device: only token ids come back).
     let plain = hooks.processors.is_empty() && hooks.logprobs.is_none();
-    let spec = cfg.sampling.spec();
+    let spec = cfg.sampling;
     // The token the engine drew on its own sampler, when it did (then `logits` is stale).
     let mut drawn: Option<u32> = None;
 

@@ -12,103 +12,28 @@
 //!   counter-based generator), so a step re-run after a device refusal, or run ahead on the
 //!   device, draws the same token.
 
-use cmf_gpu::llm::sample::{self, SampleSpec};
+use cmf_gpu::llm::sample;
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 = greedy.
-    pub temperature: f32,
-    /// 0 = off.
-    pub top_k: usize,
-    /// 1 = off.
-    pub top_p: f32,
-    /// 0 = off.
-    pub min_p: f32,
-    /// 1 = off.
-    pub repeat_penalty: f32,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    /// Tokens the penalties look back over (0 = none).
-    pub penalty_last_n: usize,
-    pub seed: u64,
-}
-
-impl Default for SamplingParams {
-    /// Greedy, no penalties.
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            penalty_last_n: 64,
-            seed: 0,
-        }
-    }
-}
-
-impl SamplingParams {
-    /// Checks the ranges; the message names the flag-like field at fault.
-    pub fn validate(&self) -> Result<(), String> {
-        let bad = |f: &str, why: &str| Err(format!("{f}: {why}"));
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad("temperature", "must be ≥ 0");
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", "must be in (0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", "must be in [0, 1]");
-        }
-        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
-            return bad("repeat_penalty", "must be > 0");
-        }
-        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
-            return bad("presence/frequency penalty", "must be finite");
-        }
-        Ok(())
-    }
-}
-
-impl SamplingParams {
-    /// The shared algorithm's description of these parameters.
-    pub fn spec(&self) -> SampleSpec {
-        SampleSpec {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            penalty_last_n: self.penalty_last_n,
-            seed: self.seed,
-        }
-    }
-}
+/// The parameters the CLI and the API accept are the shared algorithm's own description.
+pub use sample::SampleSpec as SamplingParams;
 
 /// The host sampler.
 pub struct Sampler {
     pub params: SamplingParams,
-    spec: SampleSpec,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
-        let spec = params.spec();
-        Sampler { params, spec }
+        Sampler { params }
     }
 
     /// Picks the next token. `logits` is modified (penalties applied); `history` is the sequence
     /// so far (prompt and generated, the token these logits follow last): the penalties look at
     /// its last `penalty_last_n` ids and the draw at its last position.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let window = &history[history.len().saturating_sub(self.spec.penalty_last_n)..];
+        let window = &history[history.len().saturating_sub(self.params.penalty_last_n)..];
         let pos = history.len().saturating_sub(1) as u64;
-        sample::sample(logits, window, &self.spec, pos)
+        sample::sample(logits, window, &self.params, pos)
     }
 }
 
@@ -171,9 +96,9 @@ mod tests {
             ..Default::default()
         };
         let history = [5u32, 6, 7, 8, 9, 10];
-        let mut s = Sampler::new(params.clone());
+        let mut s = Sampler::new(params);
         let got = s.sample(&mut logits.clone(), &history);
-        let want = sample::sample(&mut logits.clone(), &[8, 9, 10], &params.spec(), 5);
+        let want = sample::sample(&mut logits.clone(), &[8, 9, 10], &params, 5);
         assert_eq!(got, want);
         // The penalised ids are the window's.
         let mut l = logits.clone();

@@ -29,7 +29,7 @@ fn run(
 ) -> Vec<u32> {
     let cfg = GenerationConfig {
         max_tokens: 24,
-        sampling: params.clone(),
+        sampling: *params,
         ..Default::default()
     };
     let mut history = Vec::new();
@@ -48,19 +48,19 @@ fn device_sampler_equals_host_sampler_on_seeded_runs() {
     let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
     let base = SamplingParams::default();
     let cases = [
-        base.clone(),
+        base,
         SamplingParams {
             temperature: 0.8,
             top_p: 0.9,
             seed: 1,
-            ..base.clone()
+            ..base
         },
         SamplingParams {
             temperature: 1.3,
             top_k: 20,
             min_p: 0.02,
             seed: 2,
-            ..base.clone()
+            ..base
         },
         SamplingParams {
             temperature: 1.0,
@@ -69,19 +69,19 @@ fn device_sampler_equals_host_sampler_on_seeded_runs() {
             frequency_penalty: 0.2,
             penalty_last_n: 16,
             seed: 3,
-            ..base.clone()
+            ..base
         },
         // Greedy with penalties: the device graph with the penalty kernel and an arg-max.
         SamplingParams {
             repeat_penalty: 2.0,
-            ..base.clone()
+            ..base
         },
         // Past the device's limits: the host samples from read-back logits.
         SamplingParams {
             temperature: 1.0,
             top_k: 100,
             seed: 4,
-            ..base.clone()
+            ..base
         },
     ];
     let gpu = fake_gpu();

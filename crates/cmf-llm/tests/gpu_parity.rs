@@ -181,12 +181,12 @@ fn generation_on_the_device_equals_the_cpu() {
     let Some(gpu) = gpu() else { return };
     let base = SamplingParams::default();
     let cases = [
-        base.clone(),
+        base,
         SamplingParams {
             temperature: 0.8,
             top_p: 0.9,
             seed: 7,
-            ..base.clone()
+            ..base
         },
         SamplingParams {
             temperature: 1.0,
@@ -195,7 +195,7 @@ fn generation_on_the_device_equals_the_cpu() {
             repeat_penalty: 1.2,
             presence_penalty: 0.3,
             seed: 3,
-            ..base.clone()
+            ..base
         },
     ];
     for name in ["llama-tiny", "mistral-tiny", "qwen2-tiny"] {
@@ -210,7 +210,7 @@ fn generation_on_the_device_equals_the_cpu() {
         for params in &cases {
             let cfg = GenerationConfig {
                 max_tokens: 32,
-                sampling: params.clone(),
+                sampling: *params,
                 ..Default::default()
             };
             let run = |engine: &mut dyn Engine| {

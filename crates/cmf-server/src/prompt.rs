@@ -101,7 +101,7 @@ pub fn prepare(
         Some(m) => m,
         None => limits.max_tokens_default.min(room),
     };
-    let mut sampling = req.sampling.clone();
+    let mut sampling = req.sampling;
     sampling.seed = req.seed.unwrap_or(seed);
     if let Some(&(id, _)) = req
         .logit_bias

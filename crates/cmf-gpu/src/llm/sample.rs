@@ -70,6 +70,27 @@ impl Default for SampleSpec {
 }
 
 impl SampleSpec {
+    /// Checks the ranges; the message names the flag-like field at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |f: &str, why: &str| Err(format!("{f}: {why}"));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", "must be ≥ 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "must be in [0, 1]");
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return bad("repeat_penalty", "must be > 0");
+        }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            return bad("presence/frequency penalty", "must be finite");
+        }
+        Ok(())
+    }
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
