@@ -681,7 +681,8 @@ fn release(pack: &ZimagePack, prefix: &str) {
     pack.model.release_pages_in_background(prefix);
 }
 
-/// Writes RGB8 as a PNG: to a temp file beside `path`, then renamed into place.
+/// Writes RGB8 as a PNG: to a temp file beside `path` with a random name created exclusively
+/// (two writers to one path never share it; a failed write removes it), then renamed into place.
 pub fn write_png(path: &Path, rgb: &[u8], width: usize, height: usize) -> Result<(), ZimageError> {
     let err = |why: String| ZimageError::Output {
         path: path.to_path_buf(),
@@ -694,20 +695,68 @@ pub fn write_png(path: &Path, rgb: &[u8], width: usize, height: usize) -> Result
     let name = path
         .file_name()
         .ok_or_else(|| err("not a file path".into()))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let result = (|| -> Result<(), String> {
-        let f = std::fs::File::create(&tmp).map_err(|e| e.to_string())?;
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), width as u32, height as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(rgb).map_err(|e| e.to_string())?;
-        w.finish().map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, path).map_err(|e| e.to_string())
-    })();
-    if let Err(why) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err(why));
-    }
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp").rand_bytes(8);
+    // The mode `File::create` gives (0666 less the umask), not tempfile's private 0600.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let tmp = builder.tempfile_in(dir).map_err(|e| err(e.to_string()))?;
+    let mut enc = png::Encoder::new(
+        std::io::BufWriter::new(tmp.as_file()),
+        width as u32,
+        height as u32,
+    );
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut w = enc.write_header().map_err(|e| err(e.to_string()))?;
+    w.write_image_data(rgb).map_err(|e| err(e.to_string()))?;
+    w.finish().map_err(|e| err(e.to_string()))?;
+    tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_png;
+
+    /// Writers racing to one path each finish with a whole PNG in place and leave no temp file;
+    /// a write that cannot finish leaves nothing behind either.
+    #[test]
+    fn png_writes_are_exclusive_and_atomic() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("img.png");
+        let (w, h) = (64, 48);
+        std::thread::scope(|s| {
+            for shade in 0..4u8 {
+                let out = &out;
+                s.spawn(move || write_png(out, &vec![shade * 60; w * h * 3], w, h).unwrap());
+            }
+        });
+        let decoder =
+            png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&out).unwrap()));
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (w as u32, h as u32));
+        let first = buf[0];
+        assert!(
+            buf[..info.buffer_size()].iter().all(|&b| b == first),
+            "pixels of two writers mixed"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("img.png")],
+            "temp files left: {names:?}"
+        );
+        // Too few pixels for the size: an error, no output, no temp file.
+        let bad = dir.path().join("bad.png");
+        assert!(write_png(&bad, &[0; 3], w, h).is_err());
+        assert!(!bad.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 }
