@@ -10,7 +10,7 @@
 # Build and stage on the development machine:
 #   ../shared/tools/stage-for-device && xz -T2 -6 .dev/bin/* .dev/tests/*
 #   .anchor/: llamacpp-src.tgz, tok.tar.xz (tok/ of ../shared/bench/README.md), make_qwen3_random.py
-# Run on the GPU machine from the repository root (phases are idempotent; call again on the same
+# Run on the GPU machine from the repository root (phases are idempotent; run it again on the same
 # warm machine to finish what the deadline cut):
 #   PHASES="tests cmf llama" bench/gpu_llm_cli.sh       logs and a summary go to $OUT
 set -u
