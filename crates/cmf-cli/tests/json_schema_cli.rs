@@ -3,29 +3,8 @@
 //! the file named.
 
 mod common;
-use common::{cmf, root};
+use common::{cmf, converted};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-
-fn converted(dir: &Path) -> PathBuf {
-    let out = dir.join("qwen3-tiny.cmf");
-    let src = root().join("fixtures/llm/qwen3-tiny");
-    let o = cmf(&[
-        "convert",
-        "--model",
-        src.to_str().unwrap(),
-        "--quant",
-        "f32",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert!(
-        o.status.success(),
-        "convert: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
-}
 
 #[test]
 fn json_schema_answers_match_and_bad_files_are_named() {

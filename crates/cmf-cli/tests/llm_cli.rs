@@ -3,8 +3,7 @@
 //! and bad input exits with 1 (runtime) or 2 (usage) and a message naming the fault.
 
 mod common;
-use common::{cmf, root};
-use std::path::{Path, PathBuf};
+use common::{cmf, converted, root};
 use std::process::{Command, Output, Stdio};
 
 use cmf_format::CmfModel;
@@ -18,23 +17,6 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// qwen3-tiny converted to f32 CMF by the CLI.
-fn converted(dir: &Path) -> PathBuf {
-    let out = dir.join("qwen3-tiny.cmf");
-    let src = root().join("fixtures/llm/qwen3-tiny");
-    let o = cmf(&[
-        "convert",
-        "--model",
-        src.to_str().unwrap(),
-        "--quant",
-        "f32",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "convert: {}", stderr(&o));
-    out
 }
 
 const SYSTEM: &str = "You are a helpful assistant.";

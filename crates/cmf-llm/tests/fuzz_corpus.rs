@@ -2,46 +2,21 @@
 //! seeds and regression reproducers, through the same functions the targets call: none may
 //! panic, and each file is done within seconds.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+#[path = "../../../test-support/fuzz_corpus.rs"]
+mod fuzz_corpus_support;
+use fuzz_corpus_support::{corpus, run_corpus};
+use std::path::Path;
 
 use cmf_format::{Arch, CmfWriter, Dtype, Header, LayerType, QuantType, TokenizerConfig};
 
-fn corpus(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-fn run_corpus(target: &str, body: fn(&[u8])) {
-    let dir = corpus(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(files.len() >= 8, "{}: {} files", dir.display(), files.len());
-    for f in files {
-        let bytes = std::fs::read(&f).unwrap();
-        let start = Instant::now();
-        body(&bytes);
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{}: {:?}",
-            f.display(),
-            start.elapsed()
-        );
-    }
-}
-
 #[test]
 fn text_assets_corpus() {
-    run_corpus("text_assets", cmf_llm::fuzzing::text_assets);
+    run_corpus("text_assets", 8, cmf_llm::fuzzing::text_assets);
 }
 
 #[test]
 fn model_loader_corpus() {
-    run_corpus("model_loader", cmf_llm::fuzzing::model_loader);
+    run_corpus("model_loader", 8, cmf_llm::fuzzing::model_loader);
     // The seed the mutations start from gets past the loader, and each hostile header is refused
     // there, naming its field.
     let load = |name: &str| {
