@@ -6,6 +6,22 @@ use cmf_format::{CmfFile, CmfModel, TokenizerConfig};
 
 use crate::chat::{Message, TextAssets};
 
+/// For the fuzz targets: libfuzzer-sys turns every panic into an abort (a crash), but a panic
+/// inside the tokenizer guard is caught and becomes an error by design; this hook lets those
+/// through silently and passes every other panic to the hook that was installed before.
+/// Idempotent: the targets call it on every input.
+pub fn abort_on_unguarded_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let abort_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !crate::chat::tokenizer::inside_guard() {
+                abort_hook(info);
+            }
+        }));
+    });
+}
+
 /// `text_assets`: a `tokenizer.json`, a NUL byte, then a chat template (no NUL: no template).
 /// Loaded as `cmf run` loads them; what loads is then used: a conversation rendered, the result
 /// encoded and decoded.
