@@ -300,12 +300,26 @@ impl<'a> Model<'a> {
         0
     }
 
-    /// One decoder layer over `r.n` rows whose first position is `r.start`.
+    /// One decoder layer over `r.n` rows whose first position is `r.start`: a token mixer
+    /// (attention over the cache) then a feed-forward block, each adding to the residual.
     fn layer(&self, l: usize, w: &LayerWeights, kv: &mut KvCache, b: &mut Activations, r: Rows) {
+        self.attention_block(l, w, kv, b, r);
+        self.ffn_block(w, b, r.n);
+    }
+
+    /// `x += attn(rope(norm(x)·Wq,k,v), cache)·Woᵀ`, appending this pass's k, v to the cache.
+    fn attention_block(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        kv: &mut KvCache,
+        b: &mut Activations,
+        r: Rows,
+    ) {
         let cfg = &self.config;
         let (n, start, rope) = (r.n, r.start, r.rope);
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
-        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
         let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
 
@@ -342,8 +356,13 @@ impl<'a> Model<'a> {
             linear(&w.o, attn, n, out);
             ops::add(x, out);
         });
+    }
 
-        // MLP block.
+    /// `x += (silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ)·Wdᵀ` over `n` rows.
+    fn ffn_block(&self, w: &LayerWeights, b: &mut Activations, n: usize) {
+        let cfg = &self.config;
+        let (h, eps, ff) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.intermediate_size);
+        let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
         let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
         time(Op::Norm, || {
             ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn)
