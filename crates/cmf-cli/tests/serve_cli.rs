@@ -3,6 +3,8 @@
 //! a taken port (exit 1) with a message that names them. The HTTP API itself is tested in
 //! `crates/cmf-server/tests/server/`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -343,5 +345,60 @@ fn serve_stops_while_a_template_hangs() {
     assert!(
         took < Duration::from_secs(5),
         "took {took:?} with a 1 s deadline"
+    );
+}
+
+/// A conversation whose template outgrows the render worker's memory gets a 400 in OpenAI's error
+/// shape, naming the cap (not the file); the server goes on, the next request in a fresh worker.
+#[test]
+fn serve_answers_a_runaway_template_with_a_400_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = common::checkpoint_with_template(dir.path(), "qwen2-tiny", "boom", |t| {
+        format!(
+            "{{% if messages[-1].content == 'boom' %}}{}{{% endif %}}{t}",
+            common::DOUBLING_TEMPLATE
+        )
+    });
+    let model = dir.path().join("boom.cmf");
+    let st = cmf()
+        .args(["convert", "--model"])
+        .arg(&hf)
+        .args(["--quant", "f32", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let (mut child, addr) = serve(&[model.to_str().unwrap(), "--port", "0", "--threads", "1"]);
+    let chat = |content: &str| {
+        let body =
+            format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}],"max_tokens":2}}"#);
+        http(
+            addr,
+            &format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let r = chat("boom");
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(r.contains("memory limit (1024 MiB)"), "{r}");
+    assert!(r.contains(r#""param":"messages""#), "{r}");
+    assert!(!r.contains(dir.path().to_str().unwrap()), "{r}");
+    let r = chat("hello");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains(r#""object":"chat.completion""#), "{r}");
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(20));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
     );
 }
