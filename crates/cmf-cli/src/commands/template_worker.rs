@@ -18,11 +18,12 @@ pub fn run() -> anyhow::Result<()> {
     render_worker::serve_stdio().map_err(|e| anyhow::anyhow!("chat template render worker: {e}"))
 }
 
-/// This binary, even if its file was replaced or deleted since it started (Linux), so workers
-/// always speak this version's protocol.
+/// This binary, even if its file was replaced or deleted since it started (through `/proc` where
+/// it is mounted), so workers always speak this version's protocol.
 fn this_executable() -> PathBuf {
-    if cfg!(target_os = "linux") {
-        PathBuf::from("/proc/self/exe")
+    let proc_exe = PathBuf::from("/proc/self/exe");
+    if proc_exe.exists() {
+        proc_exe
     } else {
         std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cmf"))
     }

@@ -58,12 +58,16 @@ const STDERR_TAIL: u64 = 4096;
 
 impl WorkerProcess {
     pub fn spawn(settings: &WorkerSettings) -> std::io::Result<WorkerProcess> {
-        let mut child = Command::new(&settings.program)
-            .args(&settings.args)
+        let mut cmd = Command::new(&settings.program);
+        cmd.args(&settings.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+            .stderr(Stdio::piped());
+        // Its own process group: Ctrl-C in a terminal goes to the parent, which decides; the
+        // worker ends when the parent closes its stdin.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn()?;
         let (Some(mut stdin), Some(mut stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
