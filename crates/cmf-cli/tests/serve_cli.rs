@@ -392,6 +392,26 @@ fn serve_answers_a_runaway_template_with_a_400_and_goes_on() {
     let r = chat("hello");
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(r.contains(r#""object":"chat.completion""#), "{r}");
+    // Its workers killed from outside, the server starts new ones.
+    let workers = children_of(child.id());
+    assert!(!workers.is_empty());
+    for pid in &workers {
+        let st = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let t = std::time::Instant::now();
+    while children_of(child.id()).iter().any(|p| workers.contains(p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the workers still run"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = chat("again");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     sigterm(&child);
     let st = wait_exit(&mut child, Duration::from_secs(20));
     if st.is_none() {
@@ -401,4 +421,24 @@ fn serve_answers_a_runaway_template_with_a_400_and_goes_on() {
         st.is_some_and(|s| s.success()),
         "exit after SIGTERM: {st:?}"
     );
+}
+
+/// Process ids whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        if ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
 }
