@@ -1,7 +1,8 @@
 //! Chat templates rendered in `cmf __template-worker` processes (`cmf_llm::chat::render_worker`):
 //! the same text as in the process on every fixture case, a runaway allocation stopped at the
 //! worker's memory cap with the pool still serving, a worker killed from outside replaced, and a
-//! worker that does not answer killed at the deadline.
+//! worker that does not answer killed at the deadline; the mode itself hidden from `--help` and
+//! refusing a malformed stream with exit 1.
 
 mod common;
 use common::root;
@@ -182,4 +183,30 @@ fn a_silent_worker_is_killed_at_the_deadline() {
     let missing = RenderWorkers::new(WorkerSettings::new("/nonexistent/cmf", ["x"]));
     let err = render(&missing, &t, "x").unwrap_err();
     assert!(err.to_string().contains("/nonexistent/cmf"), "{err}");
+}
+
+#[test]
+fn the_worker_mode_is_hidden_and_refuses_a_stream_it_cannot_read() {
+    let help = common::cmf(&["--help"]);
+    assert!(help.status.success());
+    assert!(!common::text(&help).contains("template-worker"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cmf"))
+        .arg("__template-worker")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"\xff\xff\xff\xffnot a frame").unwrap();
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", common::text(&o));
+    assert!(
+        common::text(&o).contains("chat template render worker"),
+        "{}",
+        common::text(&o)
+    );
+    assert!(!common::text(&o).contains("panicked"));
 }
