@@ -34,6 +34,9 @@ enum Command {
     Serve(commands::serve::Args),
     Bench(commands::bench::Args),
     Ppl(commands::ppl::Args),
+    /// Renders chat templates for the parent `cmf` over stdin/stdout, with capped memory.
+    #[command(name = commands::template_worker::COMMAND, hide = true)]
+    TemplateWorker,
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,9 @@ fn main() -> ExitCode {
             };
         }
     };
+    if !matches!(cli.command, Command::TemplateWorker) {
+        commands::template_worker::install();
+    }
     let result = match cli.command {
         Command::Info(args) => commands::info::run(args),
         Command::Imagine(args) => commands::imagine::run(args),
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Ppl(args) => commands::ppl::run(args),
+        Command::TemplateWorker => commands::template_worker::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -274,3 +274,70 @@ fn concurrent_converts_to_one_output_leave_a_valid_file() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// A template whose intermediate values outgrow memory (minijinja bounds neither `~` nor
+/// `namespace` strings) ends its render worker only: exit 1 with the file and the cap named,
+/// never a crash, whether `convert` or `run` meets it.
+#[test]
+fn a_template_that_exhausts_memory_is_an_error_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |o: &Output| {
+        let t = text(o);
+        assert!(
+            !t.contains("panicked") && !t.contains("memory allocation of"),
+            "{t}"
+        );
+        t
+    };
+    // Runaway only for one conversation: the file converts, and `cmf run` meets it.
+    let hf = common::checkpoint_with_template(dir.path(), "qwen3-tiny", "boom", |t| {
+        format!(
+            "{{% if messages[-1].content == 'boom' %}}{}{{% endif %}}{t}",
+            common::DOUBLING_TEMPLATE
+        )
+    });
+    let model = dir.path().join("boom.cmf");
+    let o = cmf(&[
+        "convert",
+        "--model",
+        hf.to_str().unwrap(),
+        "--quant",
+        "f32",
+        "-o",
+        model.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", out(&o));
+    let started = Instant::now();
+    let o = cmf(&["run", model.to_str().unwrap(), "-p", "boom", "-n", "2"]);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    let want = format!(
+        "chat template of {}: render exceeded its memory limit (1024 MiB)",
+        model.display()
+    );
+    assert!(out(&o).contains(&want), "{}", out(&o));
+    let o = cmf(&["run", model.to_str().unwrap(), "-p", "hello", "-n", "2"]);
+    assert!(o.status.success(), "{}", out(&o));
+
+    // Runaway for every conversation: refused when converting, nothing written.
+    let hf = common::checkpoint_with_template(dir.path(), "qwen3-tiny", "always", |_| {
+        common::DOUBLING_TEMPLATE.to_string()
+    });
+    let model = dir.path().join("always.cmf");
+    let o = cmf(&[
+        "convert",
+        "--model",
+        hf.to_str().unwrap(),
+        "--quant",
+        "f32",
+        "-o",
+        model.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert!(
+        out(&o).contains("render exceeded its memory limit (1024 MiB)"),
+        "{}",
+        out(&o)
+    );
+    assert!(!model.exists());
+}

@@ -3,6 +3,8 @@
 //! a taken port (exit 1) with a message that names them. The HTTP API itself is tested in
 //! `crates/cmf-server/tests/server/`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -344,4 +346,99 @@ fn serve_stops_while_a_template_hangs() {
         took < Duration::from_secs(5),
         "took {took:?} with a 1 s deadline"
     );
+}
+
+/// A conversation whose template outgrows the render worker's memory gets a 400 in OpenAI's error
+/// shape, naming the cap (not the file); the server goes on, the next request in a fresh worker.
+#[test]
+fn serve_answers_a_runaway_template_with_a_400_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = common::checkpoint_with_template(dir.path(), "qwen2-tiny", "boom", |t| {
+        format!(
+            "{{% if messages[-1].content == 'boom' %}}{}{{% endif %}}{t}",
+            common::DOUBLING_TEMPLATE
+        )
+    });
+    let model = dir.path().join("boom.cmf");
+    let st = cmf()
+        .args(["convert", "--model"])
+        .arg(&hf)
+        .args(["--quant", "f32", "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let (mut child, addr) = serve(&[model.to_str().unwrap(), "--port", "0", "--threads", "1"]);
+    let chat = |content: &str| {
+        let body =
+            format!(r#"{{"messages":[{{"role":"user","content":"{content}"}}],"max_tokens":2}}"#);
+        http(
+            addr,
+            &format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let r = chat("boom");
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(r.contains("memory limit (1024 MiB)"), "{r}");
+    assert!(r.contains(r#""param":"messages""#), "{r}");
+    assert!(!r.contains(dir.path().to_str().unwrap()), "{r}");
+    let r = chat("hello");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains(r#""object":"chat.completion""#), "{r}");
+    // Its workers killed from outside, the server starts new ones.
+    let workers = children_of(child.id());
+    assert!(!workers.is_empty());
+    for pid in &workers {
+        let st = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let t = std::time::Instant::now();
+    while children_of(child.id()).iter().any(|p| workers.contains(p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the workers still run"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = chat("again");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    sigterm(&child);
+    let st = wait_exit(&mut child, Duration::from_secs(20));
+    if st.is_none() {
+        let _ = child.kill();
+    }
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "exit after SIGTERM: {st:?}"
+    );
+}
+
+/// Process ids whose parent is `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces, so split after its ')'.
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|p| p.parse::<u32>().ok()));
+        if ppid == Some(parent) && state != Some("Z") {
+            out.push(pid);
+        }
+    }
+    out
 }

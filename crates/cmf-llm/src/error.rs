@@ -21,6 +21,13 @@ pub enum LlmError {
     /// A render went past one of the template limits (fuel, output size, time, recursion).
     #[error("chat template: {0}")]
     TemplateLimit(String),
+    /// A render ran its worker out of memory (see `chat::render_worker`).
+    #[error("{}", memory_limit_message(origin.as_deref(), *limit_mib))]
+    TemplateMemory {
+        /// The file the template came from.
+        origin: Option<String>,
+        limit_mib: u64,
+    },
     /// A token id outside the vocabulary (from the caller or a corrupt tokenizer).
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
@@ -29,6 +36,15 @@ pub enum LlmError {
     ContextFull { needed: usize, limit: usize },
     #[error("{0}")]
     Other(String),
+}
+
+fn memory_limit_message(origin: Option<&str>, limit_mib: u64) -> String {
+    match origin {
+        Some(o) => {
+            format!("chat template of {o}: render exceeded its memory limit ({limit_mib} MiB)")
+        }
+        None => format!("chat template: render exceeded its memory limit ({limit_mib} MiB)"),
+    }
 }
 
 pub type Result<T, E = LlmError> = std::result::Result<T, E>;

@@ -185,7 +185,22 @@ fn render_chat(assets: &TextAssets, chat: &ChatPrompt) -> Result<String, ApiErro
     assets
         .template
         .render_with_kwargs(messages, tools, &kwargs, true)
-        .map_err(|e| ApiError::field("messages", template_msg(e)))
+        .map_err(template_error)
+}
+
+/// A template's errors are the conversation's (400); the file's path stays on the server.
+fn template_error(e: LlmError) -> ApiError {
+    match e {
+        LlmError::TemplateMemory { limit_mib, .. } => ApiError::field(
+            "messages",
+            format!(
+                "the model's chat template exceeded its memory limit ({limit_mib} MiB) rendering this conversation"
+            ),
+        ),
+        // No render worker could start: the server's fault, not the request's.
+        LlmError::Other(msg) => ApiError::internal(msg),
+        e => ApiError::field("messages", template_msg(e)),
+    }
 }
 
 fn encode(assets: &TextAssets, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {

@@ -12,6 +12,7 @@ pub mod run;
 pub mod serve;
 mod stdin_prompt;
 pub mod synth;
+pub mod template_worker;
 pub mod verify;
 
 /// `1.23 GB`-style size (decimal units, as disk tools print them).

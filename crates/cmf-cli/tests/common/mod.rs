@@ -46,3 +46,30 @@ pub fn converted(dir: &Path) -> PathBuf {
     );
     out
 }
+
+/// Doubles a string forty times in a chat template: a terabyte, in a handful of instructions.
+pub const DOUBLING_TEMPLATE: &str = "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}";
+
+/// The checkpoint `fixtures/llm/<fixture>` copied to `dir/<name>` with its chat template replaced
+/// by `template(original)`.
+pub fn checkpoint_with_template(
+    dir: &Path,
+    fixture: &str,
+    name: &str,
+    template: impl FnOnce(&str) -> String,
+) -> PathBuf {
+    let src = root().join("fixtures/llm").join(fixture);
+    let out = dir.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), out.join(e.file_name())).unwrap();
+    }
+    let cfg_path = out.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    let new = template(cfg["chat_template"].as_str().unwrap());
+    cfg["chat_template"] = serde_json::Value::String(new);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    out
+}

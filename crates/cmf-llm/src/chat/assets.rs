@@ -62,14 +62,15 @@ impl TextAssets {
         let (template, file_has_template) = match cfg.chat_template.as_deref() {
             Some(src) if !src.trim().is_empty() => {
                 let t = ChatTemplate::new(src, special)
-                    .map_err(|e| LlmError::Template(format!("{path}: {e}")))?;
+                    .map_err(|e| LlmError::Template(format!("{path}: {e}")))?
+                    .with_origin(path);
                 t.check_limits().map_err(|e| match e {
                     LlmError::TemplateLimit(m) => LlmError::TemplateLimit(format!("{path}: {m}")),
                     other => other,
                 })?;
                 (t, true)
             }
-            _ => (ChatTemplate::chatml(special), false),
+            _ => (ChatTemplate::chatml(special).with_origin(path), false),
         };
         let eos_ids = end_of_sequence_ids(&tokenizer, &cfg.eos_token_ids);
         Ok(TextAssets {

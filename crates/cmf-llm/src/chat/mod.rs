@@ -2,6 +2,7 @@
 //! templates rendered as transformers renders them, and streaming token-to-text decoding.
 
 pub mod assets;
+pub mod render_worker;
 pub mod session;
 pub mod template;
 pub mod tokenizer;

@@ -14,18 +14,22 @@
 //! A template is code that comes with the model file, so every render runs under [`Limits`]:
 //! minijinja's fuel (instructions) and recursion limit, a cap on the rendered size, a wall-clock
 //! deadline, and bounded widths for `indent` / `tojson(indent=…)` (minijinja already refuses a
-//! `range` over 100 000 items and a string repeated past 100 MB).
+//! `range` over 100 000 items and a string repeated past 100 MB). Intermediate values are not
+//! bounded in a render here: a process that renders untrusted templates installs render workers
+//! ([`super::render_worker`]), whose memory is capped, and every render then runs there.
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{LlmError, Result};
 use minijinja::value::{Kwargs, StringInput, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
 
 /// Bounds on one render. Real templates need a few thousand instructions and a few kB of output
 /// per message; the defaults leave a wide margin over the longest prompt a context can hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     /// minijinja instructions per render.
     pub fuel: u64,
@@ -90,7 +94,7 @@ fn past_limit(msg: &str) -> bool {
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 /// The special-token strings a template may reference.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecialTokens {
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
@@ -100,8 +104,12 @@ pub struct SpecialTokens {
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// As given (a render worker compiles it again).
+    source: Arc<str>,
     special: SpecialTokens,
     limits: Limits,
+    /// The file the template came from, for errors that must name it.
+    origin: Option<String>,
 }
 
 const NAME: &str = "chat_template";
@@ -142,13 +150,33 @@ impl ChatTemplate {
             .map_err(|e| LlmError::Template(describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source: source.into(),
             special,
             limits,
+            origin: None,
         })
+    }
+
+    /// Names the file the template came from in the errors that need it.
+    pub fn with_origin(mut self, origin: impl Into<String>) -> ChatTemplate {
+        self.origin = Some(origin.into());
+        self
     }
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    pub fn origin(&self) -> Option<&str> {
+        self.origin.as_deref()
     }
 
     /// Renders a one-message conversation to prove the template stays within its limits (run
@@ -161,7 +189,10 @@ impl ChatTemplate {
         ];
         for (msgs, gen) in [(&msgs[..], true), (&msgs[1..], true), (&msgs[1..], false)] {
             match self.render(msgs, gen) {
-                Err(e @ LlmError::TemplateLimit(_)) => return Err(e),
+                Err(e @ (LlmError::TemplateLimit(_) | LlmError::TemplateMemory { .. })) => {
+                    return Err(e)
+                }
+                Err(e @ LlmError::Other(_)) => return Err(e), // no render worker
                 _ => continue,
             }
         }
@@ -204,7 +235,24 @@ impl ChatTemplate {
     /// [`Self::render_values`] with extra template variables, as transformers passes the
     /// keyword arguments of `apply_chat_template` (`enable_thinking`, `reasoning_effort`, …).
     /// They cannot replace the variables above (`messages`, `tools`, the special tokens).
+    ///
+    /// Runs in a render worker when the process installed them ([`super::render_worker`]),
+    /// else here.
     pub fn render_with_kwargs(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        kwargs: &[(String, Value)],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        match super::render_worker::installed() {
+            Some(workers) => workers.render(self, messages, tools, kwargs, add_generation_prompt),
+            None => self.render_here(messages, tools, kwargs, add_generation_prompt),
+        }
+    }
+
+    /// [`Self::render_with_kwargs`] in the calling thread.
+    pub(crate) fn render_here(
         &self,
         messages: Value,
         tools: Option<Value>,
