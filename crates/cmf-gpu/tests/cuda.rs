@@ -12,11 +12,11 @@
 //!   KV cache: whole-model logits < 6e-2.
 
 use cmf_format::Dtype;
-use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::kernels::CommonKernels;
+use cmf_gpu::cuda::llm::CommonKernels;
 use cmf_gpu::cuda::llm::{AttnKernel, CudaLlm, DecodeTuning, ShortDecode};
-use cmf_gpu::cuda::matvec::{self, MvMode, MvSeg};
-use cmf_gpu::cuda::weights::DevWeight;
+use cmf_gpu::cuda::runtime::device::Dev;
+use cmf_gpu::cuda::runtime::matvec::{self, MvMode, MvSeg};
+use cmf_gpu::cuda::runtime::weights::DevWeight;
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::facade::{Backend, GpuMode, LayerSet, LlmDevice, Placement};
 use cmf_gpu::llm::reference::{self, RefCache};
@@ -121,8 +121,10 @@ fn run_matvec(
     let bias_buf: Vec<Option<_>> = bias
         .iter()
         .map(|b| {
-            b.as_ref()
-                .map(|b| dev.upload_new(cmf_gpu::cuda::device::bytes_of(b)).unwrap())
+            b.as_ref().map(|b| {
+                dev.upload_new(cmf_gpu::cuda::runtime::device::bytes_of(b))
+                    .unwrap()
+            })
         })
         .collect();
     let segs: Vec<MvSeg> = dw
@@ -133,14 +135,19 @@ fn run_matvec(
             bias: b.as_ref().map_or(0, |b| b.ptr()),
         })
         .collect();
-    let xb = dev.upload_new(cmf_gpu::cuda::device::bytes_of(x)).unwrap();
-    let nb = norm.map(|n| dev.upload_new(cmf_gpu::cuda::device::bytes_of(n)).unwrap());
+    let xb = dev
+        .upload_new(cmf_gpu::cuda::runtime::device::bytes_of(x))
+        .unwrap();
+    let nb = norm.map(|n| {
+        dev.upload_new(cmf_gpu::cuda::runtime::device::bytes_of(n))
+            .unwrap()
+    });
     let yb = dev
-        .upload_new(cmf_gpu::cuda::device::bytes_of(init))
+        .upload_new(cmf_gpu::cuda::runtime::device::bytes_of(init))
         .unwrap();
     matvec::launch(
         dev,
-        ck,
+        &ck.matvec,
         &segs,
         xb.ptr(),
         nb.as_ref().map_or(0, |b| b.ptr()),
@@ -207,7 +214,7 @@ fn staged_uploads_land_intact_without_waits() {
 /// returned.
 #[test]
 fn loader_threads_keep_order_and_report_the_first_error() {
-    use cmf_gpu::cuda::device::DevError;
+    use cmf_gpu::cuda::runtime::device::DevError;
     let Some(b) = backend() else { return };
     let dev = b.device();
     let items: Vec<usize> = (0..40).collect();
@@ -1160,7 +1167,7 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
         gpu_skip::skip_unsupported(format!("FP8 needs compute capability 8.9+ ({:?})", dev.cc));
         return;
     }
-    let fp8 = cmf_gpu::cuda::fp8::Fp8Gemm::new(dev).unwrap();
+    let fp8 = cmf_gpu::cuda::runtime::fp8::Fp8Gemm::new(dev).unwrap();
     let (m, n, k) = (77usize, 96usize, 256usize);
     let mut rng = Rng::new(5);
     let rows = |rng: &mut Rng, r: usize| -> Vec<f32> {
@@ -1175,7 +1182,10 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
             .collect()
     };
     let (xb, wb) = (to_bf16(&x), to_bf16(&w));
-    let up = |v: &[u16]| dev.upload_new(cmf_gpu::cuda::device::bytes_of(v)).unwrap();
+    let up = |v: &[u16]| {
+        dev.upload_new(cmf_gpu::cuda::runtime::device::bytes_of(v))
+            .unwrap()
+    };
     let (dx, dw) = (up(&xb), up(&wb));
     let (qx, sx, qw, sw) = (
         dev.alloc(m * k).unwrap(),
@@ -1204,7 +1214,7 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
     let dec = |q: &[u8], s: &[f32]| -> Vec<f32> {
         q.iter()
             .enumerate()
-            .map(|(i, &b)| cmf_gpu::cuda::fp8::e4m3_to_f32(b) * s[i / k])
+            .map(|(i, &b)| cmf_gpu::cuda::runtime::fp8::e4m3_to_f32(b) * s[i / k])
             .collect()
     };
     let xr: Vec<f32> = xb
@@ -1219,15 +1229,15 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
         for j in 0..n {
             let dot: f64 = (0..k)
                 .map(|t| {
-                    cmf_gpu::cuda::fp8::e4m3_to_f32(hqx[i * k + t]) as f64
-                        * cmf_gpu::cuda::fp8::e4m3_to_f32(hqw[j * k + t]) as f64
+                    cmf_gpu::cuda::runtime::fp8::e4m3_to_f32(hqx[i * k + t]) as f64
+                        * cmf_gpu::cuda::runtime::fp8::e4m3_to_f32(hqw[j * k + t]) as f64
                 })
                 .sum();
             want[i * n + j] = (dot * hsx[i] as f64 * hsw[j] as f64) as f32;
         }
     }
     let out = dev.alloc(m * n * 4).unwrap();
-    use cmf_gpu::cuda::fp8::Fp8Out;
+    use cmf_gpu::cuda::runtime::fp8::Fp8Out;
     // (fast accumulation, f32 output, bound): the f32 output has no output rounding.
     for (fast, f32_out, tol) in [
         (false, false, 5e-3),
@@ -1271,7 +1281,7 @@ fn fp8_gemm_matches_reference_on_its_quantised_inputs() {
 fn int8_gemm_matches_exact_product_of_its_quantised_inputs() {
     let Some(b) = backend() else { return };
     let dev = b.device();
-    let g = match cmf_gpu::cuda::int8::Int8Gemm::new(dev) {
+    let g = match cmf_gpu::cuda::runtime::int8::Int8Gemm::new(dev) {
         Ok(g) => g,
         Err(e) if dev.cc < (8, 0) => {
             gpu_skip::skip_unsupported(&e.0);
@@ -1295,7 +1305,10 @@ fn int8_gemm_matches_exact_product_of_its_quantised_inputs() {
             .collect()
     };
     let (xb, wb) = (rows(&mut rng, m), rows(&mut rng, n));
-    let up = |v: &[u16]| dev.upload_new(cmf_gpu::cuda::device::bytes_of(v)).unwrap();
+    let up = |v: &[u16]| {
+        dev.upload_new(cmf_gpu::cuda::runtime::device::bytes_of(v))
+            .unwrap()
+    };
     let (dx, dw) = (up(&xb), up(&wb));
     let (qx, sx, qw, sw) = (
         dev.alloc(m * k).unwrap(),

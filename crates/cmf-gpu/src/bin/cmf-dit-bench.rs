@@ -173,7 +173,7 @@ fn main() {
     };
     let gen_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let mut dit = match CudaDit::load(&backend, &model) {
+    let mut dit = match CudaDit::load(backend.device(), &model) {
         Ok(x) => x,
         Err(r) => {
             eprintln!("cmf-dit-bench: load refused: {r}");

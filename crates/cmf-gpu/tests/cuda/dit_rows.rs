@@ -24,9 +24,9 @@
 //! unrounded row, so its bounds are the f32 stream's.
 
 use super::{backend, rel_err, Rng};
-use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::dit_rows::{self, GemmIn, NormCase, RowEnc, RowForm, RowsBack};
-use cmf_gpu::cuda::fp8::e4m3_to_f32;
+use cmf_gpu::cuda::dit::rows::{self as dit_rows, GemmIn, NormCase, RowEnc, RowForm, RowsBack};
+use cmf_gpu::cuda::runtime::device::Dev;
+use cmf_gpu::cuda::runtime::fp8::e4m3_to_f32;
 
 const ROWS: usize = 37;
 const EPS: f32 = 1e-5;

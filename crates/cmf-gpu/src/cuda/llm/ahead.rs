@@ -15,7 +15,7 @@
 //! device-mapped host buffer, so reading a token needs no copy on the stream that would queue
 //! behind the graph running ahead.
 
-use super::super::device::{Ctx, DResult};
+use crate::cuda::runtime::device::{Ctx, DResult};
 use crate::llm::Sampler;
 use cudarc::driver::{result as dr, sys};
 

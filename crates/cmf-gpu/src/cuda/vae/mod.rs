@@ -17,17 +17,19 @@
 //! device memory, a device error); the image is read back into a host staging buffer and only
 //! copied into `out` once everything succeeded.
 
+pub(crate) mod kernels;
 pub mod plan;
 
-use super::blas::Blas;
-use super::cudnn::Cudnn;
-use super::device::{bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError};
-use super::kernels::{Func, Job, Module, ROWOPS, VAE};
-use super::weights::{DequantTo, DevCodec, DevWeight};
-use super::CudaBackend;
+use crate::cuda::runtime::blas::Blas;
+use crate::cuda::runtime::cudnn::Cudnn;
+use crate::cuda::runtime::device::{
+    bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError,
+};
+use crate::cuda::runtime::weights::{DequantTo, DevCodec, DevWeight};
 use crate::facade::{Refusal, RefusalReason};
 use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
 use cmf_format::Dtype;
+use kernels::Kernels;
 use plan::{conv3_shapes, elementwise_layout, grid1, stats_layout, AttnPlan, RowLayout};
 pub use plan::{VaeOptions, VaePlan};
 use std::sync::Arc;
@@ -37,55 +39,6 @@ const OP_DECODE: &str = "vae.decode";
 const OP_PREPARE: &str = "vae.prepare";
 /// Device memory left free beyond our estimate (cuBLAS workspaces, fragmentation).
 const MARGIN_BYTES: u64 = 512 << 20;
-
-struct Kernels {
-    dequant_rows: Func,
-    to_bf16: Func,
-    nchw_to_nhwc: Func,
-    permute_taps: Func,
-    gn_stats: [Func; 2],
-    gn_finalize: Func,
-    gn_apply: [Func; 2],
-    im2col3: Func,
-    bias_res: [Func; 2],
-    bias_bf16: Func,
-    softmax_rows: Func,
-    conv3_small: Func,
-    upsample2: Func,
-    _mods: Vec<Module>,
-}
-
-impl Kernels {
-    fn load(dev: &Dev) -> DResult<Kernels> {
-        // rowops with its default defines: only the geometry-free kernels are used here.
-        let arch = dev.arch();
-        let [rows, vae]: [Module; 2] = Module::load_all(
-            dev,
-            &[
-                Job::new("rowops", ROWOPS, &[], &arch),
-                Job::new("vae", VAE, &[], &arch),
-            ],
-        )?
-        .try_into()
-        .map_err(|_| DevError("VAE kernels: two modules expected".into()))?;
-        Ok(Kernels {
-            dequant_rows: rows.func("dequant_rows")?,
-            to_bf16: rows.func("to_bf16")?,
-            nchw_to_nhwc: vae.func("vae_nchw_to_nhwc_bf16")?,
-            permute_taps: vae.func("vae_permute_taps")?,
-            gn_stats: [vae.func("vae_gn_stats")?, vae.func("vae_gn_stats_bf16")?],
-            gn_finalize: vae.func("vae_gn_finalize")?,
-            gn_apply: [vae.func("vae_gn_apply")?, vae.func("vae_gn_apply_bf16")?],
-            im2col3: vae.func("vae_im2col3")?,
-            bias_res: [vae.func("vae_bias_res")?, vae.func("vae_bias_res_bf16")?],
-            bias_bf16: vae.func("vae_bias_bf16")?,
-            softmax_rows: vae.func("vae_softmax_rows")?,
-            conv3_small: vae.func("vae_conv3_small")?,
-            upsample2: vae.func("vae_upsample2_bf16")?,
-            _mods: vec![rows, vae],
-        })
-    }
-}
 
 /// An activation buffer `[pixels, C]` as a kernel reads it: the decoder's f32 buffers, or the
 /// bf16 output of a cuDNN conv (read by the row kernels' bf16 variants).
@@ -312,15 +265,15 @@ fn check_codec(name: &str, c: &ConvW) -> Result<(), Refusal> {
 }
 
 impl CudaVae {
-    /// Uploads `model` with the default options.
-    pub fn load(backend: &CudaBackend, model: &VaeModel) -> Result<CudaVae, Refusal> {
-        CudaVae::load_with(backend, model, VaeOptions::default())
+    /// Uploads `model` to `dev` with the default options.
+    pub fn load(dev: &Arc<Dev>, model: &VaeModel) -> Result<CudaVae, Refusal> {
+        CudaVae::load_with(dev, model, VaeOptions::default())
     }
 
     /// Uploads `model` once (weights to bf16 planes on the device). Refuses before allocating
     /// anything when a shape, geometry or codec is not supported or the weights do not fit.
     pub fn load_with(
-        backend: &CudaBackend,
+        dev: &Arc<Dev>,
         model: &VaeModel,
         opts: VaeOptions,
     ) -> Result<CudaVae, Refusal> {
@@ -332,7 +285,7 @@ impl CudaVae {
         for (name, c) in &weights {
             check_codec(name, c)?;
         }
-        let dev = backend.device().clone();
+        let dev = dev.clone();
         // Resident planes plus the largest transient (stored codec + its bf16 plane).
         let transient = weights
             .iter()

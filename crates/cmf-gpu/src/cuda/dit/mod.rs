@@ -29,20 +29,20 @@
 //! residual and SwiGLU scale as they read them (`GemmRows::S32`); only q|k|v, whose bf16 rows the
 //! attention reads, takes int8.rs's scaling pass.
 
-use super::blas::Blas;
-use super::device::{
+pub(crate) mod kernels;
+pub mod rows;
+
+use crate::cuda::runtime::blas::Blas;
+use crate::cuda::runtime::device::{
     bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError, Graph, PinnedBuf, Timer,
 };
-use super::dit_rows::{self, GemmRows, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
-use super::fp8::{Fp8Gemm, Fp8Out};
-use super::int8::Int8Gemm;
-use super::kernels::{
-    compile_parallel, fa2_smem, ws8_smem, ws_smem, Func, Job, Module, ATTENTION, ATTENTION_WG, DIT,
-    ROWOPS, WS8_SLOTS, WS_KEYS,
+use crate::cuda::runtime::fp8::{Fp8Gemm, Fp8Out};
+use crate::cuda::runtime::int8::Int8Gemm;
+use crate::cuda::runtime::kernels::{
+    compile_parallel, fa2_smem, Func, Job, Module, ATTENTION, ROWOPS,
 };
-use super::tma;
-use super::weights::{DequantTo, DevCodec, DevWeight};
-use super::CudaBackend;
+use crate::cuda::runtime::tma;
+use crate::cuda::runtime::weights::{DequantTo, DevCodec, DevWeight};
 use crate::dit::{
     pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel,
     DitPrecision, DitStepItem, RopeRows,
@@ -51,6 +51,8 @@ use crate::facade::{DitDevice, Refusal, RefusalReason};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 use half::bf16;
+use kernels::{ws8_smem, ws_smem, ATTENTION_WG, DIT, WS8_SLOTS, WS_KEYS};
+use rows::{self as dit_rows, GemmRows, NextNorm, NormRows, RowKernels, RowOut, MAPW, ROW_THREADS};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -785,7 +787,7 @@ pub fn attention_for_test(
             return Ok(bytes
                 .iter()
                 .enumerate()
-                .map(|(i, &b)| super::fp8::e4m3_to_f32(b) * scales[i / row])
+                .map(|(i, &b)| crate::cuda::runtime::fp8::e4m3_to_f32(b) * scales[i / row])
                 .collect());
         }
     } else if let Some(kernel) = kernel {
@@ -1195,9 +1197,10 @@ fn check_model(m: &DitModel) -> Result<(), Refusal> {
 }
 
 impl CudaDit {
-    pub fn load(backend: &CudaBackend, m: &DitModel) -> Result<CudaDit, Refusal> {
+    /// Uploads `m` to `dev`, or refuses (a shape it does not take, weights that do not fit).
+    pub fn load(dev: &Arc<Dev>, m: &DitModel) -> Result<CudaDit, Refusal> {
         check_model(m)?;
-        let dev = backend.device().clone();
+        let dev = dev.clone();
         // The pipeline may preload the DiT from a thread of its own.
         dev.bind_to_thread().map_err(|e| e.refusal("dit.load"))?;
         // The load's peak: every plane in bf16, then (8-bit paths) each block's planes turned

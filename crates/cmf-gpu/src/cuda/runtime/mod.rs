@@ -1,0 +1,26 @@
+//! The CUDA runtime every model uses; it knows no model (nothing here imports `cuda::llm`,
+//! `cuda::dit`, `cuda::vae` or the model descriptions).
+//!
+//! - `device`: context, stream, buffers, launches, graph capture; `staging`: pinned host
+//!   buffers behind uploads and readbacks.
+//! - `kernels`: compiling and loading kernel modules, function handles, and the kernel sources
+//!   more than one model compiles (`kernels/`); `nvrtc`: the compiler and its disk cache;
+//!   `prebuilt`: the images embedded at build time.
+//! - `blas` (cuBLAS GEMM), `lt` (cuBLASLt GEMM, bf16 and e4m3), `fp8` (e4m3 rows and the FP8
+//!   GEMM), `int8` (s8 rows and the int8 GEMM), `cudnn` (convolutions), `tma` (tensor-map
+//!   descriptors).
+//! - `weights`: codec planes on the device; `matvec`: the decode matvec over them.
+
+pub mod blas;
+pub mod cudnn;
+pub mod device;
+pub mod fp8;
+pub mod int8;
+pub mod kernels;
+pub mod lt;
+pub mod matvec;
+pub mod nvrtc;
+pub mod prebuilt;
+pub(crate) mod staging;
+pub mod tma;
+pub mod weights;
