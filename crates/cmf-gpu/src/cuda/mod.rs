@@ -19,7 +19,10 @@ pub mod llm;
 pub mod runtime;
 pub mod vae;
 
-use crate::facade::{Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal};
+use crate::facade::backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
+use crate::facade::devices::{DeviceInfo, MemStats};
+use crate::facade::placement::Placement;
+use crate::facade::refusal::Refusal;
 use crate::llm::{LlmModel, LlmOptions};
 use llm::kernels::CommonKernels;
 use runtime::device::{self, Dev};
@@ -126,36 +129,13 @@ impl Backend for CudaBackend {
         Ok(Box::new(llm))
     }
 
-    fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {
+    fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn DitDevice>, Refusal> {
         let dit = dit::CudaDit::load(&self.dev, model)?;
         crate::facade::log::debug(&format!("dit loaded; {}", staging::report()));
         Ok(Box::new(dit))
     }
 
-    fn load_vae(
-        &self,
-        model: &crate::vae::VaeModel,
-    ) -> Result<Box<dyn crate::facade::VaeDevice>, Refusal> {
+    fn load_vae(&self, model: &crate::vae::VaeModel) -> Result<Box<dyn VaeDevice>, Refusal> {
         Ok(Box::new(vae::CudaVae::load(&self.dev, model)?))
-    }
-}
-
-impl crate::facade::VaeDevice for vae::CudaVae {
-    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
-        vae::CudaVae::decode(self, z, h, w, out)
-    }
-
-    fn decode_rgb8(
-        &mut self,
-        z: &[f32],
-        h: usize,
-        w: usize,
-        out: &mut [u8],
-    ) -> Result<bool, Refusal> {
-        vae::CudaVae::decode_rgb8(self, z, h, w, out)
-    }
-
-    fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
-        vae::CudaVae::prepare(self, h, w)
     }
 }

@@ -47,7 +47,8 @@ use crate::dit::{
     pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel,
     DitPrecision, DitStepItem, RopeRows,
 };
-use crate::facade::{DitDevice, Refusal, RefusalReason};
+use crate::facade::backend::DitDevice;
+use crate::facade::refusal::{Refusal, RefusalReason};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 use half::bf16;

@@ -20,7 +20,9 @@ mod workspace;
 use crate::cuda::runtime::blas::Blas;
 use crate::cuda::runtime::device::{bytes_of, DBuf, DResult, Dev, DevError, Graph};
 use crate::cuda::runtime::weights::{self, DevCodec, DevWeight};
-use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
+use crate::facade::backend::{Footprint, LlmDevice};
+use crate::facade::placement::Placement;
+use crate::facade::refusal::{Refusal, RefusalReason};
 use crate::llm::{
     DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };

@@ -10,13 +10,13 @@
 //! the slowest module, not for their sum.
 
 use super::device::{Arg, Ctx, DResult, Dev, DevError};
+pub use super::func::Func;
 use super::nvrtc;
-use cudarc::driver::{sys, CudaFunction, CudaModule};
+pub use super::source::{full_source, COMMON};
+use cudarc::driver::CudaModule;
 use cudarc::nvrtc::Ptx;
 use std::sync::Arc;
 
-/// Helpers every module starts with ([`full_source`]).
-pub const COMMON: &str = include_str!("kernels/common.cuh");
 /// Row kernels of the transformer layers (embedding, RMSNorm, SwiGLU, RoPE, conversions): the
 /// LLM, the DiT and the VAE each compile it.
 pub const ROWOPS: &str = concat!(
@@ -68,11 +68,6 @@ pub fn launch_quant_rows(
             Arg::Ptr(scale),
         ],
     )
-}
-
-/// The source NVRTC sees: the common helpers, then the op family.
-pub fn full_source(src: &str) -> String {
-    format!("{COMMON}\n{src}")
 }
 
 /// One module to compile: a source with its defines, for an NVRTC target.
@@ -195,47 +190,7 @@ impl Module {
             .module
             .load_function(fname)
             .ctx(|| format!("{}: function {fname}", self.name))?;
-        Ok(Func {
-            raw: f.cu_function(),
-            _keep: f,
-        })
-    }
-}
-
-/// A kernel entry point.
-#[derive(Clone)]
-pub struct Func {
-    pub raw: sys::CUfunction,
-    _keep: CudaFunction,
-}
-
-// SAFETY: a CUfunction is a handle valid in its context from any thread; the module it belongs
-// to is kept alive by `_keep`.
-unsafe impl Send for Func {}
-unsafe impl Sync for Func {}
-
-impl Func {
-    /// Allows `bytes` of dynamic shared memory per block (beyond the 48 KiB default).
-    pub fn allow_smem(&self, bytes: usize) -> DResult<()> {
-        self._keep
-            .set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .ctx(|| format!("allowing {bytes} B of shared memory"))
-    }
-
-    /// Statically declared shared memory of the kernel.
-    pub fn static_smem(&self) -> usize {
-        self._keep.shared_size_bytes().unwrap_or(0).max(0) as usize
-    }
-
-    pub fn regs(&self) -> i32 {
-        self._keep.num_regs().unwrap_or(-1)
-    }
-
-    pub fn local_bytes(&self) -> i32 {
-        self._keep.local_size_bytes().unwrap_or(-1)
+        Ok(Func::new(f))
     }
 }
 

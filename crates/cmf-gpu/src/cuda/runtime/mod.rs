@@ -2,10 +2,11 @@
 //! `cuda::dit`, `cuda::vae` or the model descriptions).
 //!
 //! - `device`: context, stream, buffers, launches, graph capture; `staging`: pinned host
-//!   buffers behind uploads and readbacks.
-//! - `kernels`: compiling and loading kernel modules, function handles, and the kernel sources
-//!   more than one model compiles (`kernels/`); `nvrtc`: the compiler and its disk cache;
-//!   `prebuilt`: the images embedded at build time.
+//!   buffers behind uploads and readbacks; `error`: the error every call returns.
+//! - `kernels`: compiling and loading kernel modules, and the kernel sources more than one model
+//!   compiles (`kernels/`); `func`: a kernel entry point; `source`: what NVRTC compiles and the
+//!   key of a compile; `nvrtc`: the compiler and its disk cache; `prebuilt`: the images embedded
+//!   at build time.
 //! - `blas` (cuBLAS GEMM), `lt` (cuBLASLt GEMM, bf16 and e4m3), `fp8` (e4m3 rows and the FP8
 //!   GEMM), `int8` (s8 rows and the int8 GEMM), `cudnn` (convolutions), `tma` (tensor-map
 //!   descriptors).
@@ -14,13 +15,16 @@
 pub mod blas;
 pub mod cudnn;
 pub mod device;
+mod error;
 pub mod fp8;
+mod func;
 pub mod int8;
 pub mod kernels;
 pub mod lt;
 pub mod matvec;
 pub mod nvrtc;
 pub mod prebuilt;
+mod source;
 pub(crate) mod staging;
 pub mod tma;
 pub mod weights;

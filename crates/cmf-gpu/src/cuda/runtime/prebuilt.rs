@@ -24,8 +24,8 @@ pub const JOBS_TSV: &str = include_str!("../../../cubins/jobs.tsv");
 
 /// An embedded image's key (see the module notes); `src` is the full source NVRTC compiles.
 pub fn key(src: &str, arch: &str, defines: &[(&str, String)]) -> u64 {
-    let joined = super::nvrtc::options(arch, defines).join(" ");
-    super::nvrtc::fnv1a(&[src.as_bytes(), joined.as_bytes(), arch.as_bytes()])
+    let joined = super::source::options(arch, defines).join(" ");
+    super::source::fnv1a(&[src.as_bytes(), joined.as_bytes(), arch.as_bytes()])
 }
 
 /// The file stem of a module's image: `{name}-{key:016x}`.
@@ -133,7 +133,7 @@ impl JobLine {
     ) -> Result<(String, String), String> {
         let src = source_of(&self.name)
             .ok_or_else(|| format!("jobs.tsv names an unknown module {:?}", self.name))?;
-        let full = super::kernels::full_source(src);
+        let full = super::source::full_source(src);
         let stem = stem(&self.name, &full, &self.arch, &self.define_refs());
         Ok((full, stem))
     }

@@ -26,7 +26,8 @@ use crate::cuda::runtime::device::{
     bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError,
 };
 use crate::cuda::runtime::weights::{DequantTo, DevCodec, DevWeight};
-use crate::facade::{Refusal, RefusalReason};
+use crate::facade::backend::VaeDevice;
+use crate::facade::refusal::{Refusal, RefusalReason};
 use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
 use cmf_format::Dtype;
 use kernels::Kernels;
@@ -1118,5 +1119,25 @@ impl Uploader<'_> {
             cin: r.conv1.weight.cols / 9,
             cout,
         })
+    }
+}
+
+impl VaeDevice for CudaVae {
+    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+        CudaVae::decode(self, z, h, w, out)
+    }
+
+    fn decode_rgb8(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        CudaVae::decode_rgb8(self, z, h, w, out)
+    }
+
+    fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
+        CudaVae::prepare(self, h, w)
     }
 }
