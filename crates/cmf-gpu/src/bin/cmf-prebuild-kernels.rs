@@ -1,5 +1,6 @@
-//! cmf-prebuild-kernels: builds the kernel images the binary embeds (src/cuda/runtime/prebuilt.rs) from
-//! the current sources, for the modules in `cubins/jobs.tsv`. Needs NVRTC, not a GPU.
+//! cmf-prebuild-kernels: builds the kernel images the binary embeds (src/cuda/runtime/prebuilt.rs)
+//! from the current sources (found through `cuda::catalog`), for the modules in `cubins/jobs.tsv`.
+//! Needs NVRTC, not a GPU.
 //!
 //! usage: cmf-prebuild-kernels [--dir DIR] [--add-jobs LOG]... [--check]
 //!   --dir DIR       the images' folder (default: this crate's `cubins/`)

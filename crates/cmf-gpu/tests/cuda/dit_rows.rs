@@ -1,4 +1,4 @@
-//! The DiT's GEMM-feeding row kernels (cuda/dit_rows.rs, kernels/dit.cu: `rms_mod`,
+//! The DiT's GEMM-feeding row kernels (cuda/dit/rows.rs, cuda/dit/kernels/dit.cu: `rms_mod`,
 //! `residual_norm`, `swiglu`) against f64 CPU references on fresh random inputs, writing bf16
 //! rows and fused 8-bit rows (e4m3, and s8 from the int8 path's module), at the full-size widths (D 3840, F 10240: the vector path), the
 //! fixture's D (128) and an odd width (341: the scalar path); swiglu also at a width whose last

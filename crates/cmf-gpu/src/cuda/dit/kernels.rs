@@ -1,4 +1,7 @@
-//! The DiT's kernel sources (`kernels/` here) and the build constants of its attention.
+//! The DiT's kernels: its sources (`kernels/` here), the build constants of its attention, and
+//! the loaded functions a step launches.
+
+use super::*;
 
 /// Hopper-only (sm_90a): the DiT's attention on warpgroup MMA.
 pub const ATTENTION_WG: &str = concat!(
@@ -49,3 +52,83 @@ pub const fn ws8_smem(slots: usize) -> usize {
     1024 + 128 * 128 + slots * (2 * 128 * 128 + 1024) + 4 * 8 * slots + 128 * 4
 }
 const _: () = assert!(ws8_smem(6) <= 227 * 1024);
+
+pub(super) struct Kernels {
+    pub(super) rows: RowKernels,
+    pub(super) qk_norm_rope: Func,
+    /// K (and V's maxima) where the attention makes Q and reads V from the rows.
+    pub(super) k_norm_rope: Option<Func>,
+    pub(super) bias_pad: Func,
+    pub(super) ada_finish: Func,
+    pub(super) add_bias: Func,
+    pub(super) rms: Func,
+    pub(super) final_norm: Func,
+    /// The attention kernel ([`default_attention`]).
+    pub(super) attn: AttnKernel,
+    /// The FP8 attention, which replaces `attn` when loaded (see [`attn8_request`]).
+    pub(super) attn8: Option<Attn8>,
+    pub(super) dequant: Func,
+    _mods: Vec<Module>,
+}
+
+impl Kernels {
+    /// `row8_s8`: the row kernels write s8 GEMM rows (the int8 path) where they write 8-bit ones.
+    pub(super) fn load(
+        dev: &Dev,
+        hd: usize,
+        attn8: Option<usize>,
+        x_bf16: bool,
+        row8_s8: bool,
+    ) -> DResult<Kernels> {
+        let defs = vec![
+            ("HD", hd.to_string()),
+            ("GQA", "1".to_string()),
+            ("KV_F32", "0".to_string()),
+        ];
+        let mut dit_defs = defs.clone();
+        dit_defs.push(("X_BF16", (x_bf16 as u8).to_string()));
+        if row8_s8 {
+            dit_defs.push(("ROW8_S8", "1".to_string()));
+        }
+        let variant = default_attention(dev, hd);
+        // Every module compiles at once (a first run on a machine), then each loads.
+        let arch = dev.arch();
+        let attn8_job = attn8.and_then(|_| Attn8::job(dev, hd, &defs));
+        let mut jobs = vec![
+            Job::new("dit", DIT, &dit_defs, &arch),
+            Job::new("rowops", ROWOPS, &defs, &arch),
+            attention_job(dev, &variant, &defs),
+        ];
+        jobs.extend(attn8_job.as_ref().map(|(j, _)| j.clone()));
+        compile_parallel(&jobs);
+        let dit = Module::load_job(dev, &jobs[0])?;
+        let rows = Module::load_job(dev, &jobs[1])?;
+        let attn = load_attention(dev, hd, variant, &jobs[2])?;
+        let attn8 = match (attn8, attn8_job) {
+            (Some(min_keys), Some(job)) => {
+                Some(Attn8::load(dev, job, min_keys, attn.split.clone())?)
+            }
+            _ => None,
+        };
+        Ok(Kernels {
+            rows: RowKernels::load(&dit)?,
+            qk_norm_rope: dit.func("qk_norm_rope")?,
+            k_norm_rope: Some(dit.func("k_norm_rope")?),
+            bias_pad: dit.func("bias_pad_rows")?,
+            ada_finish: dit.func("ada_finish")?,
+            add_bias: dit.func("add_bias")?,
+            rms: dit.func("rms_bf16")?,
+            final_norm: dit.func("final_norm_bf16")?,
+            attn,
+            attn8,
+            dequant: rows.func("dequant_rows")?,
+            _mods: vec![dit, rows],
+        })
+    }
+
+    /// Lets the row kernels keep a row of the model's widths in shared memory (the updated row
+    /// of `residual_norm`, the e4m3 stashes).
+    pub(super) fn allow_rows(&self, g: &DitGeometry) -> DResult<()> {
+        self.rows.allow_rows(g.dim, g.ffn)
+    }
+}
