@@ -12,7 +12,7 @@
 use super::device::{Arg, Ctx, DResult, Dev, DevError};
 pub use super::func::Func;
 use super::nvrtc;
-pub use super::source::{full_source, COMMON};
+pub use super::source::full_source;
 use cudarc::driver::CudaModule;
 use cudarc::nvrtc::Ptx;
 use std::sync::Arc;

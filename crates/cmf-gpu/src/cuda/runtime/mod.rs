@@ -13,18 +13,18 @@
 //! - `weights`: codec planes on the device; `matvec`: the decode matvec over them.
 
 pub mod blas;
-pub mod cudnn;
+pub(crate) mod cudnn;
 pub mod device;
 mod error;
 pub mod fp8;
 mod func;
 pub mod int8;
-pub mod kernels;
+pub(crate) mod kernels;
 pub mod lt;
 pub mod matvec;
 pub mod nvrtc;
 pub mod prebuilt;
 mod source;
 pub(crate) mod staging;
-pub mod tma;
+pub(crate) mod tma;
 pub mod weights;
