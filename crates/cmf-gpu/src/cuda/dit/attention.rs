@@ -418,14 +418,13 @@ pub(super) fn k8_scale(norm_k: &[f32], hd: usize) -> f32 {
 }
 
 /// Whether the DiT attention may run in FP8 (attn_full_ws8), and from how many keys per item
-/// on: `CMF_DIT_ATTN8=1` always (tests: the FP8 attention beside bf16 GEMMs and at short
-/// lengths), `0` never; else with the FP8 GEMMs (the model's precision) from [`ATTN8_MIN_KEYS`].
-/// Read when the model loads.
-pub(super) fn attn8_request(precision: DitPrecision) -> Option<usize> {
-    match std::env::var("CMF_DIT_ATTN8").as_deref() {
-        Ok("1") => Some(0),
-        Ok("0") => None,
-        _ => {
+/// on: the model's [`Fp8Attention`]; by default with the FP8 GEMMs (the model's precision) from
+/// [`ATTN8_MIN_KEYS`].
+pub(super) fn attn8_request(precision: DitPrecision, choice: Fp8Attention) -> Option<usize> {
+    match choice {
+        Fp8Attention::Always => Some(0),
+        Fp8Attention::Never => None,
+        Fp8Attention::Auto => {
             let fp8 = matches!(gemm8_request(precision), Some(Gemm8Kind::Fp8 { .. }));
             (ATTN8_WITH_FP8 && fp8).then_some(ATTN8_MIN_KEYS)
         }

@@ -54,7 +54,7 @@ use crate::cuda::runtime::tma;
 use crate::cuda::runtime::weights::{DequantTo, DevCodec, DevWeight};
 use crate::dit::{
     pad_rows, CondId, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel,
-    DitPrecision, DitStepItem, RopeRows,
+    DitPrecision, DitStepItem, Fp8Attention, RopeRows,
 };
 use crate::facade::backend::DitDevice;
 use crate::facade::refusal::{Refusal, RefusalReason};

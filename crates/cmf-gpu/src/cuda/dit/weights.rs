@@ -245,7 +245,13 @@ impl CudaDit {
         });
         let row8_s8 = matches!(gemm8, Some(Gemm8::Int8(_)));
         let hd = m.geo.head_dim();
-        let k = Kernels::load(&dev, hd, attn8_request(m.precision), x_bf16, row8_s8)?;
+        let k = Kernels::load(
+            &dev,
+            hd,
+            attn8_request(m.precision, m.fp8_attention),
+            x_bf16,
+            row8_s8,
+        )?;
         k.allow_rows(&m.geo)?;
         let blas = Blas::new(&dev)?;
         let up = Uploader {
