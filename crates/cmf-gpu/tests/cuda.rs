@@ -26,8 +26,7 @@ use cmf_gpu::Gpu;
 use cmf_kernels::Weight;
 use std::sync::{Arc, Mutex, OnceLock};
 
-#[path = "../../../test-support/gpu.rs"]
-mod gpu_skip;
+use cmf_test_support::gpu as gpu_skip;
 
 /// The DiT's attention kernels against an f64 reference.
 #[path = "cuda/dit_attention.rs"]

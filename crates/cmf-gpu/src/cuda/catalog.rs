@@ -110,12 +110,8 @@ pub fn hopper_sources() -> SourceSet {
 }
 
 #[cfg(test)]
-#[path = "../../../../test-support/gpu.rs"]
-mod gpu_skip;
-
-#[cfg(test)]
 mod tests {
-    use super::gpu_skip;
+    use cmf_test_support::gpu as gpu_skip;
 
     /// Compiles every kernel source for sm_90 with NVRTC. Needs libnvrtc, not a GPU.
     #[test]
