@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds the kernel images the binary embeds (crates/cmf-gpu/cubins/, see
-# crates/cmf-gpu/src/cuda/prebuilt.rs) from the current sources, with NVRTC 13.0 from PyPI: no GPU
-# needed. Run it after editing a kernel; the test `prebuilt_kernels_match_the_sources` fails until
+# crates/cmf-gpu/src/cuda/runtime/prebuilt.rs) from the current sources, with NVRTC 13.0 from
+# PyPI: no GPU needed. Run it after editing a kernel; the test `prebuilt_kernels_match_the_sources` fails until
 # then. Arguments go to cmf-prebuild-kernels (`--add-jobs LOG` merges the modules a run logged with
 # CMF_KERNEL_JOBS_LOG=LOG; `--check` only lists missing and stale images).
 set -euo pipefail

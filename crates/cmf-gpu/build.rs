@@ -1,4 +1,4 @@
-//! Embeds the kernel images in `cubins/` (see src/cuda/prebuilt.rs) as a table of
+//! Embeds the kernel images in `cubins/` (see src/cuda/runtime/prebuilt.rs) as a table of
 //! (file stem, bytes).
 
 use std::fmt::Write as _;

@@ -2,9 +2,7 @@
 //! seeds and regression reproducers, through the same functions the targets call: none may
 //! panic, and each file is done within seconds.
 
-#[path = "../../../test-support/fuzz_corpus.rs"]
-mod fuzz_corpus_support;
-use fuzz_corpus_support::run_corpus;
+use cmf_test_support::fuzz::run_corpus;
 
 #[test]
 fn gguf_corpus() {

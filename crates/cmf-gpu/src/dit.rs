@@ -108,10 +108,27 @@ impl DitPrecision {
     }
 }
 
+/// Where the device DiT runs its attention in FP8 (`attn_full_ws8`: Hopper, head dim 128; the
+/// bf16 attention elsewhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fp8Attention {
+    /// With the FP8 GEMMs (`--dit-precision fp8`, `fp8-fast`), for items of at least 1024 keys:
+    /// what `cmf imagine` runs.
+    #[default]
+    Auto,
+    /// At every length and with any GEMM precision: tests that hold the kernel to its reference
+    /// at small sizes and beside bf16 GEMMs.
+    Always,
+    /// Never: the bf16 attention.
+    Never,
+}
+
 pub struct DitModel<'a> {
     pub geo: DitGeometry,
     /// What the blocks' GEMMs run in (a device without FP8 tensor cores runs bf16).
     pub precision: DitPrecision,
+    /// Where the attention runs in FP8.
+    pub fp8_attention: Fp8Attention,
     pub x_embedder: DitLinear<'a>,
     pub x_pad_token: &'a [f32],
     pub cap_norm: &'a [f32],

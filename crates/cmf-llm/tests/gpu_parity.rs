@@ -18,16 +18,6 @@ use cmf_llm::engine::Engine;
 use cmf_llm::gpu::{describe, GpuEngine, GpuModel};
 use cmf_llm::{Model, ModelConfig};
 use common::*;
-use std::path::PathBuf;
-
-fn fixtures_llm(name: &str) -> PathBuf {
-    let root = match std::env::var_os("CMF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None if PathBuf::from("fixtures/llm").is_dir() => PathBuf::from("fixtures"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
-    };
-    root.join("llm").join(name)
-}
 
 fn gpu() -> Option<Gpu> {
     let g = Gpu::open(GpuMode::Auto).expect("auto never fails");
@@ -40,7 +30,7 @@ fn gpu() -> Option<Gpu> {
 
 fn check(name: &str) {
     let Some(gpu) = gpu() else { return };
-    let dir = fixtures_llm(name);
+    let dir = fixture_dir(name);
     let files = read_weight_files(&dir);
     let source = SafetensorsSource::new(&files);
     let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
@@ -138,7 +128,7 @@ fn qwen3_tiny_on_gpu_matches_transformers() {
 #[test]
 fn engine_falls_back_mid_run_with_identical_ids() {
     let Some(gpu) = gpu() else { return };
-    let dir = fixtures_llm("llama-tiny");
+    let dir = fixture_dir("llama-tiny");
     let files = read_weight_files(&dir);
     let source = SafetensorsSource::new(&files);
     let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
@@ -199,7 +189,7 @@ fn generation_on_the_device_equals_the_cpu() {
         },
     ];
     for name in ["llama-tiny", "mistral-tiny", "qwen2-tiny"] {
-        let dir = fixtures_llm(name);
+        let dir = fixture_dir(name);
         let files = read_weight_files(&dir);
         let source = SafetensorsSource::new(&files);
         let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();

@@ -21,7 +21,7 @@
 use crate::ops;
 use crate::tensors::{Linear, Loader};
 use crate::ZimageError;
-use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel, DitPrecision};
+use cmf_gpu::dit::{DitBlockWeights, DitGeometry, DitLinear, DitModel, DitPrecision, Fp8Attention};
 use cmf_kernels::RopeTable;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -663,6 +663,7 @@ impl<'a> ZImageDit<'a> {
             .map_or(0, |b| b.w1.out_dim());
         DitModel {
             precision,
+            fp8_attention: Fp8Attention::Auto,
             geo: DitGeometry {
                 dim: cfg.dim,
                 n_heads: cfg.n_heads,

@@ -12,8 +12,8 @@ mod common;
 
 use cmf_convert::zimage::Codec;
 use cmf_format::Dtype;
-use cmf_gpu::dit::DitPrecision;
-use cmf_gpu::{Gpu, GpuMode};
+use cmf_gpu::dit::{DitPrecision, Fp8Attention};
+use cmf_gpu::{Gpu, GpuDit, GpuMode};
 use cmf_zimage::denoiser::Denoiser;
 use cmf_zimage::pipeline::{generate, generate_with, Plan, Request, Resident, ZimagePack};
 use cmf_zimage::tensors::{Loader, MemTensors, TensorSource};
@@ -22,27 +22,25 @@ use common::*;
 
 const STEP_TOL: f32 = 2e-2;
 
-/// The device DiT reads `CMF_DIT_ATTN8` when it loads, and the tests of this
-/// file run on parallel threads of one process: each holds this lock throughout, so a variable
-/// one test sets never reaches a model another test loads.
+/// The tests of this file run on parallel threads of one process and take the device one at a
+/// time: each holds this lock throughout, so no test's models and timings share the card with
+/// another's.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Sets an environment variable until dropped (also when the test fails: the next test under
-/// [`serial`] starts from a clean environment).
-struct EnvVar(&'static str);
-impl EnvVar {
-    fn set(name: &'static str, value: &str) -> EnvVar {
-        std::env::set_var(name, value);
-        EnvVar(name)
-    }
-}
-impl Drop for EnvVar {
-    fn drop(&mut self) {
-        std::env::remove_var(self.0);
-    }
+/// The device model of `dit` at `precision`, its attention in FP8 where `attn` says, loaded as
+/// the denoiser's resident model (None: the device refused it).
+fn load_device_dit(
+    gpu: &Gpu,
+    dit: &ZImageDit,
+    precision: DitPrecision,
+    attn: Fp8Attention,
+) -> Option<GpuDit> {
+    let mut model = dit.device_model(precision);
+    model.fp8_attention = attn;
+    gpu.load_dit(&model).ok()
 }
 
 fn device() -> Option<Gpu> {
@@ -214,22 +212,39 @@ fn compare(src: &MemTensors, cfg: &DitConfig, caps: &[usize], h: usize, w: usize
     compare_within(src, cfg, caps, (h, w), seed, DitPrecision::Bf16, STEP_TOL);
 }
 
-/// [`compare`] with the device DiT at `precision` and bound `tol` on each item's relative error.
-/// Returns the block GEMM planes the device ran in 8 bits (0 without a device).
+/// [`compare_attn`] with the attention `cmf imagine` runs.
 fn compare_within(
+    src: &MemTensors,
+    cfg: &DitConfig,
+    caps: &[usize],
+    hw: (usize, usize),
+    seed: u64,
+    precision: DitPrecision,
+    tol: f32,
+) -> usize {
+    compare_attn(src, cfg, caps, hw, seed, precision, Fp8Attention::Auto, tol)
+}
+
+/// [`compare`] with the device DiT at `precision`, its attention in FP8 where `attn` says, and
+/// bound `tol` on each item's relative error. Returns the block GEMM planes the device ran in 8
+/// bits (0 without a device).
+#[allow(clippy::too_many_arguments)]
+fn compare_attn(
     src: &MemTensors,
     cfg: &DitConfig,
     caps: &[usize],
     (h, w): (usize, usize),
     seed: u64,
     precision: DitPrecision,
+    attn: Fp8Attention,
     tol: f32,
 ) -> usize {
     let Some(gpu) = device() else { return 0 };
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
     let (cap_feats, lat) = random_inputs(cfg, caps, h, w, seed);
     let t = 0.37;
-    let mut den = Denoiser::with_resident(&dit, &gpu, None, precision, cap_feats.clone(), h, w);
+    let resident = load_device_dit(&gpu, &dit, precision, attn);
+    let mut den = Denoiser::with_resident(&dit, &gpu, resident, precision, cap_feats.clone(), h, w);
     assert!(
         den.on_device(),
         "the device refused the DiT (CMF_LOG=debug says why)"
@@ -292,7 +307,7 @@ fn head_dim_128_batch_of_two_matches_cpu() {
     compare(&src, &cfg, &[33], 20, 28, 5);
 }
 
-/// The FP8 attention (`CMF_DIT_ATTN8=1`). With bf16 GEMMs: a step of the random head-dim-128
+/// The FP8 attention at every length (`Fp8Attention::Always`). With bf16 GEMMs: a step of the random head-dim-128
 /// DiT, batch of two (per-item V scales) and one, against the CPU within 4e-2 (measured on the
 /// H200: 1.3–1.9e-2, bf16 attention 0.5e-2): Q, K, V and the probabilities in e4m3 (3 mantissa
 /// bits, ~2.5 % RMS each) in every block's attention, chained through 4 blocks. With FP8 GEMMs
@@ -305,37 +320,38 @@ fn fp8_attention_step_stays_close_to_cpu() {
     if device().is_none() {
         return;
     }
-    let _attn8 = EnvVar::set("CMF_DIT_ATTN8", "1");
     let (src, cfg) = random_dit_hd128();
-    let bf16 = DitPrecision::Bf16;
-    compare_within(&src, &cfg, &[77, 5], (32, 32), 4, bf16, 4e-2);
-    compare_within(&src, &cfg, &[33], (20, 28), 5, bf16, 4e-2);
+    let (bf16, always) = (DitPrecision::Bf16, Fp8Attention::Always);
+    compare_attn(&src, &cfg, &[77, 5], (32, 32), 4, bf16, always, 4e-2);
+    compare_attn(&src, &cfg, &[33], (20, 28), 5, bf16, always, 4e-2);
     let fp8 = DitPrecision::Fp8;
-    let planes = compare_within(&src, &cfg, &[77, 5], (32, 32), 4, fp8, 1.5e-1);
+    let planes = compare_attn(&src, &cfg, &[77, 5], (32, 32), 4, fp8, always, 1.5e-1);
     assert_eq!(planes, 4 * 4, "FP8 planes of the random DiT");
 }
 
 /// The device's velocities for `caps` (lengths), every item in one batch, as `compare` sets
-/// them up (None without a device).
+/// them up, the attention in FP8 where `attn` says (None without a device).
 fn device_velocity(
     src: &MemTensors,
     cfg: &DitConfig,
     caps: &[usize],
-    h: usize,
-    w: usize,
+    (h, w): (usize, usize),
+    attn: Fp8Attention,
     seed: u64,
 ) -> Option<Vec<Vec<f32>>> {
     let gpu = device()?;
     let dit = ZImageDit::load(&Loader::new(src, "dit."), cfg.clone()).unwrap();
     let (cap_feats, lat) = random_inputs(cfg, caps, h, w, seed);
-    let mut den = Denoiser::new(&dit, &gpu, cap_feats, h, w);
+    let bf16 = DitPrecision::Bf16;
+    let resident = load_device_dit(&gpu, &dit, bf16, attn);
+    let mut den = Denoiser::with_resident(&dit, &gpu, resident, bf16, cap_feats, h, w);
     let items: Vec<usize> = (0..caps.len()).collect();
     let v = den.velocity(&lat, 0.37, &items);
     assert!(den.on_device(), "the step fell back to the CPU");
     Some(v)
 }
 
-/// A step of attn_full_ws (and attn_full_ws8, the FP8 attention: `CMF_DIT_ATTN8=1`) repeats bit
+/// A step of attn_full_ws (and attn_full_ws8, the FP8 attention: `Fp8Attention::Always`) repeats bit
 /// for bit: the tail split's halves (every tile is split at this size) fold in a fixed order
 /// whichever finishes first.
 #[test]
@@ -344,12 +360,16 @@ fn steps_repeat_bitwise() {
     let (src, cfg) = random_dit_hd128();
     let cases = [(&[77usize, 5][..], 32, 32), (&[33][..], 20, 28)];
     for attn8 in [false, true] {
-        let _a8 = EnvVar::set("CMF_DIT_ATTN8", if attn8 { "1" } else { "0" });
+        let attn = if attn8 {
+            Fp8Attention::Always
+        } else {
+            Fp8Attention::Never
+        };
         for &(caps, h, w) in &cases {
-            let Some(a) = device_velocity(&src, &cfg, caps, h, w, 4) else {
+            let Some(a) = device_velocity(&src, &cfg, caps, (h, w), attn, 4) else {
                 return;
             };
-            let again = device_velocity(&src, &cfg, caps, h, w, 4).unwrap();
+            let again = device_velocity(&src, &cfg, caps, (h, w), attn, 4).unwrap();
             let bits =
                 |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
             let what = format!("FP8 attention {attn8}, caps {caps:?}");

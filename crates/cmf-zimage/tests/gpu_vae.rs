@@ -230,7 +230,7 @@ fn device_decoder_matches_cpu_on_random_weights() {
             scratch_bytes: scratch,
             cudnn,
         };
-        let mut vae = CudaVae::load_with(&be, &model, opts).unwrap();
+        let mut vae = CudaVae::load_with(be.device(), &model, opts).unwrap();
         let got = device_decode(&mut vae, &z, h, w);
         let convs = if vae.uses_cudnn() { "cuDNN" } else { "im2col" };
         let (rms_w, max_w) = errors(&got, &cpu_wide);
@@ -289,7 +289,7 @@ fn device_decoder_matches_diffusers_fixture() {
     let vae = VaeDecoder::load(&Loader::new(&src, "vae."), cfg.clone()).unwrap();
     let b16 = bf16_weights(&src);
     let vae_b16 = VaeDecoder::load(&Loader::new(&b16, "vae."), cfg).unwrap();
-    let mut dev = CudaVae::load(&be, &vae.gpu_model()).unwrap();
+    let mut dev = CudaVae::load(be.device(), &vae.gpu_model()).unwrap();
     let e = common::Expected::load("vae.safetensors");
     for case in ["square", "wide"] {
         let shape = e.shape(&format!("{case}.z"));
@@ -312,7 +312,7 @@ fn device_decoder_refuses_bad_shapes_without_touching_the_output() {
     let mut g = Gen::new(Codecs::Bf16, false, 3);
     g.decoder(&cfg);
     let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
-    let mut vae = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let mut vae = CudaVae::load(be.device(), &cpu.gpu_model()).unwrap();
     let z = vec![0.5f32; 16 * 4 * 4];
     let mut out = vec![7f32; 3 * 8 * 8];
     assert!(vae.decode(&z[1..], 4, 4, &mut out).is_err());
@@ -335,9 +335,9 @@ fn prepare_leaves_decodes_unchanged() {
     let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
     let (h, w) = (6, 5);
     let z = Rng::new(8).vec(16 * h * w, 1.5);
-    let mut plain = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let mut plain = CudaVae::load(be.device(), &cpu.gpu_model()).unwrap();
     let want = device_decode(&mut plain, &z, h, w);
-    let mut prepared = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let mut prepared = CudaVae::load(be.device(), &cpu.gpu_model()).unwrap();
     assert!(prepared.prepare(0, 5).is_err());
     prepared.prepare(h, w).unwrap();
     assert_eq!(device_decode(&mut prepared, &z, h, w), want);
@@ -356,7 +356,7 @@ fn device_rgb8_is_the_host_conversion_of_the_f32_image() {
     let mut g = Gen::new(Codecs::Bf16, false, 5);
     g.decoder(&cfg);
     let cpu = VaeDecoder::load(&Loader::new(&g.stored, "vae."), cfg).unwrap();
-    let mut vae = CudaVae::load(&be, &cpu.gpu_model()).unwrap();
+    let mut vae = CudaVae::load(be.device(), &cpu.gpu_model()).unwrap();
     let (h, w) = (6, 9);
     let mut z = Rng::new(3).vec(16 * h * w, 2.0);
     let s = vae.geometry().scale_factor();
@@ -412,7 +412,7 @@ fn bench_flux_geometry() {
             ..VaeOptions::default()
         };
         let t = Instant::now();
-        let mut vae = CudaVae::load_with(&be, &cpu.gpu_model(), opts).unwrap();
+        let mut vae = CudaVae::load_with(be.device(), &cpu.gpu_model(), opts).unwrap();
         eprintln!(
             "convs {}: load {:.1} ms, {:.1} MB resident weights",
             if cudnn { "cuDNN" } else { "im2col" },

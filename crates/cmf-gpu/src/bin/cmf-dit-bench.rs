@@ -14,7 +14,7 @@ use cmf_gpu::cuda::dit::{CudaDit, PROFILE_CATEGORIES};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::dit::{
     pad_rows, DitBlockWeights, DitGeometry, DitItemSetup, DitLinear, DitModel, DitPrecision,
-    DitStepItem, RopeRows,
+    DitStepItem, Fp8Attention, RopeRows,
 };
 use cmf_gpu::facade::DitDevice;
 use cmf_gpu::llm::synth::Rng;
@@ -147,6 +147,7 @@ fn main() {
     };
     let model = DitModel {
         precision: a.precision,
+        fp8_attention: Fp8Attention::Auto,
         geo: geo.clone(),
         x_embedder: DitLinear {
             w: w(&x_emb, d, pd),
@@ -173,7 +174,7 @@ fn main() {
     };
     let gen_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let mut dit = match CudaDit::load(&backend, &model) {
+    let mut dit = match CudaDit::load(backend.device(), &model) {
         Ok(x) => x,
         Err(r) => {
             eprintln!("cmf-dit-bench: load refused: {r}");

@@ -12,11 +12,11 @@
 //! w2 (3840, 10240); random weights and activations (values ~U(-1, 1) with row magnitudes
 //! spread over 1/8 .. 8, so the per-row scales matter).
 
-use cmf_gpu::cuda::blas::Blas;
-use cmf_gpu::cuda::device::{bytes_of, DResult, Timer};
 use cmf_gpu::cuda::dit::TURBO_BLOCK_GEMMS;
-use cmf_gpu::cuda::fp8::{Fp8Gemm, Fp8Out};
-use cmf_gpu::cuda::lt::{LtCall, LtIn, LtOut};
+use cmf_gpu::cuda::runtime::blas::Blas;
+use cmf_gpu::cuda::runtime::device::{bytes_of, DResult, Timer};
+use cmf_gpu::cuda::runtime::fp8::{Fp8Gemm, Fp8Out};
+use cmf_gpu::cuda::runtime::lt::{LtCall, LtIn, LtOut};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::llm::synth::Rng;
 use half::bf16;
@@ -78,7 +78,7 @@ fn rel_err(got: &[f32], want: &[f32]) -> f64 {
 fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
     let backend = CudaBackend::open(0)?;
     let dev = backend.device();
-    let err = |e: cmf_gpu::cuda::device::DevError| e.0;
+    let err = |e: cmf_gpu::cuda::runtime::device::DevError| e.0;
     let blas = Blas::new(dev).map_err(err)?;
     let fp8 = Fp8Gemm::new(dev).map_err(err)?;
     let timer = Timer::new().map_err(err)?;
@@ -147,7 +147,7 @@ fn run(tokens: &[usize], reps: usize) -> Result<(), String> {
 /// The int8 arm: `w` and `x` (bf16 bits) as s8 rows with per-row scales, cuBLASLt's s8 GEMM
 /// timed, its s32 sums scaled on the host and compared with `want`. Returns (ms, rel err).
 fn int8_arm(
-    dev: &cmf_gpu::cuda::device::Dev,
+    dev: &cmf_gpu::cuda::runtime::device::Dev,
     fp8: &Fp8Gemm,
     timer: &Timer,
     reps: usize,
@@ -155,7 +155,7 @@ fn int8_arm(
     (n, m, k): (usize, usize, usize),
     want: &[f32],
 ) -> Result<(f32, f64), String> {
-    let err = |e: cmf_gpu::cuda::device::DevError| e.0;
+    let err = |e: cmf_gpu::cuda::runtime::device::DevError| e.0;
     let (qw, sw) = rows_s8(w, k);
     let (qx, sx) = rows_s8(x, k);
     let dqw = dev.upload_new(bytes_of(&qw)).map_err(err)?;

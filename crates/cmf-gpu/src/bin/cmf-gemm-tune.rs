@@ -8,11 +8,11 @@
 //! w2 (3840, 10240). Random bf16 inputs ~U(-1, 1). `--all` prints every candidate, else the
 //! first, the fastest and cuBLAS's.
 
-use cmf_gpu::cuda::blas::Blas;
-use cmf_gpu::cuda::device::{bytes_of, Timer};
 use cmf_gpu::cuda::dit::TURBO_BLOCK_GEMMS;
-use cmf_gpu::cuda::fp8::Fp8Gemm;
-use cmf_gpu::cuda::lt::{LtCall, LtIn, LtOut};
+use cmf_gpu::cuda::runtime::blas::Blas;
+use cmf_gpu::cuda::runtime::device::{bytes_of, Timer};
+use cmf_gpu::cuda::runtime::fp8::Fp8Gemm;
+use cmf_gpu::cuda::runtime::lt::{LtCall, LtIn, LtOut};
 use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::llm::synth::Rng;
 use half::bf16;
@@ -51,7 +51,7 @@ fn random_bf16(rng: &mut Rng, n: usize) -> Vec<u16> {
 fn run(tokens: &[usize], reps: usize, all: bool) -> Result<(), String> {
     let backend = CudaBackend::open(0)?;
     let dev = backend.device();
-    let err = |e: cmf_gpu::cuda::device::DevError| e.0;
+    let err = |e: cmf_gpu::cuda::runtime::device::DevError| e.0;
     let blas = Blas::new(dev).map_err(err)?;
     let fp8 = Fp8Gemm::new(dev).map_err(err)?;
     let lt = fp8.lt();

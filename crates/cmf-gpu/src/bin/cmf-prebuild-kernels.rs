@@ -1,5 +1,6 @@
-//! cmf-prebuild-kernels: builds the kernel images the binary embeds (src/cuda/prebuilt.rs) from
-//! the current sources, for the modules in `cubins/jobs.tsv`. Needs NVRTC, not a GPU.
+//! cmf-prebuild-kernels: builds the kernel images the binary embeds (src/cuda/runtime/prebuilt.rs)
+//! from the current sources (found through `cuda::catalog`), for the modules in `cubins/jobs.tsv`.
+//! Needs NVRTC, not a GPU.
 //!
 //! usage: cmf-prebuild-kernels [--dir DIR] [--add-jobs LOG]... [--check]
 //!   --dir DIR       the images' folder (default: this crate's `cubins/`)
@@ -8,7 +9,8 @@
 //! Writes `{name}-{key}.cubin` for every job (temporary file, then rename), removes the other
 //! `.cubin` files, and records the NVRTC version in `NVRTC_VERSION`.
 
-use cmf_gpu::cuda::{nvrtc, prebuilt};
+use cmf_gpu::cuda::catalog::source_of;
+use cmf_gpu::cuda::runtime::{nvrtc, prebuilt};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,7 +72,7 @@ fn run(dir: &Path, logs: &[PathBuf], check: bool) -> Result<bool, String> {
     }
     let mut wanted = Vec::new();
     for j in &jobs {
-        let (full, stem) = j.current()?;
+        let (full, stem) = j.current(source_of)?;
         wanted.push((j, full, stem));
     }
     let existing: BTreeSet<String> = std::fs::read_dir(dir)

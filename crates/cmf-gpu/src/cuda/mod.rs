@@ -2,35 +2,31 @@
 //! without the driver gets a clear "no device" instead of a panic), NVRTC kernels compiled to
 //! CUBIN for the device's arch and cached on disk, cuBLAS for prefill GEMMs.
 //!
-//! Layout: `device` (context, stream, buffers, launches, graph capture), `nvrtc` (compile +
-//! cache), `prebuilt` (kernel images embedded at build time), `kernels` (sources and handles; the
-//! `.cu` files live in `kernels/`), `weights` (codec planes on the device), `matvec` (host side of
-//! the decode matvec), `blas` (cuBLAS GEMM), `lt` (cuBLASLt GEMM, bf16 and e4m3), `fp8` (e4m3
-//! rows and the FP8 GEMM), `int8` (s8 rows and the int8 GEMM), `llm` (the resident model: decode graph, prefill, hybrid layers),
-//! `dit` / `dit_rows` (the Z-Image DiT), `vae` / `cudnn` (the Flux VAE decoder).
+//! Layout (docs/ARCHITECTURE.md has the rules):
+//! - [`runtime`]: what every model uses and that knows no model: the device (context, stream,
+//!   buffers, launches, graph capture, staging), kernel loading (NVRTC, the disk cache, the
+//!   embedded images), cuBLAS / cuBLASLt / cuDNN, codec planes on the device, and the kernels
+//!   more than one model runs (row kernels, attention, matvec, the FP8 and int8 GEMMs).
+//! - one folder per model family, each with its own kernels: [`llm`] (the resident language
+//!   model: decode graph, prefill, sampling), [`dit`] (the Z-Image DiT), [`vae`] (the FLUX VAE
+//!   decoder). A model folder uses the runtime and never another model's folder.
+//! - this module: [`CudaBackend`], the facade's [`Backend`] over the runtime and the models, and
+//!   [`catalog`], every kernel module by name.
 
-pub mod blas;
-pub mod cudnn;
-pub mod device;
+pub mod catalog;
 pub mod dit;
-pub mod dit_rows;
-pub mod fp8;
-pub mod int8;
-pub mod kernels;
 pub mod llm;
-pub mod lt;
-pub mod matvec;
-pub mod nvrtc;
-pub mod prebuilt;
-mod staging;
-pub mod tma;
+pub mod runtime;
 pub mod vae;
-pub mod weights;
 
-use crate::facade::{Backend, DeviceInfo, Footprint, LlmDevice, MemStats, Placement, Refusal};
+use crate::facade::backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
+use crate::facade::devices::{DeviceInfo, MemStats};
+use crate::facade::placement::Placement;
+use crate::facade::refusal::Refusal;
 use crate::llm::{LlmModel, LlmOptions};
-use device::Dev;
-use kernels::CommonKernels;
+use llm::kernels::CommonKernels;
+use runtime::device::{self, Dev};
+use runtime::{kernels, nvrtc, staging};
 use std::sync::{Arc, Mutex};
 
 pub struct CudaBackend {
@@ -133,69 +129,13 @@ impl Backend for CudaBackend {
         Ok(Box::new(llm))
     }
 
-    fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn crate::DitDevice>, Refusal> {
-        let dit = dit::CudaDit::load(self, model)?;
+    fn load_dit(&self, model: &crate::dit::DitModel) -> Result<Box<dyn DitDevice>, Refusal> {
+        let dit = dit::CudaDit::load(&self.dev, model)?;
         crate::facade::log::debug(&format!("dit loaded; {}", staging::report()));
         Ok(Box::new(dit))
     }
 
-    fn load_vae(
-        &self,
-        model: &crate::vae::VaeModel,
-    ) -> Result<Box<dyn crate::facade::VaeDevice>, Refusal> {
-        Ok(Box::new(vae::CudaVae::load(self, model)?))
-    }
-}
-
-impl crate::facade::VaeDevice for vae::CudaVae {
-    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
-        vae::CudaVae::decode(self, z, h, w, out)
-    }
-
-    fn decode_rgb8(
-        &mut self,
-        z: &[f32],
-        h: usize,
-        w: usize,
-        out: &mut [u8],
-    ) -> Result<bool, Refusal> {
-        vae::CudaVae::decode_rgb8(self, z, h, w, out)
-    }
-
-    fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
-        vae::CudaVae::prepare(self, h, w)
-    }
-}
-
-#[cfg(test)]
-#[path = "../../../../test-support/gpu.rs"]
-mod gpu_skip;
-
-#[cfg(test)]
-mod tests {
-    use super::gpu_skip;
-
-    /// Compiles every kernel source for sm_90 with NVRTC. Needs libnvrtc, not a GPU.
-    #[test]
-    fn nvrtc_compiles_every_kernel() {
-        if !super::nvrtc::available() {
-            gpu_skip::skip_no_device("libnvrtc not found");
-            return;
-        }
-        let portable = super::kernels::all_sources()
-            .into_iter()
-            .map(|s| (s, "sm_90"));
-        let hopper = super::kernels::hopper_sources()
-            .into_iter()
-            .map(|s| (s, "sm_90a"));
-        for ((name, src, defs), arch) in portable.chain(hopper) {
-            let full = super::kernels::full_source(src);
-            let c =
-                super::nvrtc::compile(name, &full, arch, &defs).unwrap_or_else(|e| panic!("{e}"));
-            assert!(!c.cubin.is_empty());
-            if !c.log.is_empty() {
-                eprintln!("{name} {defs:?} ({arch}):\n{}", c.log);
-            }
-        }
+    fn load_vae(&self, model: &crate::vae::VaeModel) -> Result<Box<dyn VaeDevice>, Refusal> {
+        Ok(Box::new(vae::CudaVae::load(&self.dev, model)?))
     }
 }

@@ -2,9 +2,10 @@
 //! backend answers for its device and loads models; a loaded model answers per entry point,
 //! each of which does its whole job or refuses before touching an output.
 
-use super::{DeviceInfo, MemStats, Placement, Refusal};
+use super::devices::{DeviceInfo, MemStats};
+use super::placement::Placement;
+use super::refusal::{Refusal, RefusalReason};
 use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
-use crate::facade::RefusalReason;
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
 use crate::vae::VaeModel;
 use std::ops::Range;

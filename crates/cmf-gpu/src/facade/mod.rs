@@ -6,16 +6,17 @@
 //! `pause_gpu`, not in a `cpu_scope`, no injected refusal), then runs on the device or returns
 //! a [`Refusal`]; on a refusal the caller runs its CPU path and nothing it passed in has changed.
 
-mod backend;
+pub(crate) mod backend;
 mod contention;
-mod devices;
+pub(crate) mod devices;
+mod error;
 pub mod fake;
-mod files;
+pub(crate) mod files;
 mod guards;
 pub mod log;
 mod mode;
-mod placement;
-mod refusal;
+pub(crate) mod placement;
+pub(crate) mod refusal;
 
 pub use backend::{Backend, DitDevice, Footprint, LlmDevice, VaeDevice};
 pub use contention::{
@@ -24,6 +25,7 @@ pub use contention::{
 pub use devices::{
     parse_bytes, pin_thread, pinned_device, unpin_thread, vram_budget, DeviceInfo, MemStats,
 };
+pub use error::GpuError;
 pub use files::{cache_dir, write_atomic};
 pub use guards::{cpu_scope, in_cpu_scope, pause_count, pause_gpu, CpuScope, GpuPause};
 pub use mode::{GpuMode, ENV_GPU};
@@ -36,19 +38,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Errors of opening the facade (bad settings, or `cuda` demanded with no device).
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error("{what}: `{value}` is not valid (expected {expected})")]
-    BadSetting {
-        what: String,
-        value: String,
-        expected: &'static str,
-    },
-    #[error("--gpu cuda: no usable CUDA device: {0}")]
-    NoDevice(String),
-}
 
 /// Diagnostics: `CMF_GPU_INJECT_REFUSAL=N` makes the device refuse every entry-point call after
 /// the first N (to exercise the CPU fallback from the command line).

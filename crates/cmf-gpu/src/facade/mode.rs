@@ -2,7 +2,7 @@
 //! environment; the flag wins. `auto` (the default) uses CUDA when a device answers and falls
 //! back to the CPU silently; `cuda` insists and is an error when no device is there.
 
-use super::GpuError;
+use super::error::GpuError;
 use std::str::FromStr;
 
 /// The environment variable read when no `--gpu` flag was given.

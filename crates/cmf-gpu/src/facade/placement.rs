@@ -6,7 +6,7 @@
 //! puts its first layers on the device, as many as fit, and runs the rest (and the lm_head)
 //! on the CPU.
 
-use super::GpuError;
+use super::error::GpuError;
 
 /// The environment variable read when no `--gpu-layers` flag was given.
 pub const ENV_GPU_LAYERS: &str = "CMF_GPU_LAYERS";

@@ -11,7 +11,7 @@ pub mod reference;
 pub mod sample;
 pub mod synth;
 
-use crate::facade::{Refusal, RefusalReason};
+use crate::facade::refusal::{Refusal, RefusalReason};
 use cmf_kernels::Weight;
 
 /// Rotary embedding, precomputed by the model crate so every scaling scheme (linear, Llama-3,

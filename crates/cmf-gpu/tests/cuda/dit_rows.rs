@@ -1,4 +1,4 @@
-//! The DiT's GEMM-feeding row kernels (cuda/dit_rows.rs, kernels/dit.cu: `rms_mod`,
+//! The DiT's GEMM-feeding row kernels (cuda/dit/rows.rs, cuda/dit/kernels/dit.cu: `rms_mod`,
 //! `residual_norm`, `swiglu`) against f64 CPU references on fresh random inputs, writing bf16
 //! rows and fused 8-bit rows (e4m3, and s8 from the int8 path's module), at the full-size widths (D 3840, F 10240: the vector path), the
 //! fixture's D (128) and an odd width (341: the scalar path); swiglu also at a width whose last
@@ -24,9 +24,9 @@
 //! unrounded row, so its bounds are the f32 stream's.
 
 use super::{backend, rel_err, Rng};
-use cmf_gpu::cuda::device::Dev;
-use cmf_gpu::cuda::dit_rows::{self, GemmIn, NormCase, RowEnc, RowForm, RowsBack};
-use cmf_gpu::cuda::fp8::e4m3_to_f32;
+use cmf_gpu::cuda::dit::rows::{self as dit_rows, GemmIn, NormCase, RowEnc, RowForm, RowsBack};
+use cmf_gpu::cuda::runtime::device::Dev;
+use cmf_gpu::cuda::runtime::fp8::e4m3_to_f32;
 
 const ROWS: usize = 37;
 const EPS: f32 = 1e-5;

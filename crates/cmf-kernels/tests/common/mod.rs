@@ -1,37 +1,11 @@
-//! Test helpers: a small deterministic generator and random payloads for every matrix codec.
+//! Test helpers: the seeded generator (cmf-test-support) and random payloads for every matrix
+//! codec.
 #![allow(dead_code)]
 
 use cmf_format::Dtype;
 use half::{bf16, f16};
 
-/// splitmix64: deterministic, good enough for test data.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32() * scale).collect()
-    }
-    /// Activations with a few large outlier channels, as LLM activations have.
-    pub fn activations(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| self.f32() * if i % 97 == 13 { 30.0 } else { 1.0 })
-            .collect()
-    }
-}
+pub use cmf_test_support::Rng;
 
 fn push_f16(out: &mut Vec<u8>, v: f32) {
     out.extend_from_slice(&f16::from_f32(v).to_le_bytes());

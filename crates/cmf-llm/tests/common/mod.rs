@@ -9,10 +9,9 @@ use std::path::PathBuf;
 
 pub const FIXTURES: [&str; 4] = ["llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny"];
 
+/// A transformers fixture (`fixtures/llm/<name>`, found as `cmf_test_support::fixtures` says).
 pub fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/llm")
-        .join(name)
+    cmf_test_support::fixtures::path("llm").join(name)
 }
 
 pub fn read_json(path: PathBuf) -> Value {
@@ -276,11 +275,11 @@ pub fn compare(model: &cmf_llm::Model, name: &str) -> Comparison {
     }
 }
 
-#[path = "../../../../test-support/scratch.rs"]
-mod scratch;
-#[allow(unused_imports)] // not every test binary makes shared files
-pub use scratch::scratch_dir;
+/// A scratch directory `name` this test binary makes once and shares (see
+/// `cmf_test_support::scratch`).
+pub fn scratch_dir(name: &str) -> PathBuf {
+    cmf_test_support::scratch::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
+}
 
-#[path = "../../../../test-support/gpu.rs"]
-#[allow(unused)] // not every test binary needs a device
-pub mod gpu_skip;
+#[allow(unused_imports)] // not every test binary needs a device
+pub use cmf_test_support::gpu as gpu_skip;

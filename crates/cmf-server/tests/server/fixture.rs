@@ -11,16 +11,18 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-#[path = "../../../../test-support/scratch.rs"]
-mod scratch;
-pub use scratch::scratch_dir;
+/// A scratch directory `name` this test binary makes once and shares (see
+/// `cmf_test_support::scratch`).
+pub fn scratch_dir(name: &str) -> PathBuf {
+    cmf_test_support::scratch::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
+}
 
 /// `fixtures/llm/qwen2-tiny` as a CMF f32 file (converted once per test process).
 pub fn model_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
-        let dir = scratch::scratch_dir("cmf-server");
+        let dir = scratch_dir("cmf-server");
         let out = dir.join("qwen2-tiny.cmf");
         let opts = cmf_convert::Options {
             quant: Some(cmf_convert::Quant::F32),

@@ -6,14 +6,9 @@ use cmf_zimage::tensors::MemTensors;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-/// `$CMF_FIXTURES/zimage`, else `./fixtures/zimage` (a staged test binary run from a copy of the
-/// repository), else the source tree's.
+/// The Z-Image fixtures (`fixtures/zimage`, found as `cmf_test_support::fixtures` says).
 pub fn fixtures() -> PathBuf {
-    match std::env::var_os("CMF_FIXTURES") {
-        Some(d) => PathBuf::from(d).join("zimage"),
-        None if PathBuf::from("fixtures/zimage").is_dir() => PathBuf::from("fixtures/zimage"),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/zimage"),
-    }
+    cmf_test_support::fixtures::path("zimage")
 }
 
 pub fn tree() -> PathBuf {
@@ -133,11 +128,11 @@ pub fn convert_tiny(
     out
 }
 
-#[path = "../../../../test-support/scratch.rs"]
-mod scratch;
-#[allow(unused_imports)] // not every test binary makes shared files
-pub use scratch::scratch_dir;
+/// A scratch directory `name` this test binary makes once and shares (see
+/// `cmf_test_support::scratch`).
+pub fn scratch_dir(name: &str) -> PathBuf {
+    cmf_test_support::scratch::scratch_dir(env!("CARGO_TARGET_TMPDIR"), name)
+}
 
-#[path = "../../../../test-support/gpu.rs"]
-#[allow(unused)] // not every test binary needs a device
-pub mod gpu_skip;
+#[allow(unused_imports)] // not every test binary needs a device
+pub use cmf_test_support::gpu as gpu_skip;

@@ -15,7 +15,7 @@
 //! device-mapped host buffer, so reading a token needs no copy on the stream that would queue
 //! behind the graph running ahead.
 
-use super::super::device::{Ctx, DResult};
+use crate::cuda::runtime::device::{Ctx, DResult, DevError};
 use crate::llm::Sampler;
 use cudarc::driver::{result as dr, sys};
 
@@ -135,7 +135,7 @@ impl DecodeAhead {
         unsafe { dr::event::synchronize(self.events[pos & 1]) }
             .ctx(|| "waiting for the decode graph".into())?;
         self.ring.token_at(pos).ok_or_else(|| {
-            super::DevError(format!(
+            DevError(format!(
                 "the sampler's token for position {pos} is missing from the token ring"
             ))
         })

@@ -11,18 +11,18 @@
 //! attention → GEMM o (+= residual, beta 1) → rmsnorm → GEMM gate,up → swiglu → GEMM down
 //! (+= residual).
 
-use super::super::device::{bytes_of, Arg, DResult, DevError, Graph};
-use super::super::kernels::{self, Func};
-use super::super::matvec::{self, MvMode, MvSeg};
-use super::super::weights::{DevCodec, DevWeight};
 use super::workspace::{PrefillWs, HIST_SLOTS, SAMPLE_BLOCKS, TOPK_MAX};
 use super::{AttnKernel, CudaLlm, DevLayer};
+use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError, Graph};
+use crate::cuda::runtime::kernels::{self, Func};
+use crate::cuda::runtime::matvec::{self, MvMode, MvSeg};
+use crate::cuda::runtime::weights::{DevCodec, DevWeight};
 use crate::llm::sample::SampleSpec;
 use crate::llm::{Logits, Sampler};
 use std::ops::Range;
 
-use crate::cuda::device::grid1;
-use crate::cuda::weights::DequantTo;
+use crate::cuda::runtime::device::grid1;
+use crate::cuda::runtime::weights::DequantTo;
 
 impl CudaLlm {
     /// Launches a kernel of the decode chain (each calls pdl_wait before reading its
@@ -187,7 +187,7 @@ impl CudaLlm {
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
         let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
-            matvec::launch(dev, ck, segs, x, norm, self.eps(), y, mode, true)
+            matvec::launch(dev, &ck.matvec, segs, x, norm, self.eps(), y, mode, true)
         };
         match stage {
             0 => {
@@ -259,7 +259,7 @@ impl CudaLlm {
         let norm = self.final_norm.as_ref().expect("head resident").ptr();
         matvec::launch(
             &self.dev,
-            &self.ck,
+            &self.ck.matvec,
             &[MvSeg { w: head, bias: 0 }],
             x,
             norm,

@@ -13,18 +13,22 @@
 
 mod ahead;
 mod forward;
+pub(crate) mod kernels;
 mod profile;
 mod workspace;
 
-use super::blas::Blas;
-use super::device::{bytes_of, DBuf, DResult, Dev, DevError, Graph};
-use super::kernels::{CommonKernels, DecodeAttnConfig, ModelKernels};
-use super::weights::{self, DevCodec, DevWeight};
-use crate::facade::{Footprint, LlmDevice, Placement, Refusal, RefusalReason};
+use crate::cuda::runtime::blas::Blas;
+use crate::cuda::runtime::device::{bytes_of, DBuf, DResult, Dev, DevError, Graph};
+use crate::cuda::runtime::weights::{self, DevCodec, DevWeight};
+use crate::facade::backend::{Footprint, LlmDevice};
+use crate::facade::placement::Placement;
+use crate::facade::refusal::{Refusal, RefusalReason};
 use crate::llm::{
     DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
+pub use kernels::CommonKernels;
+use kernels::{DecodeAttnConfig, ModelKernels};
 use std::ops::Range;
 use std::sync::Arc;
 use workspace::{DecodeWs, PrefillWs};
@@ -330,7 +334,7 @@ pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footp
 }
 
 fn upload_f32(dev: &Dev, v: &[f32]) -> DResult<DBuf> {
-    dev.upload_new(super::device::bytes_of(v))
+    dev.upload_new(bytes_of(v))
 }
 
 fn upload_opt(dev: &Dev, v: Option<&[f32]>) -> DResult<Option<DBuf>> {
@@ -367,7 +371,9 @@ impl CudaLlm {
             s.num_heads / s.num_kv_heads,
             decode_attn_config(model, &p, tuning),
         );
-        super::kernels::prefetch(ModelKernels::jobs(&dev, s.head_dim, group, p.kv_f32, attn));
+        crate::cuda::runtime::kernels::prefetch(ModelKernels::jobs(
+            &dev, s.head_dim, group, p.kv_f32, attn,
+        ));
         let ck = common().map_err(err)?;
         let mk = ModelKernels::load(&dev, s.head_dim, group, p.kv_f32, attn).map_err(err)?;
         let smem = decode_smem_bytes(

@@ -3,8 +3,8 @@
 //! warm-up; values it writes are garbage afterwards, so call this only after the measurements
 //! that need the model's state.
 
-use super::super::device::{DResult, Timer};
 use super::{AttnKernel, CudaLlm};
+use crate::cuda::runtime::device::{DResult, Timer};
 use crate::llm::Sampler;
 
 impl CudaLlm {

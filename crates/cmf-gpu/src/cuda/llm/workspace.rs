@@ -1,8 +1,8 @@
 //! Activation buffers. Decode buffers are allocated once at load (the captured graph bakes
 //! their addresses in); prefill buffers on the first prefill, for `prefill_chunk` tokens.
 
-use super::super::device::{DBuf, DResult, Dev};
-use super::super::weights::DevCodec;
+use crate::cuda::runtime::device::{DBuf, DResult, Dev};
+use crate::cuda::runtime::weights::DevCodec;
 use crate::llm::{LlmModel, LlmSpec};
 
 /// Candidates per sampler block (`TOPK_MAX` in sample.cu) and blocks (`SAMPLE_BLOCKS`).

@@ -16,76 +16,38 @@
 //! `out` (bad shapes, geometry the kernels do not take, a workspace that does not fit the free
 //! device memory, a device error); the image is read back into a host staging buffer and only
 //! copied into `out` once everything succeeded.
+//!
+//! Files: `weights` (checks, resident layers, upload), `workspace` (activation buffers), [`plan`]
+//! (shapes and tilings), `kernels` (the loaded functions). They share this module's imports
+//! (`use super::*`).
 
+pub(crate) mod kernels;
 pub mod plan;
+mod weights;
+mod workspace;
 
-use super::blas::Blas;
-use super::cudnn::Cudnn;
-use super::device::{bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError};
-use super::kernels::{Func, Job, Module, ROWOPS, VAE};
-use super::weights::{DequantTo, DevCodec, DevWeight};
-use super::CudaBackend;
-use crate::facade::{Refusal, RefusalReason};
+use crate::cuda::runtime::blas::Blas;
+use crate::cuda::runtime::cudnn::Cudnn;
+use crate::cuda::runtime::device::{
+    bytes_of, f32s_from_le_bytes, Arg, DBuf, DResult, Dev, DevError,
+};
+use crate::cuda::runtime::weights::{DequantTo, DevCodec, DevWeight};
+use crate::facade::backend::VaeDevice;
+use crate::facade::refusal::{Refusal, RefusalReason};
 use crate::vae::{ConvW, GroupNormW, ResnetW, VaeGeometry, VaeModel};
 use cmf_format::Dtype;
+use kernels::Kernels;
 use plan::{conv3_shapes, elementwise_layout, grid1, stats_layout, AttnPlan, RowLayout};
 pub use plan::{VaeOptions, VaePlan};
 use std::sync::Arc;
+use weights::{check_codec, resident_bytes, DAttn, DConv, DNorm, DResnet, DUp, Uploader};
+use workspace::{dnn_sizes, DnnBufs, Workspace};
 
 const OP_LOAD: &str = "vae.load";
 const OP_DECODE: &str = "vae.decode";
 const OP_PREPARE: &str = "vae.prepare";
 /// Device memory left free beyond our estimate (cuBLAS workspaces, fragmentation).
 const MARGIN_BYTES: u64 = 512 << 20;
-
-struct Kernels {
-    dequant_rows: Func,
-    to_bf16: Func,
-    nchw_to_nhwc: Func,
-    permute_taps: Func,
-    gn_stats: [Func; 2],
-    gn_finalize: Func,
-    gn_apply: [Func; 2],
-    im2col3: Func,
-    bias_res: [Func; 2],
-    bias_bf16: Func,
-    softmax_rows: Func,
-    conv3_small: Func,
-    upsample2: Func,
-    _mods: Vec<Module>,
-}
-
-impl Kernels {
-    fn load(dev: &Dev) -> DResult<Kernels> {
-        // rowops with its default defines: only the geometry-free kernels are used here.
-        let arch = dev.arch();
-        let [rows, vae]: [Module; 2] = Module::load_all(
-            dev,
-            &[
-                Job::new("rowops", ROWOPS, &[], &arch),
-                Job::new("vae", VAE, &[], &arch),
-            ],
-        )?
-        .try_into()
-        .map_err(|_| DevError("VAE kernels: two modules expected".into()))?;
-        Ok(Kernels {
-            dequant_rows: rows.func("dequant_rows")?,
-            to_bf16: rows.func("to_bf16")?,
-            nchw_to_nhwc: vae.func("vae_nchw_to_nhwc_bf16")?,
-            permute_taps: vae.func("vae_permute_taps")?,
-            gn_stats: [vae.func("vae_gn_stats")?, vae.func("vae_gn_stats_bf16")?],
-            gn_finalize: vae.func("vae_gn_finalize")?,
-            gn_apply: [vae.func("vae_gn_apply")?, vae.func("vae_gn_apply_bf16")?],
-            im2col3: vae.func("vae_im2col3")?,
-            bias_res: [vae.func("vae_bias_res")?, vae.func("vae_bias_res_bf16")?],
-            bias_bf16: vae.func("vae_bias_bf16")?,
-            softmax_rows: vae.func("vae_softmax_rows")?,
-            conv3_small: vae.func("vae_conv3_small")?,
-            upsample2: vae.func("vae_upsample2_bf16")?,
-            _mods: vec![rows, vae],
-        })
-    }
-}
 
 /// An activation buffer `[pixels, C]` as a kernel reads it: the decoder's f32 buffers, or the
 /// bf16 output of a cuDNN conv (read by the row kernels' bf16 variants).
@@ -102,127 +64,6 @@ impl Act {
             Act::F32(p) => (p, 0),
             Act::Bf16(p) => (p, 1),
         }
-    }
-}
-
-/// A conv or Linear on the device: bf16 weight `[cout, cols]` (3×3: tap-major columns), f32 bias.
-struct DConv {
-    w: DBuf,
-    bias: DBuf,
-    cout: usize,
-    cols: usize,
-}
-
-struct DNorm {
-    w: DBuf,
-    b: DBuf,
-}
-
-struct DResnet {
-    norm1: DNorm,
-    conv1: DConv,
-    norm2: DNorm,
-    conv2: DConv,
-    shortcut: Option<DConv>,
-    /// conv2's bias (+ the shortcut's): added once after the shortcut GEMM accumulated.
-    out_bias: DBuf,
-    cin: usize,
-    cout: usize,
-}
-
-struct DAttn {
-    norm: DNorm,
-    q: DConv,
-    k: DConv,
-    v: DConv,
-    out: DConv,
-}
-
-struct DUp {
-    resnets: Vec<DResnet>,
-    upsampler: Option<DConv>,
-}
-
-struct AttnBufs {
-    proj: DBuf,
-    q: DBuf,
-    k: DBuf,
-    vt: DBuf,
-}
-
-/// Buffers of a decode, sized by `plan` (reused by any decode it covers).
-struct Workspace {
-    plan: VaePlan,
-    f: [DBuf; 3],
-    nb: DBuf,
-    scratch: DBuf,
-    partial: DBuf,
-    mean: DBuf,
-    inv: DBuf,
-    latent: DBuf,
-    image: DBuf,
-    attn: Option<AttnBufs>,
-    dnn: Option<DnnBufs>,
-}
-
-/// The cuDNN conv path's buffers: the upsampled input (bf16), the conv output (bf16, read by the
-/// next row kernel) and cuDNN's workspace.
-struct DnnBufs {
-    up: DBuf,
-    y: DBuf,
-    ws: DBuf,
-}
-
-/// Bytes of [`DnnBufs`] for the convs of a decode: (upsampled input, output, workspace).
-fn dnn_sizes(dnn: &Cudnn, g: &VaeGeometry, h: usize, w: usize) -> DResult<(usize, usize, usize)> {
-    let (mut up, mut y, mut ws) = (0usize, 0usize, 0usize);
-    for (hh, ww, cin, cout, upsampled) in conv3_shapes(g, h, w) {
-        if upsampled {
-            up = up.max(2 * hh * ww * cin);
-        }
-        y = y.max(2 * hh * ww * cout);
-        ws = ws.max(dnn.workspace_bytes((hh, ww, cin, cout))?);
-    }
-    Ok((up.max(16), y.max(16), ws.max(16)))
-}
-
-impl Workspace {
-    fn alloc(dev: &Dev, plan: &VaePlan, dnn: Option<(usize, usize, usize)>) -> DResult<Workspace> {
-        let f32s = |n: usize| dev.alloc(4 * n);
-        let attn = match plan.attn {
-            Some(a) => Some(AttnBufs {
-                proj: f32s(a.n * a.c)?,
-                q: dev.alloc(2 * a.n * a.c)?,
-                k: dev.alloc(2 * a.n * a.c)?,
-                vt: dev.alloc(2 * a.n * a.c)?,
-            }),
-            None => None,
-        };
-        Ok(Workspace {
-            plan: plan.clone(),
-            f: [
-                f32s(plan.act_f32)?,
-                f32s(plan.act_f32)?,
-                f32s(plan.act_f32)?,
-            ],
-            nb: dev.alloc(2 * plan.act_bf16)?,
-            scratch: dev.alloc(plan.scratch_bytes)?,
-            partial: f32s(plan.gn_partial)?,
-            mean: f32s(plan.groups)?,
-            inv: f32s(plan.groups)?,
-            latent: f32s(plan.latent)?,
-            // f32 values, or RGB bytes and the flag after them (≤ 4 · image + 4 bytes).
-            image: dev.alloc(4 * plan.image + 4)?,
-            attn,
-            dnn: match dnn {
-                Some((up, y, ws)) => Some(DnnBufs {
-                    up: dev.alloc(up)?,
-                    y: dev.alloc(y)?,
-                    ws: dev.alloc(ws)?,
-                }),
-                None => None,
-            },
-        })
     }
 }
 
@@ -273,54 +114,16 @@ fn shape_refusal(op: &'static str, why: String) -> Refusal {
     Refusal::new(op, RefusalReason::UnsupportedShape(why))
 }
 
-/// Bytes of the resident weights: bf16 planes, f32 biases and GroupNorm parameters.
-fn resident_bytes(model: &VaeModel) -> u64 {
-    let mats: usize = model
-        .weights()
-        .iter()
-        .map(|(_, c)| 2 * c.weight.rows * c.weight.cols + 4 * c.weight.rows)
-        .sum();
-    let resnets = model
-        .mid_resnets
-        .iter()
-        .chain(model.up_blocks.iter().flat_map(|b| &b.resnets));
-    // norm1 + norm2 (w and b), and the combined output bias.
-    let mut vecs: usize = resnets
-        .map(|r| 2 * r.norm1.weight.len() + 3 * r.norm2.weight.len())
-        .sum();
-    vecs += 2 * model.norm_out.weight.len();
-    if let Some(a) = &model.mid_attention {
-        vecs += 2 * a.norm.weight.len();
-    }
-    (mats + 4 * vecs) as u64
-}
-
-/// The codecs `dequant_rows` reads; q4 needs whole 32-value groups.
-fn check_codec(name: &str, c: &ConvW) -> Result<(), Refusal> {
-    let w = &c.weight;
-    DevCodec::of(w.dtype).map_err(|r| Refusal::new(OP_LOAD, r))?;
-    if matches!(w.dtype, Dtype::Q4Block | Dtype::Q4Tiled) && (w.rows * w.cols) % 32 != 0 {
-        return Err(shape_refusal(
-            OP_LOAD,
-            format!(
-                "{name}: q4 weight [{}, {}] is not whole 32-value groups",
-                w.rows, w.cols
-            ),
-        ));
-    }
-    Ok(())
-}
-
 impl CudaVae {
-    /// Uploads `model` with the default options.
-    pub fn load(backend: &CudaBackend, model: &VaeModel) -> Result<CudaVae, Refusal> {
-        CudaVae::load_with(backend, model, VaeOptions::default())
+    /// Uploads `model` to `dev` with the default options.
+    pub fn load(dev: &Arc<Dev>, model: &VaeModel) -> Result<CudaVae, Refusal> {
+        CudaVae::load_with(dev, model, VaeOptions::default())
     }
 
     /// Uploads `model` once (weights to bf16 planes on the device). Refuses before allocating
     /// anything when a shape, geometry or codec is not supported or the weights do not fit.
     pub fn load_with(
-        backend: &CudaBackend,
+        dev: &Arc<Dev>,
         model: &VaeModel,
         opts: VaeOptions,
     ) -> Result<CudaVae, Refusal> {
@@ -332,7 +135,7 @@ impl CudaVae {
         for (name, c) in &weights {
             check_codec(name, c)?;
         }
-        let dev = backend.device().clone();
+        let dev = dev.clone();
         // Resident planes plus the largest transient (stored codec + its bf16 plane).
         let transient = weights
             .iter()
@@ -1063,107 +866,22 @@ impl CudaVae {
     }
 }
 
-/// Load-time uploads: weights to bf16 planes, vectors to f32.
-struct Uploader<'d> {
-    dev: &'d Dev,
-    k: &'d Kernels,
-}
-
-impl Uploader<'_> {
-    fn vec(&self, v: &[f32]) -> DResult<DBuf> {
-        self.dev.upload_new(bytes_of(v))
+impl VaeDevice for CudaVae {
+    fn decode(&mut self, z: &[f32], h: usize, w: usize, out: &mut [f32]) -> Result<(), Refusal> {
+        CudaVae::decode(self, z, h, w, out)
     }
 
-    fn norm(&self, n: &GroupNormW) -> DResult<DNorm> {
-        Ok(DNorm {
-            w: self.vec(n.weight)?,
-            b: self.vec(n.bias)?,
-        })
+    fn decode_rgb8(
+        &mut self,
+        z: &[f32],
+        h: usize,
+        w: usize,
+        out: &mut [u8],
+    ) -> Result<bool, Refusal> {
+        CudaVae::decode_rgb8(self, z, h, w, out)
     }
 
-    /// A weight as a bf16 plane `[rows, cols]`; `taps`: a 3×3 kernel, permuted to tap-major.
-    fn conv(&self, c: &ConvW, taps: bool) -> DResult<DConv> {
-        let w = &c.weight;
-        let (rows, cols) = (w.rows, w.cols);
-        let n = rows * cols;
-        let dw = DevWeight::upload(self.dev, w)?;
-        let plane = if dw.codec == DevCodec::Bf16 {
-            None
-        } else {
-            let b = self.dev.alloc(2 * n)?;
-            dw.dequant(
-                self.dev,
-                &self.k.dequant_rows,
-                0,
-                rows,
-                DequantTo::Bf16(b.ptr()),
-            )?;
-            Some(b)
-        };
-        let src = plane.as_ref().map_or(dw.w(), |b| b.ptr());
-        let wbuf = if taps {
-            let out = self.dev.alloc(2 * n)?;
-            self.dev.launch(
-                &self.k.permute_taps,
-                grid1(n, 256 * 4),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(src),
-                    Arg::U64(rows as u64),
-                    Arg::I32((cols / 9) as i32),
-                    Arg::Ptr(out.ptr()),
-                ],
-            )?;
-            out
-        } else {
-            match plane {
-                Some(b) => b,
-                None => dw.main,
-            }
-        };
-        // The transient planes are freed when this returns: wait for the kernels reading them.
-        self.dev.sync()?;
-        let bias = if c.bias.is_empty() {
-            self.vec(&vec![0f32; rows])?
-        } else {
-            self.vec(c.bias)?
-        };
-        Ok(DConv {
-            w: wbuf,
-            bias,
-            cout: rows,
-            cols,
-        })
-    }
-
-    fn resnet(&self, r: &ResnetW) -> DResult<DResnet> {
-        let conv2 = self.conv(&r.conv2, true)?;
-        let shortcut = r
-            .shortcut
-            .as_ref()
-            .map(|s| self.conv(s, false))
-            .transpose()?;
-        let cout = r.conv2.weight.rows;
-        let mut out_bias: Vec<f32> = if r.conv2.bias.is_empty() {
-            vec![0.0; cout]
-        } else {
-            r.conv2.bias.to_vec()
-        };
-        if let Some(s) = &r.shortcut {
-            for (o, b) in out_bias.iter_mut().zip(s.bias) {
-                *o += b;
-            }
-        }
-        Ok(DResnet {
-            norm1: self.norm(&r.norm1)?,
-            conv1: self.conv(&r.conv1, true)?,
-            norm2: self.norm(&r.norm2)?,
-            conv2,
-            shortcut,
-            out_bias: self.vec(&out_bias)?,
-            cin: r.conv1.weight.cols / 9,
-            cout,
-        })
+    fn prepare(&mut self, h: usize, w: usize) -> Result<(), Refusal> {
+        CudaVae::prepare(self, h, w)
     }
 }

@@ -294,7 +294,7 @@ pub fn elementwise_layout(c: usize, pixels: usize) -> RowLayout {
 }
 
 /// A 1-D grid for a grid-stride kernel over `n` items, `per_block` items per block.
-pub use crate::cuda::device::grid1;
+pub use crate::cuda::runtime::device::grid1;
 
 #[cfg(test)]
 mod tests {

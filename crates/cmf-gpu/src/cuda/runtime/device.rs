@@ -5,41 +5,14 @@
 //! graph capture copies launch parameters, and nothing here tracks events per buffer (cudarc's
 //! event tracking is switched off: everything runs in order on one stream).
 
-use super::kernels::Func;
+pub use super::error::{Ctx, DResult, DevError};
+pub use super::func::Func;
+pub use super::staging::PinnedBuf;
 use super::staging::Staging;
-use crate::facade::{MemStats, Refusal, RefusalReason};
+use crate::facade::devices::MemStats;
 use cudarc::driver::{result as dr, sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::ffi::c_void;
 use std::sync::Arc;
-
-pub type DResult<T> = Result<T, DevError>;
-
-/// A driver, NVRTC or cuBLAS failure, with what was being done.
-#[derive(Debug, Clone)]
-pub struct DevError(pub String);
-
-impl std::fmt::Display for DevError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl DevError {
-    pub fn refusal(self, op: &'static str) -> Refusal {
-        Refusal::new(op, RefusalReason::Device(self.0))
-    }
-}
-
-/// Adds context to a driver error: `ctx("cuMemAlloc 4096 B")?`.
-pub trait Ctx<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> DResult<T>;
-}
-
-impl<T, E: std::fmt::Debug> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: impl FnOnce() -> String) -> DResult<T> {
-        self.map_err(|e| DevError(format!("{}: {e:?}", what())))
-    }
-}
 
 /// A device allocation; freed on drop (and un-counted from `resident`).
 pub struct DBuf {
@@ -68,41 +41,6 @@ impl DBuf {
 impl Drop for DBuf {
     fn drop(&mut self) {
         self.stats.sub_resident(self.slice.len() as u64);
-    }
-}
-
-/// Page-locked host memory: device → host copies into it run at the link's rate, where a copy
-/// into pageable memory goes through the driver's own staging (a DiT step's 1 MB readback took
-/// 0.35–0.8 ms so).
-pub struct PinnedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a plain host allocation owned by this value; `&mut self` guards every write.
-unsafe impl Send for PinnedBuf {}
-
-impl PinnedBuf {
-    pub fn new(len: usize) -> DResult<PinnedBuf> {
-        let n = len.max(1);
-        // SAFETY: a fresh pinned allocation of n bytes, freed in Drop.
-        let ptr = unsafe { dr::malloc_host(n, 0) }
-            .ctx(|| format!("pinning {n} bytes of host memory"))? as *mut u8;
-        Ok(PinnedBuf { ptr, len })
-    }
-
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr holds len bytes, exclusively borrowed here.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for PinnedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in new(); every copy into it was waited for (Dev::download).
-        unsafe {
-            let _ = dr::free_host(self.ptr as *mut std::ffi::c_void);
-        }
     }
 }
 

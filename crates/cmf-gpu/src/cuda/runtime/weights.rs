@@ -8,7 +8,7 @@
 
 use super::device::{grid1, Arg, DBuf, DResult, Dev};
 use super::kernels::Func;
-use crate::facade::{Refusal, RefusalReason};
+use crate::facade::refusal::{Refusal, RefusalReason};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 

@@ -1,5 +1,5 @@
 //! cuDNN for the VAE's 3×3 convolutions: implicit-GEMM kernels read the NHWC input in place, where
-//! the im2col path (kernels/vae.cu) writes and re-reads nine copies of it (11 of a 1024² decode's
+//! the im2col path (cuda/vae/kernels/vae.cu) writes and re-reads nine copies of it (11 of a 1024² decode's
 //! 46 ms under ncu, BENCH.md). Optional: loaded at run time like the other CUDA libraries, and the
 //! decoder keeps the im2col path where the library is missing or refuses a shape.
 //!

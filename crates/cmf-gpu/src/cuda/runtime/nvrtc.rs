@@ -11,6 +11,7 @@
 //! in parallel, kernels.rs `compile_parallel` / `prefetch`); two requests for the same key in one
 //! process share one compilation (the second waits for the first's result).
 
+use super::source::{fnv1a, options};
 use cudarc::nvrtc::sys as nv;
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
@@ -39,20 +40,8 @@ fn check(r: nv::nvrtcResult, what: &str) -> Result<(), String> {
     }
 }
 
-/// FNV-1a 64 over several byte strings (with separators, so ("ab","c") ≠ ("a","bc")).
-pub(crate) fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in p.iter().chain([0xffu8].iter()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
 fn cache_dir() -> Option<PathBuf> {
-    crate::facade::cache_dir().map(|d| d.join("cubin"))
+    crate::facade::files::cache_dir().map(|d| d.join("cubin"))
 }
 
 /// A compiled image and the compiler's log (resource usage when verbose).
@@ -127,7 +116,7 @@ pub fn compile(
             t0.elapsed().as_secs_f64()
         ));
         if let Some(p) = &path {
-            if let Err(e) = crate::facade::write_atomic(p, &cubin) {
+            if let Err(e) = crate::facade::files::write_atomic(p, &cubin) {
                 crate::facade::log::debug(&format!("cannot cache {}: {e}", p.display()));
             }
         }
@@ -139,17 +128,6 @@ pub fn compile(
         log: log.clone(),
         from_cache: false,
     })
-}
-
-/// NVRTC's options for a target and defines (also what the embedded images' keys cover).
-pub(crate) fn options(arch: &str, defines: &[(&str, String)]) -> Vec<String> {
-    let mut opts: Vec<String> = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-default-device".into(),
-    ];
-    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
-    opts
 }
 
 /// Compiles without any cache (the ahead-of-time build of the embedded images).

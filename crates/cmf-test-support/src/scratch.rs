@@ -1,15 +1,15 @@
-//! Shared by the test suites of several crates (included with `#[path]`, since test helpers
-//! cannot be a dependency without a crate of their own).
+//! Scratch directories a test binary makes once and shares.
 
 use std::path::PathBuf;
 
 /// A scratch directory for files a test binary makes once and shares through a static (statics
 /// are never dropped, so a `TempDir` held there leaked one directory per run): `name` under
-/// cargo's per-target tmp dir, emptied at first use, or under the system temp dir where that
-/// cannot be made (test binaries copied to another machine).
-pub fn scratch_dir(name: &str) -> PathBuf {
+/// `target_tmp`, emptied at first use, or under the system temp dir where that cannot be made
+/// (test binaries copied to another machine). `target_tmp` is cargo's per-target tmp dir, which
+/// only the test binary itself sees: `env!("CARGO_TARGET_TMPDIR")` there.
+pub fn scratch_dir(target_tmp: &str, name: &str) -> PathBuf {
     let bases = [
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+        PathBuf::from(target_tmp),
         std::env::temp_dir().join("cmf-tests"),
     ];
     for base in bases {

@@ -9,8 +9,9 @@
 //! its amax is known; swiglu, where the width and the pointers allow, holds the row in registers
 //! instead (`swiglu_r8`, `swiglu_r16`: 8 or 16 values a thread, [`RowKernels`] picks per call).
 
-use super::device::{bytes_of, Arg, DResult, Dev, DevError};
-use super::kernels::{Func, Module, DIT};
+use super::kernels::DIT;
+use crate::cuda::runtime::device::{bytes_of, Arg, DResult, Dev, DevError};
+use crate::cuda::runtime::kernels::{Func, Module};
 use half::bf16;
 
 /// Threads of the per-row kernels (at least: see [`row_threads`]).
@@ -355,7 +356,7 @@ pub struct NormCase<'a> {
 struct Hook<'d> {
     dev: &'d Dev,
     k: RowKernels,
-    keep: Vec<super::device::DBuf>,
+    keep: Vec<crate::cuda::runtime::device::DBuf>,
 }
 
 impl<'d> Hook<'d> {

@@ -1,8 +1,6 @@
 //! Runs a fuzz target's committed corpus (`fuzz/corpus/<target>/`: seeds and regression
-//! reproducers) through the target's body under `cargo test`, shared by the crates whose
-//! functions the targets call (included with `#[path]`, as scratch.rs is).
-
-#![allow(dead_code)] // each test binary uses a part
+//! reproducers) through the target's body under `cargo test`, for the crates whose functions the
+//! targets call.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -20,12 +20,12 @@ use std::sync::{Mutex, OnceLock};
 include!(concat!(env!("OUT_DIR"), "/prebuilt_cubins.rs"));
 
 /// The modules the embedded images are built from (see the module notes).
-pub const JOBS_TSV: &str = include_str!("../../cubins/jobs.tsv");
+pub const JOBS_TSV: &str = include_str!("../../../cubins/jobs.tsv");
 
 /// An embedded image's key (see the module notes); `src` is the full source NVRTC compiles.
 pub fn key(src: &str, arch: &str, defines: &[(&str, String)]) -> u64 {
-    let joined = super::nvrtc::options(arch, defines).join(" ");
-    super::nvrtc::fnv1a(&[src.as_bytes(), joined.as_bytes(), arch.as_bytes()])
+    let joined = super::source::options(arch, defines).join(" ");
+    super::source::fnv1a(&[src.as_bytes(), joined.as_bytes(), arch.as_bytes()])
 }
 
 /// The file stem of a module's image: `{name}-{key:016x}`.
@@ -125,11 +125,15 @@ impl JobLine {
             .collect()
     }
 
-    /// The full source this job compiles now, and its image's file stem.
-    pub fn current(&self) -> Result<(String, String), String> {
-        let src = super::kernels::source_of(&self.name)
+    /// The full source this job compiles now (its module's source found by `source_of`, the
+    /// backend's catalog of modules), and its image's file stem.
+    pub fn current(
+        &self,
+        source_of: impl Fn(&str) -> Option<&'static str>,
+    ) -> Result<(String, String), String> {
+        let src = source_of(&self.name)
             .ok_or_else(|| format!("jobs.tsv names an unknown module {:?}", self.name))?;
-        let full = super::kernels::full_source(src);
+        let full = super::source::full_source(src);
         let stem = stem(&self.name, &full, &self.arch, &self.define_refs());
         Ok((full, stem))
     }
@@ -170,6 +174,7 @@ pub fn log_job(name: &str, arch: &str, defines: &[(&str, String)]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::catalog::source_of;
 
     #[test]
     fn job_lines_round_trip_and_bad_ones_are_named() {
@@ -196,7 +201,7 @@ mod tests {
     fn a_rejected_module_is_not_offered_again() {
         let jobs = jobs(JOBS_TSV).unwrap();
         let Some(j) = jobs.first() else { return };
-        let (full, _) = j.current().unwrap();
+        let (full, _) = j.current(source_of).unwrap();
         let defs = j.define_refs();
         assert!(find(&j.name, &full, &j.arch, &defs).is_some());
         reject(&j.name);
@@ -213,7 +218,7 @@ mod tests {
         let jobs = jobs(JOBS_TSV).expect("jobs.tsv parses");
         let want: HashSet<String> = jobs
             .iter()
-            .map(|j| j.current().map(|(_, s)| s))
+            .map(|j| j.current(source_of).map(|(_, s)| s))
             .collect::<Result<_, _>>()
             .expect("every job names a known module");
         let have: HashSet<String> = PREBUILT.iter().map(|(s, _)| s.to_string()).collect();

@@ -1,11 +1,8 @@
-//! How GPU tests skip, shared by the test suites of several crates (included with `#[path]`, as
-//! scratch.rs is).
+//! How GPU tests skip.
 //!
 //! A test that needs a CUDA device prints `SKIPPED: <reason>` and passes where none opens (CI has
 //! none), so a plain `cargo test` stays green. On the GPU machine the bench scripts set
 //! `CMF_REQUIRE_GPU=1`: there a device that fails to open is a failure, never a silent `ok`.
-
-#![allow(dead_code)] // each test binary uses a part
 
 use std::fmt::Display;
 

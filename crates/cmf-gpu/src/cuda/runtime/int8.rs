@@ -83,7 +83,7 @@ impl Int8Gemm {
 
     /// `acc[m, n] = Σ_k x[m, k] · w[n, k]` (s32, row stride n) for s8 rows `w` (`n × k`) and
     /// `x` (`m × k`): the GEMM alone, for a consumer that applies the scales itself (the DiT's
-    /// swiglu and residual_norm, kernels/dit.cu `GemmRow`).
+    /// swiglu and residual_norm, cuda/dit/kernels/dit.cu `GemmRow`).
     pub fn sums(&self, w: u64, x: u64, acc: u64, (n, m, k): (usize, usize, usize)) -> DResult<()> {
         self.lt.gemm(&LtCall {
             w,

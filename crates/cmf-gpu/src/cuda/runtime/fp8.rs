@@ -5,7 +5,7 @@
 //! Status (H200, 2026-11-30; BENCH.md): `cuda-test fp8` passes (rel err 1.7e-3 against the exact
 //! product of its quantised inputs); a 1024² DiT step takes 93 ms in bf16, 68 ms with
 //! `--dit-precision fp8` and 64 ms with `fp8-fast`, with the row kernels writing e4m3 directly
-//! (cuda/dit_rows.rs, kernels/e4m3.cuh); images 38.0–38.8 dB PSNR from the bf16 ones on the
+//! (cuda/dit/rows.rs, kernels/e4m3.cuh); images 38.0–38.8 dB PSNR from the bf16 ones on the
 //! random-weight full-size pack.
 
 use super::device::{DResult, Dev, DevError};
