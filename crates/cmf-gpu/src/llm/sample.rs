@@ -1,5 +1,5 @@
 //! The sampling algorithm, defined once: the host sampler (cmf-llm) runs this code, and the
-//! device sampler (`cuda/kernels/sample.cu`) computes the same thing, so a seed gives the same
+//! device sampler (`cuda/llm/kernels/sample.cu`) computes the same thing, so a seed gives the same
 //! tokens wherever the step runs (within the rounding notes below).
 //!
 //! Order (transformers' processors, then warpers): penalties on the raw logits → greedy? →
