@@ -199,27 +199,6 @@ __device__ __forceinline__ Span warp_span(int V) {
     return {lo, min(V, lo + span)};
 }
 
-// Rows of 32 loaded before any is used: one block walks the whole vocabulary, so each warp
-// needs several loads in flight or every row costs a full memory latency.
-#define ROW_BATCH 8
-
-// Calls f(i, logits[i]) for every index of this warp's span that this lane owns (lane l takes
-// lo + 32·r + l), ROW_BATCH rows at a time.
-template <typename F>
-__device__ __forceinline__ void for_each_row(const float* __restrict__ logits, Span sp, F f) {
-    for (int r0 = sp.lo + (int)(threadIdx.x & 31); r0 < sp.hi; r0 += 32 * ROW_BATCH) {
-        float l[ROW_BATCH];
-#pragma unroll
-        for (int u = 0; u < ROW_BATCH; u++) {
-            const int i = r0 + 32 * u;
-            l[u] = i < sp.hi ? logits[i] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < ROW_BATCH; u++)
-            if (r0 + 32 * u < sp.hi) f(r0 + 32 * u, l[u]);
-    }
-}
-
 __device__ __forceinline__ u64 warp_sum_u64(u64 x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
@@ -277,29 +256,13 @@ __device__ void radix_top_p(const float* logits, const float* wbuf, int V, float
             s_before = before;
         }
         __syncthreads();
-        // Warp-uniform rows; lanes of a row that fall in the same bin add once (flat
-        // distributions put most of a row in a few bins, and same-address atomics serialise).
-        for (int r0 = sp.lo; r0 < sp.hi; r0 += 32 * ROW_BATCH) {
-            u32 key[ROW_BATCH];
-            float e[ROW_BATCH];
-#pragma unroll
-            for (int u = 0; u < ROW_BATCH; u++) {
-                const int i = r0 + 32 * u + lane;
-                const float l = i < sp.hi ? logits[i] : __int_as_float(0x7fffffff);
-                key[u] = order_key(l);
-                e[u] = l == l && (key[u] & pmask) == prefix ? wbuf[i] : 0.f;
-            }
-#pragma unroll
-            for (int u = 0; u < ROW_BATCH; u++) {
-                const u64 w = fixed_weight(e[u]);
-                const u32 bin = w ? (key[u] >> shift) & (nb - 1) : 0xffffffffu;
-                const unsigned group = __match_any_sync(FULL_MASK, bin);
-                // w < 2^41: 21 + 20 bits, each summed over ≤ 32 lanes without overflow.
-                const u32 hi = __reduce_add_sync(group, (u32)(w >> 20));
-                const u32 lo = __reduce_add_sync(group, (u32)(w & 0xfffffu));
-                if (bin != 0xffffffffu && lane == __ffs(group) - 1)
-                    atomicAdd(&bins[bin], ((u64)hi << 20) + lo);
-            }
+        for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+            const float l = logits[i];
+            if (l != l) continue;
+            const u32 key = order_key(l);
+            if ((key & pmask) != prefix) continue;
+            const u64 w = fixed_weight(wbuf[i]);
+            if (w) atomicAdd(&bins[(key >> shift) & (nb - 1)], w);
         }
         __syncthreads();
         const int b0 = 2 * threadIdx.x;  // each thread owns two bins, in key order
@@ -325,7 +288,10 @@ __device__ void radix_top_p(const float* logits, const float* wbuf, int V, float
     // before + c·w reaching top_p; the c-th of them is the last survivor.
     const float cv = key_value(prefix);
     u32 ties = 0;
-    for_each_row(logits, sp, [&](int, float l) { ties += (l == l && order_key(l) == prefix); });
+    for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+        const float l = logits[i];
+        ties += (l == l && order_key(l) == prefix);
+    }
     const u64 warp_ties = warp_sum_u64(ties);
     u64 all_ties;
     const u64 ties_before = warps_before_u64(warp_ties, &all_ties);
@@ -440,11 +406,12 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
         u64 total_all = 0;
         if (!topk_on) {
             u64 mine = 0;
-            for_each_row(logits, sp, [&](int i, float l) {
+            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+                const float l = logits[i];
                 const float e = l == l ? expf((l - M) * inv_t) : 0.f;
                 wbuf[i] = e;
                 mine += fixed_weight(e);
-            });
+            }
             block_scan_u64(mine, &total_all);
         }
         // Where the survivors end: 1 = at merged candidate s_last (the draw needs only the
@@ -517,11 +484,12 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
             // The survivors' weights of this warp's range, then the warp holding the target
             // walks its rows.
             u64 mine = 0;
-            for_each_row(logits, sp, [&](int i, float l) {
-                if (l != l || (has_cut && better(cut_v, cut_i, l, i))) return;
-                const float e = wbuf[i];
-                if (!(min_p > 0.f && !(e >= min_p))) mine += fixed_weight(e);
-            });
+            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
+                const float l = logits[i];
+                if (l != l || (min_p > 0.f && !(wbuf[i] >= min_p)) || (has_cut && better(cut_v, cut_i, l, i)))
+                    continue;
+                mine += fixed_weight(wbuf[i]);
+            }
             const u64 wsum = warp_sum_u64(mine);
             u64 kept;
             const u64 wbefore = warps_before_u64(wsum, &kept);
@@ -529,32 +497,21 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
                 const u64 target = draw_target(uniform24(seed, (u64)p), kept);
                 if (wbefore <= target && target < wbefore + wsum) {
                     u64 base = wbefore;
-                    bool found = false;
-                    for (int r0 = sp.lo; r0 < sp.hi && !found; r0 += 32 * ROW_BATCH) {
-                        u64 w[ROW_BATCH];
-#pragma unroll
-                        for (int u = 0; u < ROW_BATCH; u++) {
-                            const int i = r0 + 32 * u + lane;
-                            w[u] = 0;
-                            if (i < sp.hi) {
-                                const float l = logits[i], e = wbuf[i];
-                                if (l == l && !(min_p > 0.f && !(e >= min_p)) && !(has_cut && better(cut_v, cut_i, l, i)))
-                                    w[u] = fixed_weight(e);
-                            }
+                    for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
+                        const int i = r0 + lane;
+                        u64 w = 0;
+                        if (i < sp.hi) {
+                            const float l = logits[i];
+                            if (l == l && !(min_p > 0.f && !(wbuf[i] >= min_p)) && !(has_cut && better(cut_v, cut_i, l, i)))
+                                w = fixed_weight(wbuf[i]);
                         }
-#pragma unroll
-                        for (int u = 0; u < ROW_BATCH; u++) {
-                            if (found) break;
-                            const u64 incl = warp_incl_scan_u64(w[u]);
-                            const u64 row = __shfl_sync(FULL_MASK, incl, 31);
-                            if (target < base + row) {
-                                if (w[u] > 0 && target < base + incl && target >= base + incl - w[u])
-                                    s_chosen = r0 + 32 * u + lane;
-                                found = true;
-                            } else {
-                                base += row;
-                            }
+                        const u64 incl = warp_incl_scan_u64(w);
+                        const u64 row = __shfl_sync(FULL_MASK, incl, 31);
+                        if (target < base + row) {
+                            if (w > 0 && target < base + incl && target >= base + incl - w) s_chosen = i;
+                            break;
                         }
+                        base += row;
                     }
                 }
             }
