@@ -11,7 +11,7 @@
 
 use crate::engine::{CpuEngine, Engine};
 use crate::model::rope::RopeScaling;
-use crate::model::Model;
+use crate::model::{MixerWeights, Model};
 use crate::{LlmError, Result};
 use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
 use cmf_gpu::llm::sample::SampleSpec;
@@ -58,9 +58,20 @@ fn describe_bound<'m>(
             );
         }
     }
+    if c.norm_style != cmf_kernels::NormStyle::Plain || c.attn_output_gate {
+        return Err(format!(
+            "{:?}: (1 + w) norms and gated attention have no device kernel",
+            c.family
+        ));
+    }
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
-        if l.o.bias.is_some()
+        let MixerWeights::Attention(a) = &l.mixer else {
+            return Err(format!(
+                "layer {i}: GatedDeltaNet layers have no device kernel"
+            ));
+        };
+        if a.o.bias.is_some()
             || l.gate.bias.is_some()
             || l.up.bias.is_some()
             || l.down.bias.is_some()
@@ -70,16 +81,16 @@ fn describe_bound<'m>(
             ));
         }
         layers.push(LayerWeights {
-            attn_norm: &l.attn_norm,
-            q: l.q.w,
-            k: l.k.w,
-            v: l.v.w,
-            o: l.o.w,
-            q_bias: l.q.bias.as_deref(),
-            k_bias: l.k.bias.as_deref(),
-            v_bias: l.v.bias.as_deref(),
-            q_norm: l.q_norm.as_deref(),
-            k_norm: l.k_norm.as_deref(),
+            attn_norm: &a.attn_norm,
+            q: a.q.w,
+            k: a.k.w,
+            v: a.v.w,
+            o: a.o.w,
+            q_bias: a.q.bias.as_deref(),
+            k_bias: a.k.bias.as_deref(),
+            v_bias: a.v.bias.as_deref(),
+            q_norm: a.q_norm.as_deref(),
+            k_norm: a.k_norm.as_deref(),
             ffn_norm: &l.ffn_norm,
             gate: l.gate.w,
             up: l.up.w,
@@ -413,6 +424,8 @@ impl Engine for GpuEngine<'_, '_> {
         self.ids.truncate(len);
         if let Some(c) = &mut self.cpu {
             c.truncate(len);
+            // The CPU engine keeps less when its state cannot rewind.
+            self.ids.truncate(c.len());
         }
     }
 }

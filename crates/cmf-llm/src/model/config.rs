@@ -4,22 +4,25 @@
 //! Both spellings are accepted for every field (`num_layers` / `num_hidden_layers`,
 //! `num_kv_heads` / `num_key_value_heads`, `rope_scaling` / `rope_parameters`, …) so the same
 //! parser serves converted files, GGUF imports and embedded HF configs. Unknown fields are
-//! ignored; features this runtime does not implement (MoE, linear-attention layers, Gemma-style
-//! norms, non-SiLU activations) are refused with the field named.
+//! ignored; features this runtime does not implement (MoE, non-SiLU activations, linear-attention
+//! layers outside Qwen3-Next) are refused with the field named.
 
 use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
 use cmf_format::limits;
+use cmf_kernels::ops::NormStyle;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
 /// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says.
+/// Qwen3-Next adds GatedDeltaNet layers, an output-gated attention and `(1 + w)` norms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
     Mistral,
     Qwen2,
     Qwen3,
+    Qwen3Next,
 }
 
 impl Family {
@@ -29,6 +32,7 @@ impl Family {
             "mistral" | "mistralforcausallm" => Some(Family::Mistral),
             "qwen2" | "qwen2forcausallm" => Some(Family::Qwen2),
             "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
+            "qwen3_next" | "qwen3next" | "qwen3nextforcausallm" => Some(Family::Qwen3Next),
             _ => None,
         }
     }
@@ -51,6 +55,61 @@ pub struct ModelConfig {
     pub sliding_window: Vec<Option<usize>>,
     /// lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// Per layer: what mixes the tokens (attention or a GatedDeltaNet).
+    pub mixers: Vec<Mixer>,
+    /// How every RMSNorm weight applies: x̂·w, or x̂·(1 + w) (Qwen3-Next's zero-centred norms).
+    pub norm_style: NormStyle,
+    /// Attention output gate: q_proj emits [query | gate] per head and the attention output is
+    /// multiplied by sigmoid(gate) before o_proj (Qwen3-Next).
+    pub attn_output_gate: bool,
+    /// GatedDeltaNet geometry; present when some layer is a GDN mixer.
+    pub gdn: Option<GdnConfig>,
+}
+
+/// The token mixer of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Causal softmax attention over the KV cache (full or sliding window).
+    Attention,
+    /// GatedDeltaNet linear attention with a per-sequence recurrent state (`model::gdn`).
+    GatedDeltaNet,
+}
+
+/// GatedDeltaNet geometry (transformers `linear_*` config fields). Each of the `num_k_heads`
+/// query/key heads serves `num_v_heads / num_k_heads` consecutive value heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnConfig {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Taps of the causal depthwise convolution over q|k|v.
+    pub conv_kernel: usize,
+}
+
+impl GdnConfig {
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.k_head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.v_head_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Rows of `in_proj_qkvz`: q, k, v and the output gate z.
+    pub fn qkvz_dim(&self) -> usize {
+        2 * self.key_dim() + 2 * self.value_dim()
+    }
+
+    /// Value heads per query/key head.
+    pub fn v_per_k(&self) -> usize {
+        self.num_v_heads / self.num_k_heads
+    }
 }
 
 impl ModelConfig {
@@ -67,15 +126,23 @@ impl ModelConfig {
                 "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3)"
             ))
         })?;
-        f.refuse_present("moe", "mixture-of-experts layers are not implemented")?;
-        if let Some(style) = obj.get("norm_style").and_then(Value::as_str) {
-            if !style.eq_ignore_ascii_case("qwen") {
+        refuse_moe_layers(&f, family)?;
+        let norm_style = match obj.get("norm_style").and_then(Value::as_str) {
+            None if family == Family::Qwen3Next => NormStyle::OnePlus,
+            None => NormStyle::Plain,
+            Some(s) if s.eq_ignore_ascii_case("qwen") && family != Family::Qwen3Next => {
+                NormStyle::Plain
+            }
+            Some(s) if s.eq_ignore_ascii_case("gemma") && family == Family::Qwen3Next => {
+                NormStyle::OnePlus
+            }
+            Some(s) => {
                 return Err(config_err(
                     "norm_style",
-                    format!("`{style}` is not supported (only `qwen`: x̂·w)"),
-                ));
+                    format!("`{s}` does not match architecture `{name}`"),
+                ))
             }
-        }
+        };
         if let Some(act) = obj.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
                 return Err(config_err(
@@ -130,6 +197,11 @@ impl ModelConfig {
 
         let rope = parse_rope(&f, head_dim, max_pos)?;
         let sliding_window = parse_sliding_window(&f, family, cfg_num_layers)?;
+        let mixers = parse_mixers(&f, family, cfg_num_layers)?;
+        let gdn = match mixers.contains(&Mixer::GatedDeltaNet) {
+            true => Some(parse_gdn(&f)?),
+            false => None,
+        };
 
         Ok(ModelConfig {
             family,
@@ -145,6 +217,10 @@ impl ModelConfig {
             rope,
             sliding_window,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            mixers,
+            norm_style,
+            attn_output_gate: family == Family::Qwen3Next,
+            gdn,
         })
     }
 
@@ -283,6 +359,105 @@ fn yarn_from(p: &Fields, max_pos: usize) -> Result<RopeScaling> {
     })
 }
 
+/// Qwen3-Next's feed-forward is a mixture of experts on every layer except `mlp_only_layers`
+/// (and those off the `decoder_sparse_step` stride); only all-dense stacks run here. Other
+/// families refuse a CMF `moe` block outright.
+fn refuse_moe_layers(f: &Fields, family: Family) -> Result<()> {
+    if family != Family::Qwen3Next {
+        return f.refuse_present("moe", "mixture-of-experts layers are not implemented");
+    }
+    let experts = match f.0.get("moe") {
+        Some(Value::Object(m)) => Fields(m).opt_usize(&["num_experts"])?,
+        _ => f.opt_usize(&["num_experts"])?,
+    }
+    .unwrap_or(0);
+    if experts == 0 {
+        return Ok(());
+    }
+    let n = f.usize_any(&["num_layers", "num_hidden_layers"])?;
+    let step = f.opt_usize(&["decoder_sparse_step"])?.unwrap_or(1);
+    let dense: Vec<usize> = match f.0.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().map(|x| x as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| config_err("mlp_only_layers", "expected a list of layer numbers"))?,
+        Some(_) => return Err(config_err("mlp_only_layers", "expected a list")),
+    };
+    // transformers Qwen3NextDecoderLayer: MoE unless listed, or off the sparse stride.
+    // Bounded before the scan: the layer count is checked against its limit only later.
+    match (0..n.min(limits::MAX_LAYERS))
+        .find(|&i| !dense.contains(&i) && step > 0 && (i + 1) % step == 0)
+    {
+        Some(i) => Err(LlmError::Unsupported(format!(
+            "`num_experts`: layer {i}'s feed-forward is a mixture of experts, not implemented"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Per layer: attention or GatedDeltaNet, from `layer_types` (`linear_attention` /
+/// `LinearAttention` is a GDN mixer, accepted for Qwen3-Next only).
+fn parse_mixers(f: &Fields, family: Family, n: usize) -> Result<Vec<Mixer>> {
+    let Some(Value::Array(types)) = f.0.get("layer_types") else {
+        if family == Family::Qwen3Next {
+            return Err(config_err(
+                "layer_types",
+                "is missing (Qwen3-Next lists each layer's mixer)",
+            ));
+        }
+        return Ok(vec![Mixer::Attention; n]);
+    };
+    if types.is_empty() {
+        return Ok(vec![Mixer::Attention; n]);
+    }
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let t = t.as_str().unwrap_or_default();
+            match (t.to_ascii_lowercase().replace('_', "").as_str(), family) {
+                ("linearattention", Family::Qwen3Next) => Ok(Mixer::GatedDeltaNet),
+                ("linearattention", _) => Err(LlmError::Unsupported(format!(
+                    "layer {i} has type `{t}`: linear attention is implemented for qwen3_next only"
+                ))),
+                _ => Ok(Mixer::Attention),
+            }
+        })
+        .collect()
+}
+
+/// The `linear_*` fields of a GatedDeltaNet model.
+fn parse_gdn(f: &Fields) -> Result<GdnConfig> {
+    let g = GdnConfig {
+        num_k_heads: f.usize_any(&["linear_num_key_heads"])?,
+        num_v_heads: f.usize_any(&["linear_num_value_heads"])?,
+        k_head_dim: f.usize_any(&["linear_key_head_dim"])?,
+        v_head_dim: f.usize_any(&["linear_value_head_dim"])?,
+        conv_kernel: f.opt_usize(&["linear_conv_kernel_dim"])?.unwrap_or(4),
+    };
+    for (field, val, max) in [
+        ("linear_num_key_heads", g.num_k_heads, limits::MAX_HEADS),
+        ("linear_num_value_heads", g.num_v_heads, limits::MAX_HEADS),
+        ("linear_key_head_dim", g.k_head_dim, limits::MAX_HEAD_DIM),
+        ("linear_value_head_dim", g.v_head_dim, limits::MAX_HEAD_DIM),
+        ("linear_conv_kernel_dim", g.conv_kernel, 64),
+    ] {
+        limits::check_size(field, val, max).map_err(|(k, m)| config_err(&k, m))?;
+    }
+    if !g.num_v_heads.is_multiple_of(g.num_k_heads) {
+        return Err(config_err(
+            "linear_num_value_heads",
+            format!(
+                "{} is not a multiple of linear_num_key_heads {}",
+                g.num_v_heads, g.num_k_heads
+            ),
+        ));
+    }
+    Ok(g)
+}
+
 /// Which layers use a sliding window. transformers: Mistral applies `sliding_window` to every
 /// layer whatever `layer_types` says; Qwen2/Qwen3 only to layers whose `layer_types` entry is `sliding_attention` (the config
 /// sets `sliding_window` to null unless `use_sliding_window`). A CMF `layer_types` list
@@ -324,7 +499,8 @@ fn parse_sliding_window(f: &Fields, family: Family, n: usize) -> Result<Vec<Opti
                 .as_str()
                 .ok_or_else(|| config_err("layer_types", format!("entry {i} is not a string")))?;
             match t.to_ascii_lowercase().replace('_', "").as_str() {
-                "fullattention" => Ok(None),
+                // A GDN layer has no window; `parse_mixers` decides whether it is allowed.
+                "fullattention" | "linearattention" => Ok(None),
                 "slidingattention" => match window {
                     Some(w) => Ok(Some(w)),
                     None => Err(config_err(
@@ -495,6 +671,45 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "linear", "factor": -2.0});
         let e = ModelConfig::from_json(&v).unwrap_err().to_string();
         assert!(e.contains("rope_scaling.factor"), "{e}");
+    }
+
+    fn qwen3_next() -> Value {
+        json!({"model_type": "qwen3_next", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "vocab_size": 100, "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "num_experts": 4, "mlp_only_layers": [0, 1],
+            "partial_rotary_factor": 0.25})
+    }
+
+    #[test]
+    fn qwen3_next_hybrid_fields_and_refusals() {
+        let c = ModelConfig::from_json(&qwen3_next()).unwrap();
+        assert_eq!(c.mixers, [Mixer::GatedDeltaNet, Mixer::Attention]);
+        assert_eq!(
+            c.gdn.unwrap().conv_kernel,
+            4,
+            "transformers' default kernel"
+        );
+        assert_eq!(c.norm_style, NormStyle::OnePlus);
+        let err = |v: Value| ModelConfig::from_json(&v).unwrap_err().to_string();
+        // A sparse-MoE feed-forward names the field that makes it one.
+        let mut v = qwen3_next();
+        v["mlp_only_layers"] = json!([0]);
+        assert!(err(v).contains("num_experts"));
+        let mut v = qwen3_next();
+        v["linear_num_value_heads"] = json!(3);
+        assert!(err(v).contains("linear_num_value_heads"));
+        let mut v = qwen3_next();
+        v.as_object_mut().unwrap().remove("linear_key_head_dim");
+        assert!(err(v).contains("linear_key_head_dim"));
+        let mut v = qwen3_next();
+        v["norm_style"] = json!("qwen");
+        assert!(err(v).contains("norm_style"));
+        // Linear attention is a Qwen3-Next layer kind only.
+        let mut v = qwen3_next();
+        v["model_type"] = json!("qwen3");
+        assert!(err(v).contains("linear_attention"));
     }
 
     #[test]
