@@ -19,6 +19,9 @@ use cmf_gpu::llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
 };
 
+/// Why a mixture-of-experts model runs on the CPU: the device graph has no expert kernels yet.
+pub const MOE_ON_CPU: &str = "mixture-of-experts layers have no device path yet";
+
 /// The neutral description of `model` for a device session of `max_context` positions, or
 /// why the device graph cannot express it (then the model runs on the CPU).
 pub fn describe<'m>(
@@ -58,12 +61,18 @@ fn describe_bound<'m>(
             );
         }
     }
+    if c.moe.is_some() {
+        return Err(MOE_ON_CPU.into());
+    }
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
+        let Some(mlp) = l.ffn.dense() else {
+            return Err(MOE_ON_CPU.into());
+        };
         if l.o.bias.is_some()
-            || l.gate.bias.is_some()
-            || l.up.bias.is_some()
-            || l.down.bias.is_some()
+            || mlp.gate.bias.is_some()
+            || mlp.up.bias.is_some()
+            || mlp.down.bias.is_some()
         {
             return Err(format!(
                 "layer {i}: biases on o_proj / MLP projections have no device kernel"
@@ -81,9 +90,9 @@ fn describe_bound<'m>(
             q_norm: l.q_norm.as_deref(),
             k_norm: l.k_norm.as_deref(),
             ffn_norm: &l.ffn_norm,
-            gate: l.gate.w,
-            up: l.up.w,
-            down: l.down.w,
+            gate: mlp.gate.w,
+            up: mlp.up.w,
+            down: mlp.down.w,
         });
     }
     let spec = LlmSpec {

@@ -4,22 +4,29 @@
 //! Both spellings are accepted for every field (`num_layers` / `num_hidden_layers`,
 //! `num_kv_heads` / `num_key_value_heads`, `rope_scaling` / `rope_parameters`, …) so the same
 //! parser serves converted files, GGUF imports and embedded HF configs. Unknown fields are
-//! ignored; features this runtime does not implement (MoE, linear-attention layers, Gemma-style
-//! norms, non-SiLU activations) are refused with the field named.
+//! ignored; features this runtime does not implement (linear-attention layers, Gemma-style norms,
+//! non-SiLU activations, router variants other than softmax top-k) are refused with the field
+//! named. Mixture-of-experts geometry is parsed in [`super::moe::MoeConfig`].
 
+use super::moe::MoeConfig;
 use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
 use cmf_format::limits;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
-/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says.
+/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says, and
+/// the MoE families replace some layers' MLP with routed experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen2-MoE: softmax top-k experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: softmax top-k experts.
+    Qwen3Moe,
 }
 
 impl Family {
@@ -29,8 +36,15 @@ impl Family {
             "mistral" | "mistralforcausallm" => Some(Family::Mistral),
             "qwen2" | "qwen2forcausallm" => Some(Family::Qwen2),
             "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
+            "qwen2_moe" | "qwen2moe" | "qwen2moeforcausallm" => Some(Family::Qwen2Moe),
+            "qwen3_moe" | "qwen3moe" | "qwen3moeforcausallm" => Some(Family::Qwen3Moe),
             _ => None,
         }
+    }
+
+    /// Whether the family's layers may carry routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Family::Qwen2Moe | Family::Qwen3Moe)
     }
 }
 
@@ -51,6 +65,8 @@ pub struct ModelConfig {
     pub sliding_window: Vec<Option<usize>>,
     /// lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// Routed experts and which layers use them (MoE families only).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -64,10 +80,16 @@ impl ModelConfig {
         let name = f.str_any(&["arch_name", "model_type"])?;
         let family = Family::from_name(&name).ok_or_else(|| {
             LlmError::Unsupported(format!(
-                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3)"
+                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3, \
+                 qwen2_moe, qwen3_moe)"
             ))
         })?;
-        f.refuse_present("moe", "mixture-of-experts layers are not implemented")?;
+        if !family.is_moe() {
+            f.refuse_present(
+                "moe",
+                "mixture-of-experts layers need a qwen2_moe / qwen3_moe arch",
+            )?;
+        }
         if let Some(style) = obj.get("norm_style").and_then(Value::as_str) {
             if !style.eq_ignore_ascii_case("qwen") {
                 return Err(config_err(
@@ -130,6 +152,10 @@ impl ModelConfig {
 
         let rope = parse_rope(&f, head_dim, max_pos)?;
         let sliding_window = parse_sliding_window(&f, family, cfg_num_layers)?;
+        let moe = match family.is_moe() {
+            true => Some(MoeConfig::from_json(obj, family, cfg_num_layers)?),
+            false => None,
+        };
 
         Ok(ModelConfig {
             family,
@@ -145,6 +171,7 @@ impl ModelConfig {
             rope,
             sliding_window,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            moe,
         })
     }
 
@@ -341,7 +368,7 @@ fn parse_sliding_window(f: &Fields, family: Family, n: usize) -> Result<Vec<Opti
 }
 
 /// Typed access to a JSON object, accepting alternative spellings of a field.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(super) struct Fields<'a>(pub(super) &'a Map<String, Value>);
 
 impl Fields<'_> {
     fn find<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &Value)> {
@@ -349,7 +376,7 @@ impl Fields<'_> {
             .find_map(|k| self.0.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
     }
 
-    fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
+    pub(super) fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -360,12 +387,12 @@ impl Fields<'_> {
         }
     }
 
-    fn usize_any(&self, keys: &[&str]) -> Result<usize> {
+    pub(super) fn usize_any(&self, keys: &[&str]) -> Result<usize> {
         self.opt_usize(keys)?
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
+    pub(super) fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -385,7 +412,7 @@ impl Fields<'_> {
         Ok(v)
     }
 
-    fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
+    pub(super) fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -400,7 +427,7 @@ impl Fields<'_> {
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
@@ -410,7 +437,7 @@ impl Fields<'_> {
         }
     }
 
-    fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
+    pub(super) fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(()),
             Some(_) => Err(LlmError::Unsupported(format!("`{key}`: {why}"))),
@@ -420,6 +447,7 @@ impl Fields<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::moe::Routing;
     use super::*;
     use serde_json::json;
 
@@ -518,5 +546,50 @@ mod tests {
             ModelConfig::from_json(&v).unwrap().sliding_window,
             vec![None, None]
         );
+    }
+
+    #[test]
+    fn moe_geometry_from_the_cmf_descriptor_or_hf_fields() {
+        let mut v = base();
+        v["arch_name"] = json!("qwen3_moe");
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32,
+                          "norm_topk_prob": true});
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_width), (8, 2, 32));
+        assert_eq!(
+            m.routing,
+            Routing::SoftmaxTopK {
+                norm_topk_prob: true
+            }
+        );
+        assert_eq!((m.shared_expert_width, m.sparse_layers), (None, None));
+
+        v["moe"]["router_sigmoid"] = json!(true);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.router_sigmoid"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "top_k": 9, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("num_experts_per_tok"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.top_k"), "{e}");
+
+        let mut v = base();
+        v["arch_name"] = json!("qwen2_moe");
+        v["num_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(16);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        v["shared_expert_intermediate_size"] = json!(24);
+        v["mlp_only_layers"] = json!([0]);
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!(m.shared_expert_width, Some(24));
+        assert_eq!(m.sparse_layers, Some(vec![false, true]));
+
+        let mut v = base();
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("`moe`"), "{e}");
     }
 }
