@@ -22,6 +22,12 @@ use cmf_gpu::llm::{
 /// Why a mixture-of-experts model runs on the CPU: the device graph has no expert kernels yet.
 pub const MOE_ON_CPU: &str = "mixture-of-experts layers have no device path yet";
 
+/// Why `model` runs on the CPU whatever the device can do, decided from its config alone so
+/// nothing is opened or uploaded first; None when the device graph can express it.
+pub fn cpu_only(model: &Model) -> Option<&'static str> {
+    model.config.moe.as_ref().map(|_| MOE_ON_CPU)
+}
+
 /// The neutral description of `model` for a device session of `max_context` positions, or
 /// why the device graph cannot express it (then the model runs on the CPU).
 pub fn describe<'m>(
@@ -136,6 +142,10 @@ impl GpuModel {
         max_context: usize,
         layers: Option<&LayerSet>,
     ) -> Option<GpuModel> {
+        if let Some(why) = cpu_only(model) {
+            cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}"));
+            return None;
+        }
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
         let desc = describe(model, max_context);
         let llm = load_described(gpu, "llm", desc, max_context, layers)?;
