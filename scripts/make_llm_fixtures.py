@@ -229,7 +229,71 @@ FIXTURES = {
         gen=dict(eos_token_id=2, bos_token_id=0),
         seed=4,
     ),
+    # Mixture-of-experts: 8 experts of width 32, top 2, hidden 64. Checkpoints are written by
+    # save_pretrained in the hub layout (one tensor per expert: mlp.experts.{e}.{gate,up,down}_proj).
+    "qwen3-moe-tiny": dict(
+        family="qwen3_moe",
+        covers=[
+            "Qwen3MoeForCausalLM: 8 experts (moe_intermediate_size 32), top 2, norm_topk_prob true",
+            "3 layers, layer 1 dense (mlp_only_layers [1], intermediate_size 128): dense and MoE layers mixed",
+            "GQA (4/2), q_norm/k_norm, head_dim 16, untied embeddings, f32 single file",
+        ],
+        hf=dict(
+            model_type="qwen3_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[1], num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=256,
+            tie_word_embeddings=False, use_sliding_window=False, sliding_window=None, attention_bias=False,
+            bos_token_id=None, eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=6,
+    ),
+    "qwen3-moe-unnorm-tiny": dict(
+        family="qwen3_moe",
+        covers=[
+            "Qwen3MoeForCausalLM: 8 experts, top 2, norm_topk_prob false (the top-2 softmax weights used as they are)",
+            "2 layers, both MoE (no mlp_only_layers), tied embeddings, f32 single file",
+        ],
+        hf=dict(
+            model_type="qwen3_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            max_position_embeddings=256, tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+            attention_bias=False, bos_token_id=None, eos_token_id=2,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=7,
+    ),
+    "qwen2-moe-tiny": dict(
+        family="qwen2_moe",
+        covers=[
+            "Qwen2MoeForCausalLM: 8 experts (width 32), top 2, norm_topk_prob false",
+            "shared expert (shared_expert_intermediate_size 48) scaled by sigmoid(shared_expert_gate(x))",
+            "3 layers, decoder_sparse_step 1 with mlp_only_layers [0]: layer 0 is a dense MLP",
+            "q/k/v biases (qkv_bias), GQA (4/2), untied embeddings, f32 single file, legacy rope layout",
+        ],
+        hf=dict(
+            model_type="qwen2_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0], num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256,
+            tie_word_embeddings=False, use_sliding_window=False, sliding_window=None, qkv_bias=True,
+            bos_token_id=None, eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=True, template=CHATML_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=8,
+    ),
 }
+
+MIN_ROUTER_MARGIN = 1e-4  # top-k vs next expert probability gap; f32 recomputation differs by ~1e-7
 
 
 # Qwen3-Next geometry shared by the two hybrid fixtures: three GatedDeltaNet layers then one gated
@@ -327,8 +391,8 @@ def init_weights(model: torch.nn.Module, seed: int, tied: bool) -> None:
                 p.copy_(std * torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=g) * (2.0 / math.sqrt(p.shape[1])))
-            else:  # [out, in] projections
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:  # [out, in] projections; fused experts [E, out, in]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
 def init_qwen3_next_param(name: str, p: torch.Tensor, g: torch.Generator) -> bool:
@@ -435,6 +499,10 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
     vocab = cfg.vocab_size
     ids = prompt_ids(spec["seed"], TOKENIZER_VOCAB, spec.get("prompt_len", PROMPT_LEN))
     x = torch.tensor([ids])
+    router_scores, hooks = [], []
+    for mod_name, mod in model.named_modules():
+        if mod_name.endswith("mlp.gate") and hasattr(mod, "top_k"):  # the MoE routers
+            hooks.append(mod.register_forward_hook(lambda m, i, o: router_scores.append((m.top_k, o[0]))))
     with torch.no_grad():
         logits = model(x).logits[0].float().contiguous()  # [T, V]
         if getattr(cfg, "sliding_window", None):
@@ -450,6 +518,17 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
             min_new_tokens=MAX_NEW_TOKENS, repetition_penalty=1.0, output_logits=True,
             return_dict_in_generate=True,
         )
+    for h in hooks:
+        h.remove()
+    router_margin = None
+    if router_scores:
+        # Every token's k-th and (k+1)-th router probabilities, in every MoE layer, prompt and decode.
+        gaps = []
+        for k, rl in router_scores:
+            top = torch.softmax(rl.float(), dim=-1).topk(k + 1, dim=-1).values
+            gaps.append((top[:, k - 1] - top[:, k]).min())
+        router_margin = float(torch.stack(gaps).min())
+        assert router_margin >= MIN_ROUTER_MARGIN, f"{name}: router near-tie ({router_margin}), pick another seed"
     gen = out.sequences[0, len(ids):].tolist()
     decode_logits = torch.stack([l[0].float() for l in out.logits]).contiguous()  # [N, V]
     assert len(gen) == MAX_NEW_TOKENS
@@ -505,6 +584,7 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
             decode_logits=dict(file="expected.safetensors", tensor="decode_logits", shape=list(decode_logits.shape),
                                dtype="F32", meaning="row i: logits from which generated_ids[i] was picked (KV-cache path)"),
         ),
+        **({"min_router_topk_margin": router_margin} if router_margin is not None else {}),
         chat_template_cases=chats,
         **({"module_references": module_refs} if module_refs else {}),
         tokenization=dict(note="tokenizer.json encode with add_special_tokens=True (adds nothing: no BOS)",

@@ -1,6 +1,6 @@
 //! Qwen3-Next (GatedDeltaNet + gated attention) against transformers' pure-torch path on the
-//! committed `qwen3next-dense-tiny` fixture (`scripts/make_llm_fixtures.py`): whole-model f32
-//! logits within 1e-4 relative and greedy identical, each layer's residual stream and each GDN
+//! committed `qwen3next-dense-tiny` and `qwen3next-tiny` (MoE) fixtures
+//! (`scripts/make_llm_fixtures.py`): whole-model f32 logits within 1e-4 relative and greedy identical, each layer's residual stream and each GDN
 //! layer's recurrent state after the prompt; then the engine against itself: chunked prefill of a
 //! 600-token prompt equals token-by-token decoding (logits and state), a state cannot be rewound,
 //! and the device path refuses the family (fake backend) so the CPU runs it.
@@ -8,14 +8,16 @@
 mod common;
 use cmf_gpu::facade::fake::FakeBackend;
 use cmf_gpu::facade::{Gpu, GpuMode};
-use cmf_llm::gpu::GpuModel;
+use cmf_llm::gpu::{cpu_only, describe, GpuModel, HYBRID_ON_CPU};
 use cmf_llm::model::{Mixer, State};
 use cmf_llm::{Model, ModelConfig};
 use common::*;
 use safetensors::SafeTensors;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const DENSE: &str = "qwen3next-dense-tiny";
+const MOE: &str = "qwen3next-tiny";
 const TOL: f32 = 1e-4;
 
 fn config(name: &str) -> ModelConfig {
@@ -72,6 +74,23 @@ fn dense_fixture_matches_transformers() {
     let c = compare(&model, DENSE);
     println!(
         "{DENSE}: prompt logits {:.2e}, decode logits {:.2e}",
+        c.prompt_err, c.decode_err
+    );
+    assert!(c.prompt_err < TOL && c.decode_err < TOL, "{c:?}");
+    assert_eq!(c.greedy, c.want_greedy, "greedy continuation differs");
+}
+
+/// The same hybrid with every feed-forward a sparse MoE block with a gated shared expert.
+#[test]
+fn moe_fixture_matches_transformers() {
+    let dir = fixture_dir(MOE);
+    let files = read_weight_files(&dir);
+    let source = SafetensorsSource::new(&files);
+    let model = Model::from_source(&source, config(MOE), "").unwrap();
+    assert!(model.config.moe.is_some());
+    let c = compare(&model, MOE);
+    println!(
+        "{MOE}: prompt logits {:.2e}, decode logits {:.2e}",
         c.prompt_err, c.decode_err
     );
     assert!(c.prompt_err < TOL && c.decode_err < TOL, "{c:?}");
@@ -190,18 +209,30 @@ fn truncate_keeps_all_or_nothing() {
     assert_eq!(model.prefill(&mut st, &prompt[..20]).unwrap(), &want[..]);
 }
 
-/// The device graph has no GDN or gated-attention kernels: loading refuses (the fake backend
-/// stands in for a device) and generation stays on the CPU.
+/// The device graph has no GDN or gated-attention kernels: the GPU hook declines both fixtures
+/// from their config before calling the device (the fake backend stands in for one and would
+/// panic on any call), so generation runs them on the CPU.
 #[test]
 fn the_device_path_refuses_the_family() {
-    let dir = fixture_dir(DENSE);
-    let files = read_weight_files(&dir);
-    let source = SafetensorsSource::new(&files);
-    let model = Model::from_source(&source, config(DENSE), "").unwrap();
-    let Err(why) = cmf_llm::gpu::describe(&model, 256) else {
-        panic!("the device description must refuse GDN layers");
-    };
-    assert!(why.contains("no device kernel"), "{why}");
-    let gpu = Gpu::with_backend(GpuMode::Auto, Arc::new(FakeBackend::new(1 << 40)));
-    assert!(GpuModel::load(&gpu, &model, 256, None).is_none());
+    let backend = Arc::new(FakeBackend::new(1 << 40));
+    let faults = backend.faults.clone();
+    let gpu = Gpu::with_backend(GpuMode::Auto, backend);
+    faults.panic_next.store(true, Ordering::SeqCst);
+    for name in [DENSE, MOE] {
+        let dir = fixture_dir(name);
+        let files = read_weight_files(&dir);
+        let source = SafetensorsSource::new(&files);
+        let model = Model::from_source(&source, config(name), "").unwrap();
+        assert_eq!(cpu_only(&model), Some(HYBRID_ON_CPU), "{name}");
+        let Err(why) = describe(&model, 256) else {
+            panic!("{name}: the device description must refuse GDN layers");
+        };
+        assert_eq!(why, HYBRID_ON_CPU);
+        assert!(GpuModel::load(&gpu, &model, 256, None).is_none(), "{name}");
+    }
+    assert!(
+        faults.panic_next.load(Ordering::SeqCst),
+        "the device was called for a hybrid model"
+    );
+    assert!(gpu.is_active());
 }

@@ -4,9 +4,11 @@
 //! Both spellings are accepted for every field (`num_layers` / `num_hidden_layers`,
 //! `num_kv_heads` / `num_key_value_heads`, `rope_scaling` / `rope_parameters`, …) so the same
 //! parser serves converted files, GGUF imports and embedded HF configs. Unknown fields are
-//! ignored; features this runtime does not implement (MoE, non-SiLU activations, linear-attention
-//! layers outside Qwen3-Next) are refused with the field named.
+//! ignored; features this runtime does not implement (non-SiLU activations, linear-attention
+//! layers outside Qwen3-Next, router variants other than softmax top-k) are refused with the
+//! field named. Mixture-of-experts geometry is parsed in [`super::moe::MoeConfig`].
 
+use super::moe::MoeConfig;
 use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
 use cmf_format::limits;
@@ -14,14 +16,20 @@ use cmf_kernels::ops::NormStyle;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
-/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says.
-/// Qwen3-Next adds GatedDeltaNet layers, an output-gated attention and `(1 + w)` norms.
+/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says, and
+/// the MoE families replace some layers' MLP with routed experts. Qwen3-Next adds GatedDeltaNet
+/// layers, an output-gated attention and `(1 + w)` norms (and experts with a shared expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen2-MoE: softmax top-k experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: softmax top-k experts.
+    Qwen3Moe,
+    /// Qwen3-Next: GatedDeltaNet + gated attention, Qwen2-MoE's feed-forward.
     Qwen3Next,
 }
 
@@ -32,9 +40,16 @@ impl Family {
             "mistral" | "mistralforcausallm" => Some(Family::Mistral),
             "qwen2" | "qwen2forcausallm" => Some(Family::Qwen2),
             "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
+            "qwen2_moe" | "qwen2moe" | "qwen2moeforcausallm" => Some(Family::Qwen2Moe),
+            "qwen3_moe" | "qwen3moe" | "qwen3moeforcausallm" => Some(Family::Qwen3Moe),
             "qwen3_next" | "qwen3next" | "qwen3nextforcausallm" => Some(Family::Qwen3Next),
             _ => None,
         }
+    }
+
+    /// Whether the family's layers may carry routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Family::Qwen2Moe | Family::Qwen3Moe)
     }
 }
 
@@ -64,6 +79,8 @@ pub struct ModelConfig {
     pub attn_output_gate: bool,
     /// GatedDeltaNet geometry; present when some layer is a GDN mixer.
     pub gdn: Option<GdnConfig>,
+    /// Routed experts and which layers use them (MoE families only).
+    pub moe: Option<MoeConfig>,
 }
 
 /// The token mixer of one decoder layer.
@@ -123,10 +140,23 @@ impl ModelConfig {
         let name = f.str_any(&["arch_name", "model_type"])?;
         let family = Family::from_name(&name).ok_or_else(|| {
             LlmError::Unsupported(format!(
-                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3)"
+                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3, \
+                 qwen2_moe, qwen3_moe, qwen3_next)"
             ))
         })?;
-        refuse_moe_layers(&f, family)?;
+        let has_experts = match family {
+            Family::Qwen3Next => {
+                obj.get("moe").is_some_and(|m| !m.is_null())
+                    || f.opt_usize(&["num_experts"])?.unwrap_or(0) > 0
+            }
+            _ => family.is_moe(),
+        };
+        if !has_experts {
+            f.refuse_present(
+                "moe",
+                "mixture-of-experts layers need a qwen2_moe / qwen3_moe / qwen3_next arch",
+            )?;
+        }
         let norm_style = match obj.get("norm_style").and_then(Value::as_str) {
             None if family == Family::Qwen3Next => NormStyle::OnePlus,
             None => NormStyle::Plain,
@@ -202,6 +232,10 @@ impl ModelConfig {
             true => Some(parse_gdn(&f)?),
             false => None,
         };
+        let moe = match has_experts {
+            true => Some(MoeConfig::from_json(obj, family, cfg_num_layers)?),
+            false => None,
+        };
 
         Ok(ModelConfig {
             family,
@@ -221,6 +255,7 @@ impl ModelConfig {
             norm_style,
             attn_output_gate: family == Family::Qwen3Next,
             gdn,
+            moe,
         })
     }
 
@@ -359,44 +394,6 @@ fn yarn_from(p: &Fields, max_pos: usize) -> Result<RopeScaling> {
     })
 }
 
-/// Qwen3-Next's feed-forward is a mixture of experts on every layer except `mlp_only_layers`
-/// (and those off the `decoder_sparse_step` stride); only all-dense stacks run here. Other
-/// families refuse a CMF `moe` block outright.
-fn refuse_moe_layers(f: &Fields, family: Family) -> Result<()> {
-    if family != Family::Qwen3Next {
-        return f.refuse_present("moe", "mixture-of-experts layers are not implemented");
-    }
-    let experts = match f.0.get("moe") {
-        Some(Value::Object(m)) => Fields(m).opt_usize(&["num_experts"])?,
-        _ => f.opt_usize(&["num_experts"])?,
-    }
-    .unwrap_or(0);
-    if experts == 0 {
-        return Ok(());
-    }
-    let n = f.usize_any(&["num_layers", "num_hidden_layers"])?;
-    let step = f.opt_usize(&["decoder_sparse_step"])?.unwrap_or(1);
-    let dense: Vec<usize> = match f.0.get("mlp_only_layers") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().map(|x| x as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| config_err("mlp_only_layers", "expected a list of layer numbers"))?,
-        Some(_) => return Err(config_err("mlp_only_layers", "expected a list")),
-    };
-    // transformers Qwen3NextDecoderLayer: MoE unless listed, or off the sparse stride.
-    // Bounded before the scan: the layer count is checked against its limit only later.
-    match (0..n.min(limits::MAX_LAYERS))
-        .find(|&i| !dense.contains(&i) && step > 0 && (i + 1) % step == 0)
-    {
-        Some(i) => Err(LlmError::Unsupported(format!(
-            "`num_experts`: layer {i}'s feed-forward is a mixture of experts, not implemented"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Per layer: attention or GatedDeltaNet, from `layer_types` (`linear_attention` /
 /// `LinearAttention` is a GDN mixer, accepted for Qwen3-Next only).
 fn parse_mixers(f: &Fields, family: Family, n: usize) -> Result<Vec<Mixer>> {
@@ -517,7 +514,7 @@ fn parse_sliding_window(f: &Fields, family: Family, n: usize) -> Result<Vec<Opti
 }
 
 /// Typed access to a JSON object, accepting alternative spellings of a field.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(super) struct Fields<'a>(pub(super) &'a Map<String, Value>);
 
 impl Fields<'_> {
     fn find<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &Value)> {
@@ -525,7 +522,7 @@ impl Fields<'_> {
             .find_map(|k| self.0.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
     }
 
-    fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
+    pub(super) fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -536,12 +533,12 @@ impl Fields<'_> {
         }
     }
 
-    fn usize_any(&self, keys: &[&str]) -> Result<usize> {
+    pub(super) fn usize_any(&self, keys: &[&str]) -> Result<usize> {
         self.opt_usize(keys)?
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
+    pub(super) fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -561,7 +558,7 @@ impl Fields<'_> {
         Ok(v)
     }
 
-    fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
+    pub(super) fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -576,7 +573,7 @@ impl Fields<'_> {
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
@@ -586,7 +583,7 @@ impl Fields<'_> {
         }
     }
 
-    fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
+    pub(super) fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(()),
             Some(_) => Err(LlmError::Unsupported(format!("`{key}`: {why}"))),
@@ -596,6 +593,7 @@ impl Fields<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::moe::Routing;
     use super::*;
     use serde_json::json;
 
@@ -679,7 +677,8 @@ mod tests {
             "vocab_size": 100, "layer_types": ["linear_attention", "full_attention"],
             "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
             "linear_value_head_dim": 16, "num_experts": 4, "mlp_only_layers": [0, 1],
-            "partial_rotary_factor": 0.25})
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "partial_rotary_factor": 0.25})
     }
 
     #[test]
@@ -693,10 +692,12 @@ mod tests {
         );
         assert_eq!(c.norm_style, NormStyle::OnePlus);
         let err = |v: Value| ModelConfig::from_json(&v).unwrap_err().to_string();
-        // A sparse-MoE feed-forward names the field that makes it one.
+        // Layers off mlp_only_layers route to experts, with Qwen2-MoE's shared expert.
         let mut v = qwen3_next();
         v["mlp_only_layers"] = json!([0]);
-        assert!(err(v).contains("num_experts"));
+        let moe = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!(moe.sparse_layers, Some(vec![false, true]));
+        assert_eq!(moe.shared_expert_width, Some(48));
         let mut v = qwen3_next();
         v["linear_num_value_heads"] = json!(3);
         assert!(err(v).contains("linear_num_value_heads"));
@@ -733,5 +734,50 @@ mod tests {
             ModelConfig::from_json(&v).unwrap().sliding_window,
             vec![None, None]
         );
+    }
+
+    #[test]
+    fn moe_geometry_from_the_cmf_descriptor_or_hf_fields() {
+        let mut v = base();
+        v["arch_name"] = json!("qwen3_moe");
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32,
+                          "norm_topk_prob": true});
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_width), (8, 2, 32));
+        assert_eq!(
+            m.routing,
+            Routing::SoftmaxTopK {
+                norm_topk_prob: true
+            }
+        );
+        assert_eq!((m.shared_expert_width, m.sparse_layers), (None, None));
+
+        v["moe"]["router_sigmoid"] = json!(true);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.router_sigmoid"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "top_k": 9, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("num_experts_per_tok"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.top_k"), "{e}");
+
+        let mut v = base();
+        v["arch_name"] = json!("qwen2_moe");
+        v["num_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(16);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        v["shared_expert_intermediate_size"] = json!(24);
+        v["mlp_only_layers"] = json!([0]);
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!(m.shared_expert_width, Some(24));
+        assert_eq!(m.sparse_layers, Some(vec![false, true]));
+
+        let mut v = base();
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("`moe`"), "{e}");
     }
 }

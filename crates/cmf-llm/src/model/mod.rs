@@ -20,6 +20,7 @@ pub mod gated_attention;
 pub mod gdn;
 pub mod kv_cache;
 mod load;
+pub mod moe;
 pub mod rope;
 pub mod weights;
 
@@ -35,7 +36,7 @@ pub use kv_cache::KvCache;
 pub use load::CmfSource;
 use rope::Rope;
 pub use weights::{
-    AttentionWeights, GdnWeights, LayerWeights, Linear, MixerWeights, ModelWeights, TensorRef,
+    AttentionWeights, Ffn, GdnWeights, LayerWeights, Linear, MixerWeights, ModelWeights, TensorRef,
     TensorSource,
 };
 
@@ -443,23 +444,35 @@ impl<'a> Model<'a> {
         });
     }
 
-    /// `x += (silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ)·Wdᵀ` over `n` rows.
+    /// `x += ffn(norm(x))` over `n` rows: the dense MLP or the layer's experts.
     fn ffn_block(&self, w: &LayerWeights, b: &mut Activations, n: usize) {
         let cfg = &self.config;
-        let (h, eps, ff) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.intermediate_size);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
-        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
         time(Op::Norm, || {
             ops::rms_norm(x, h, Some(&w.ffn_norm), eps, cfg.norm_style, xn)
         });
-        time(Op::GateUp, || {
-            linear_shared_input([&w.gate, &w.up], xn, n, [gate, up]);
-        });
-        time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
-        time(Op::Down, || {
-            linear(&w.down, gate, n, out);
-            ops::add(x, out);
-        });
+        match &w.ffn {
+            Ffn::Dense(mlp) => {
+                let ff = cfg.intermediate_size;
+                let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
+                time(Op::GateUp, || {
+                    linear_shared_input([&mlp.gate, &mlp.up], xn, n, [gate, up]);
+                });
+                time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
+                time(Op::Down, || {
+                    linear(&mlp.down, gate, n, out);
+                    ops::add(x, out);
+                });
+            }
+            Ffn::Moe(m) => {
+                let mc = cfg.moe.as_ref().expect("a MoE layer has a MoE config");
+                time(Op::Experts, || {
+                    moe::forward(m, mc, xn, n, out, &mut b.moe);
+                    ops::add(x, out);
+                });
+            }
+        }
     }
 
     /// Final norm + lm_head for rows `r..r+m` of the last chunk, into `b.logits[..m·vocab]`.
@@ -581,6 +594,8 @@ struct Activations {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// the MoE blocks' own buffers (router scores, gathered rows, expert outputs)
+    moe: moe::Scratch,
 }
 
 impl Activations {

@@ -8,9 +8,11 @@
 //! Optional operators are chosen by which tensors exist, as the CMF spec prescribes: attention
 //! biases (Qwen2, Llama `attention_bias`), MLP biases (Llama `mlp_bias`), Qwen3 q/k norms, a
 //! separate `lm_head.weight` (else the embedding is reused, as with tied embeddings). Which mixer
-//! a layer has (attention or GatedDeltaNet) comes from the config's `layer_types`.
+//! a layer has (attention or GatedDeltaNet) comes from the config's `layer_types`; a MoE
+//! layer's feed-forward block is bound by [`super::moe::bind`].
 
 use super::config::{Mixer, ModelConfig};
+use super::moe::{self, Mlp, MoeWeights};
 use crate::error::{LlmError, Result};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
@@ -43,10 +45,7 @@ pub struct LayerWeights<'a> {
     pub mixer: MixerWeights<'a>,
     /// post_attention_layernorm [H]
     pub ffn_norm: Vec<f32>,
-    /// gate_proj / up_proj [F, H], down_proj [H, F]
-    pub gate: Linear<'a>,
-    pub up: Linear<'a>,
-    pub down: Linear<'a>,
+    pub ffn: Ffn<'a>,
 }
 
 /// The token mixer's weights, one variant per [`Mixer`].
@@ -93,6 +92,25 @@ pub struct GdnWeights<'a> {
     pub out: Linear<'a>,
 }
 
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum Ffn<'a> {
+    /// `mlp.{gate,up,down}_proj`: gate / up [F, H], down [H, F].
+    Dense(Mlp<'a>),
+    /// Routed experts (and an optional shared expert).
+    Moe(MoeWeights<'a>),
+}
+
+impl<'a> Ffn<'a> {
+    /// The dense MLP, or None for a MoE block.
+    pub fn dense(&self) -> Option<&Mlp<'a>> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Moe(_) => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ModelWeights<'a> {
     /// embed_tokens [V, H] in any matrix codec; rows are decoded one at a time.
@@ -110,6 +128,10 @@ pub(crate) struct Binder<'s, 'a> {
 }
 
 impl<'a> Binder<'_, 'a> {
+    pub fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
     fn get(&self, name: &str) -> Option<(String, TensorRef<'a>)> {
         let full = format!("{}{}", self.prefix, name);
         self.source.tensor(&full).map(|t| (full, t))
@@ -156,13 +178,7 @@ pub(crate) fn bind<'a>(
     cfg: &ModelConfig,
     num_layers: usize,
 ) -> Result<ModelWeights<'a>> {
-    let (h, q, kv, ff, v) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-        cfg.vocab_size,
-    );
+    let (h, q, kv, v) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.vocab_size);
     let embed = b.matrix("model.embed_tokens.weight", v, h)?;
     let mut layers = Vec::with_capacity(num_layers);
     // With an output gate q_proj emits a gate row for every query row.
@@ -194,9 +210,7 @@ pub(crate) fn bind<'a>(
         layers.push(LayerWeights {
             mixer,
             ffn_norm: b.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            gate: b.linear(&format!("{p}.mlp.gate_proj"), ff, h)?,
-            up: b.linear(&format!("{p}.mlp.up_proj"), ff, h)?,
-            down: b.linear(&format!("{p}.mlp.down_proj"), h, ff)?,
+            ffn: bind_ffn(b, cfg, i, &p)?,
         });
     }
     let final_norm = if num_layers == cfg.num_layers {
@@ -248,6 +262,22 @@ fn bind_gdn<'a>(b: &Binder<'_, 'a>, cfg: &ModelConfig, p: &str) -> Result<GdnWei
         norm: b.vector(&format!("{a}.norm.weight"), g.v_head_dim)?,
         out: b.linear(&format!("{a}.out_proj"), h, g.value_dim())?,
     })
+}
+
+/// Layer `i`'s feed-forward block: routed experts where the config's layer plan (or, without
+/// one, the presence of the router tensor) says so, else the dense MLP.
+fn bind_ffn<'a>(b: &Binder<'_, 'a>, cfg: &ModelConfig, i: usize, p: &str) -> Result<Ffn<'a>> {
+    let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+    if let Some(m) = &cfg.moe {
+        if m.is_sparse(i).unwrap_or_else(|| moe::has_router(b, p)) {
+            return Ok(Ffn::Moe(moe::bind(b, m, h, p)?));
+        }
+    }
+    Ok(Ffn::Dense(Mlp {
+        gate: b.linear(&format!("{p}.mlp.gate_proj"), ff, h)?,
+        up: b.linear(&format!("{p}.mlp.up_proj"), ff, h)?,
+        down: b.linear(&format!("{p}.mlp.down_proj"), h, ff)?,
+    }))
 }
 
 fn as_matrix<'a>(name: &str, t: &TensorRef<'a>, rows: usize, cols: usize) -> Result<Weight<'a>> {
