@@ -60,7 +60,14 @@ fn convert(name: &str, quant: Quant) -> (tempfile::TempDir, PathBuf, cmf_convert
 
 #[test]
 fn f32_round_trip_is_exact_for_every_fixture() {
-    for name in ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
+    for name in [
+        "llama-tiny",
+        "qwen2-tiny",
+        "qwen3-tiny",
+        "mistral-tiny",
+        "qwen3next-dense-tiny",
+        "qwen3next-tiny",
+    ] {
         let (_d, out, report) = convert(name, Quant::F32);
         let f = CmfFile::open(&out).unwrap();
         assert!(f.verify().is_ok(), "{name}: {:?}", f.verify());

@@ -236,3 +236,56 @@ fn the_device_path_refuses_the_family() {
     );
     assert!(gpu.is_active());
 }
+
+/// `cmf convert` of both fixtures in every codec, loaded from the CMF file: f32 matches
+/// transformers as the safetensors do (24/24 greedy); the GDN's decay/gate inputs, conv taps,
+/// `A_log` and `dt_bias` stay f32 in every codec. Measured worst logits error (dense / MoE
+/// fixture, 2026-12-07) → bound: f16 4.6e-3 / 4.4e-3 → 1e-2; bf16 3.9e-2 / 3.6e-2 → 8e-2;
+/// q8_row 0.17 / 0.57 and q8_2f 0.18 / 0.50 → 1.0; q4 1.24 / 1.41 → 3.0. The random tiny weights
+/// magnify codec error as in `cmf_parity`, and on the MoE fixture a quantized router picks other
+/// experts for some tokens (a jump, not a drift); greedy agreement of lossy codecs is reported.
+#[test]
+fn converted_files_run_in_every_codec() {
+    use cmf_convert::{Options, Quant};
+    use cmf_format::{CmfModel, Dtype};
+    let tmp = tempfile::tempdir().unwrap();
+    let bounds = [
+        (Quant::F32, 1e-4, 24),
+        (Quant::F16, 1e-2, 0),
+        (Quant::Bf16, 8e-2, 0),
+        (Quant::Q8, 1.0, 0),
+        (Quant::Q8_2f, 1.0, 0),
+        (Quant::Q4, 3.0, 0),
+    ];
+    let mut failures = Vec::new();
+    for (quant, bound, agree) in bounds {
+        for name in [DENSE, MOE] {
+            let path = tmp.path().join(format!("{name}-{quant}.cmf"));
+            let opts = Options {
+                quant: Some(quant),
+                ..Options::default()
+            };
+            cmf_convert::hf::convert(&fixture_dir(name), &path, &opts).unwrap();
+            let file = CmfModel::open(&path).unwrap();
+            for t in ["in_proj_ba.weight", "conv1d.weight", "A_log", "dt_bias"] {
+                let n = format!("model.layers.0.linear_attn.{t}");
+                assert_eq!(file.tensor(&n).unwrap().dtype, Dtype::F32, "{quant} {n}");
+            }
+            let qkvz = file
+                .tensor("model.layers.0.linear_attn.in_proj_qkvz.weight")
+                .unwrap();
+            assert_eq!(qkvz.dtype, quant.matrix_dtype(), "{quant}");
+            let model = Model::load(&file).unwrap();
+            let c = compare(&model, name);
+            let err = c.prompt_err.max(c.decode_err);
+            println!(
+                "{quant:>6} {name:>20}: logits {err:.2e}, greedy agrees for {}/24",
+                c.greedy_agree()
+            );
+            if err > bound || c.greedy_agree() < agree {
+                failures.push(format!("{quant} {name}: {err:.2e}, {}", c.greedy_agree()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

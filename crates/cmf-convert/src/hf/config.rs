@@ -1,4 +1,5 @@
-//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3 and mistral families.
+//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3, mistral and qwen3_next
+//! families (the hybrid fields of the last: [`super::qwen3_next`]).
 //!
 //! Defaults and derived fields follow transformers 5.x (`models/<family>/configuration_<family>.py`):
 //! - `num_key_value_heads` defaults to `num_attention_heads`; `head_dim` to hidden / heads.
@@ -15,9 +16,10 @@ use std::path::Path;
 use cmf_format::{limits, Arch, LayerType, NormStyle, Yarn};
 use serde_json::{Map, Value};
 
+use super::qwen3_next::{self, Qwen3Next};
 use crate::error::{ConvertError, Result};
 
-pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "mistral"];
+pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "mistral", "qwen3_next"];
 
 /// Typed access to config fields with errors naming the file and field.
 pub(crate) struct Fields<'a> {
@@ -99,6 +101,8 @@ pub struct HfConfig {
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
     pub pad_token_id: Option<u32>,
+    /// The GatedDeltaNet geometry and sparse-layer plan of a qwen3_next checkpoint.
+    pub qwen3_next: Option<Qwen3Next>,
 }
 
 /// An id or a list of ids (`eos_token_id` may be either).
@@ -179,7 +183,17 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         _ => None,
     };
 
-    let (sliding_window, layer_types) = sliding(&f, model_type, num_layers)?;
+    let mut extra = Map::new();
+    let (sliding_window, layer_types, hybrid) = match model_type {
+        "qwen3_next" => {
+            let (types, q) = qwen3_next::parse(&f, num_layers, &mut extra)?;
+            (None, types, Some(q))
+        }
+        _ => {
+            let (window, types) = sliding(&f, model_type, num_layers)?;
+            (window, types, None)
+        }
+    };
 
     let attention_bias = match model_type {
         "qwen2" => true,
@@ -188,7 +202,6 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
     };
     let mlp_bias = model_type == "llama" && f.bool_opt("mlp_bias")?.unwrap_or(false);
 
-    let mut extra = Map::new();
     if let Some(s) = rope_scaling {
         extra.insert("rope_scaling".into(), Value::Object(s));
     }
@@ -209,14 +222,18 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         vocab_size: f.usize_req("vocab_size")?,
         layer_types,
         rms_norm_eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),
-        norm_style: NormStyle::Qwen,
+        // Qwen3-Next's RMSNorms scale by (1 + w).
+        norm_style: match hybrid {
+            Some(_) => NormStyle::Gemma,
+            None => NormStyle::Qwen,
+        },
         rope_theta,
         tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         partial_rotary_factor,
         sliding_window,
         max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(4096),
         yarn,
-        moe: None,
+        moe: hybrid.as_ref().and_then(|h| h.experts.clone()),
         extra,
     };
     limits::check_arch(&arch).map_err(|(k, m)| {
@@ -239,6 +256,7 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         pad_token_id: token_ids(file, "pad_token_id", f.get("pad_token_id"))?
             .first()
             .copied(),
+        qwen3_next: hybrid,
     })
 }
 

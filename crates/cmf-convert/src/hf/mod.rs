@@ -9,11 +9,12 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod qwen3_next;
 pub mod tokenizer;
 
 use std::path::Path;
 
-use cmf_format::{CmfWriter, Header};
+use cmf_format::{CmfWriter, Header, LayerType};
 use serde_json::json;
 
 use crate::emit::{rows_cols, write_tensor, TensorStats};
@@ -53,10 +54,37 @@ fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
     if !a.tie_word_embeddings {
         v.push(("lm_head.weight".into(), vec![a.vocab_size, h]));
     }
+    // Gated attention (qwen3_next): q_proj emits a gate row per query row.
+    let q_rows = if c.qwen3_next.is_some() {
+        2 * q * hd
+    } else {
+        q * hd
+    };
     for i in 0..a.num_layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         v.push((p("input_layernorm.weight"), vec![h]));
         v.push((p("post_attention_layernorm.weight"), vec![h]));
+        if let Some(hy) = &c.qwen3_next {
+            let layer = format!("model.layers.{i}");
+            if a.layer_types[i] == LayerType::LinearAttention {
+                v.extend(hy.gdn_tensors(&layer, h));
+            } else {
+                v.push((p("self_attn.q_proj.weight"), vec![q_rows, h]));
+                v.push((p("self_attn.k_proj.weight"), vec![kv * hd, h]));
+                v.push((p("self_attn.v_proj.weight"), vec![kv * hd, h]));
+                v.push((p("self_attn.o_proj.weight"), vec![h, q * hd]));
+                v.push((p("self_attn.q_norm.weight"), vec![hd]));
+                v.push((p("self_attn.k_norm.weight"), vec![hd]));
+            }
+            if hy.sparse[i] {
+                v.extend(hy.moe_tensors(&layer, h));
+                continue;
+            }
+            v.push((p("mlp.gate_proj.weight"), vec![a.intermediate_size, h]));
+            v.push((p("mlp.up_proj.weight"), vec![a.intermediate_size, h]));
+            v.push((p("mlp.down_proj.weight"), vec![h, a.intermediate_size]));
+            continue;
+        }
         v.push((p("self_attn.q_proj.weight"), vec![q * hd, h]));
         v.push((p("self_attn.k_proj.weight"), vec![kv * hd, h]));
         v.push((p("self_attn.v_proj.weight"), vec![kv * hd, h]));
@@ -142,8 +170,12 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
         .iter()
         .map(|n| {
             let t = &ckpt.tensors[*n];
-            let d = quant.dtype_for(&t.shape);
-            if t.shape.len() >= 2 && d != quant.matrix_dtype() {
+            let keep = qwen3_next::keeps_f32(n);
+            let d = match keep {
+                true => cmf_format::Dtype::F32,
+                false => quant.dtype_for(&t.shape),
+            };
+            if !keep && t.shape.len() >= 2 && d != quant.matrix_dtype() {
                 notes.push(format!(
                     "{n}: shape {:?} cannot be {}, stored as {d}",
                     t.shape,
