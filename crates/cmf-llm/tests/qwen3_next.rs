@@ -289,3 +289,42 @@ fn converted_files_run_in_every_codec() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A second chat turn over a hybrid model: the cached state cannot be cut back to the common
+/// prefix, so the session re-runs what it must and answers exactly like a fresh session given
+/// the same conversation.
+#[test]
+fn second_chat_turn_equals_a_fresh_session() {
+    use cmf_convert::{Options, Quant};
+    use cmf_format::CmfModel;
+    use cmf_llm::chat::{ChatSession, Message, TextAssets};
+    use cmf_llm::generate::GenerationConfig;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("m.cmf");
+    let opts = Options {
+        quant: Some(Quant::F32),
+        ..Options::default()
+    };
+    cmf_convert::hf::convert(&fixture_dir(MOE), &path, &opts).unwrap();
+    let file = CmfModel::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let a = TextAssets::from_cmf(&file).unwrap();
+    let cfg = GenerationConfig {
+        max_tokens: 12,
+        eos_ids: a.eos_ids.clone(),
+        ..Default::default()
+    };
+    let kv = cmf_kernels::KvDtype::F32;
+    let mut chat = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv);
+    let (first, _) = chat.send("In the beginning", &cfg, &mut |_| {}).unwrap();
+    let (second, _) = chat.send("And then?", &cfg, &mut |_| {}).unwrap();
+
+    let mut fresh = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv);
+    fresh
+        .messages
+        .push(Message::new("user", "In the beginning"));
+    fresh.messages.push(Message::new("assistant", first));
+    let (again, _) = fresh.send("And then?", &cfg, &mut |_| {}).unwrap();
+    assert!(!second.is_empty());
+    assert_eq!(second, again);
+}
