@@ -4,11 +4,13 @@
 //! tensor in the checkpoint is carried over except `*.rotary_emb.inv_freq` buffers (derived from
 //! the config) and, when `tie_word_embeddings` is true, `lm_head.weight` (transformers ties it to
 //! the embedding and ignores the stored copy). The tensors the model needs are checked for
-//! presence and shape against the config before anything is written.
+//! presence and shape against the config before anything is written; a MoE checkpoint must
+//! hold one tensor per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`, the hub layout).
 //! Codec policy: [`crate::quant`]. Memory: one chunk of rows per worker thread (emit.rs).
 
 pub mod checkpoint;
 pub mod config;
+mod moe;
 pub mod tokenizer;
 
 use std::path::Path;
@@ -66,13 +68,16 @@ fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
             v.push((p("self_attn.k_proj.bias"), vec![kv * hd]));
             v.push((p("self_attn.v_proj.bias"), vec![kv * hd]));
         }
-        if a.arch_name == "qwen3" {
+        if a.arch_name == "qwen3" || a.arch_name == "qwen3_moe" {
             v.push((p("self_attn.q_norm.weight"), vec![hd]));
             v.push((p("self_attn.k_norm.weight"), vec![hd]));
         }
-        v.push((p("mlp.gate_proj.weight"), vec![a.intermediate_size, h]));
-        v.push((p("mlp.up_proj.weight"), vec![a.intermediate_size, h]));
-        v.push((p("mlp.down_proj.weight"), vec![h, a.intermediate_size]));
+        match &a.moe {
+            Some(m) if c.sparse_layers[i] => {
+                v.extend(moe::required(m, h, &format!("model.layers.{i}")))
+            }
+            _ => v.extend(moe::mlp(&p("mlp"), h, a.intermediate_size)),
+        }
     }
     v
 }
