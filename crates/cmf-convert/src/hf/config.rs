@@ -19,7 +19,15 @@ use serde_json::{Map, Value};
 use super::qwen3_next::{self, Qwen3Next};
 use crate::error::{ConvertError, Result};
 
-pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "mistral", "qwen3_next"];
+pub const FAMILIES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_next",
+];
 
 /// Typed access to config fields with errors naming the file and field.
 pub(crate) struct Fields<'a> {
@@ -96,6 +104,8 @@ pub struct HfConfig {
     /// q/k/v projections carry biases (qwen2 always; llama/qwen3 with `attention_bias`).
     pub attention_bias: bool,
     pub mlp_bias: bool,
+    /// Per layer: routed experts (true) or a dense MLP; empty for dense families.
+    pub sparse_layers: Vec<bool>,
     /// `eos_token_id` / `bos_token_id` / `pad_token_id` from config.json (fallbacks for the
     /// tokenizer files).
     pub eos_token_ids: Vec<u32>,
@@ -197,6 +207,8 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
 
     let attention_bias = match model_type {
         "qwen2" => true,
+        // Qwen2MoeConfig.qkv_bias (default true).
+        "qwen2_moe" => f.bool_opt("qkv_bias")?.unwrap_or(true),
         "mistral" => false,
         _ => f.bool_opt("attention_bias")?.unwrap_or(false),
     };
@@ -210,6 +222,18 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         extra.insert("mlp_bias".into(), true.into());
     }
     extra.insert("hidden_act".into(), hidden_act.into());
+    // Qwen3-Next without experts (`num_experts` 0) has dense MLPs only.
+    let has_experts = match model_type {
+        "qwen3_next" => f.usize_opt("num_experts")?.unwrap_or(0) > 0,
+        _ => model_type.ends_with("_moe"),
+    };
+    let (moe, sparse_layers) = match has_experts {
+        true => {
+            let (m, plan) = super::moe::parse(&f, model_type, num_layers)?;
+            (Some(m), plan)
+        }
+        false => (None, vec![false; num_layers]),
+    };
 
     let arch = Arch {
         arch_name: model_type.to_owned(),
@@ -233,7 +257,7 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         sliding_window,
         max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(4096),
         yarn,
-        moe: hybrid.as_ref().and_then(|h| h.experts.clone()),
+        moe,
         extra,
     };
     limits::check_arch(&arch).map_err(|(k, m)| {
@@ -249,6 +273,7 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         arch,
         attention_bias,
         mlp_bias,
+        sparse_layers,
         eos_token_ids: token_ids(file, "eos_token_id", f.get("eos_token_id"))?,
         bos_token_id: token_ids(file, "bos_token_id", f.get("bos_token_id"))?
             .first()
@@ -395,7 +420,9 @@ fn sliding(
             Some(Value::Null) => None,
             Some(_) => f.usize_opt("sliding_window")?,
         },
-        "qwen2" | "qwen3" if f.bool_opt("use_sliding_window")?.unwrap_or(false) => {
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
+            if f.bool_opt("use_sliding_window")?.unwrap_or(false) =>
+        {
             Some(f.usize_opt("sliding_window")?.unwrap_or(4096))
         }
         _ => None,

@@ -2,13 +2,12 @@
 //!
 //! Layers are GatedDeltaNet mixers (`layer_types` entry `linear_attention`, tensors under
 //! `linear_attn.`) or output-gated attention (`full_attention`: `q_proj` emits a query and a
-//! gate per head, so it has twice the query rows). Every feed-forward block is the Qwen2-MoE
-//! sparse block with a shared expert, except on `mlp_only_layers` and off the
-//! `decoder_sparse_step` stride (transformers `Qwen3NextDecoderLayer`), which are dense MLPs.
-//! The header keeps the `linear_*` geometry and the sparse-layer plan in `arch` (and the experts
-//! in `arch.moe`), and marks the `(1 + w)` RMSNorms as `norm_style: gemma`.
+//! gate per head, so it has twice the query rows). The feed-forward blocks are the Qwen2-MoE
+//! sparse block with a shared expert or dense MLPs, as for the MoE families ([`super::moe`]).
+//! The header keeps the `linear_*` geometry in `arch` and marks the `(1 + w)` RMSNorms as
+//! `norm_style: gemma`.
 
-use cmf_format::{LayerType, Moe};
+use cmf_format::LayerType;
 use serde_json::{Map, Value};
 
 use super::config::Fields;
@@ -22,9 +21,6 @@ pub struct Qwen3Next {
     pub k_head_dim: usize,
     pub v_head_dim: usize,
     pub conv_kernel: usize,
-    /// Per layer: routed experts (else a dense MLP of `intermediate_size`).
-    pub sparse: Vec<bool>,
-    pub experts: Option<Moe>,
 }
 
 /// `linear_*` keys carried into the header verbatim.
@@ -99,45 +95,6 @@ pub(crate) fn parse(
         ));
     }
 
-    let num_experts = f.usize_opt("num_experts")?.unwrap_or(0);
-    let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1).max(1);
-    let dense: Vec<usize> = match f.get("mlp_only_layers") {
-        None => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().map(|u| u as usize).filter(|&i| i < num_layers))
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                ConvertError::field(
-                    f.file,
-                    "mlp_only_layers",
-                    format!("expected layer numbers below {num_layers}"),
-                )
-            })?,
-        Some(_) => {
-            return Err(ConvertError::field(
-                f.file,
-                "mlp_only_layers",
-                "expected a list",
-            ))
-        }
-    };
-    let sparse: Vec<bool> = (0..num_layers)
-        .map(|i| num_experts > 0 && !dense.contains(&i) && (i + 1) % step == 0)
-        .collect();
-    extra.insert("mlp_only_layers".into(), dense.clone().into());
-    extra.insert("decoder_sparse_step".into(), step.into());
-    let experts = match num_experts {
-        0 => None,
-        n => Some(Moe {
-            num_experts: n,
-            top_k: f.usize_req("num_experts_per_tok")?,
-            moe_intermediate_size: f.usize_req("moe_intermediate_size")?,
-            norm_topk_prob: f.bool_opt("norm_topk_prob")?.unwrap_or(true),
-            shared_expert_intermediate_size: Some(f.usize_req("shared_expert_intermediate_size")?),
-            extra: Map::new(),
-        }),
-    };
     Ok((
         types,
         Qwen3Next {
@@ -146,8 +103,6 @@ pub(crate) fn parse(
             k_head_dim,
             v_head_dim,
             conv_kernel,
-            sparse,
-            experts,
         },
     ))
 }
@@ -174,32 +129,6 @@ impl Qwen3Next {
             (a("norm.weight"), vec![self.v_head_dim]),
             (a("out_proj.weight"), vec![hidden, vd]),
         ]
-    }
-
-    /// The sparse feed-forward tensors of layer prefix `p`: router, experts, shared expert.
-    pub fn moe_tensors(&self, p: &str, hidden: usize) -> Vec<(String, Vec<usize>)> {
-        let Some(m) = &self.experts else {
-            return Vec::new();
-        };
-        let mut v = vec![(format!("{p}.mlp.gate.weight"), vec![m.num_experts, hidden])];
-        let mlp = |base: String, f: usize| {
-            [
-                (format!("{base}.gate_proj.weight"), vec![f, hidden]),
-                (format!("{base}.up_proj.weight"), vec![f, hidden]),
-                (format!("{base}.down_proj.weight"), vec![hidden, f]),
-            ]
-        };
-        for e in 0..m.num_experts {
-            v.extend(mlp(format!("{p}.mlp.experts.{e}"), m.moe_intermediate_size));
-        }
-        if let Some(f) = m.shared_expert_intermediate_size {
-            v.extend(mlp(format!("{p}.mlp.shared_expert"), f));
-            v.push((
-                format!("{p}.mlp.shared_expert_gate.weight"),
-                vec![1, hidden],
-            ));
-        }
-        v
     }
 }
 
@@ -230,6 +159,7 @@ mod tests {
             "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
             "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+            "decoder_sparse_step": 1,
             "mlp_only_layers": [0], "rope_parameters": {"rope_type": "default",
             "rope_theta": 10000.0, "partial_rotary_factor": 0.25}})
     }
@@ -245,11 +175,10 @@ mod tests {
         assert_eq!(a.norm_style, NormStyle::Gemma);
         assert_eq!(a.partial_rotary_factor, 0.25);
         assert_eq!(a.extra["linear_conv_kernel_dim"], 4);
-        assert_eq!(
-            a.moe.as_ref().unwrap().shared_expert_intermediate_size,
-            Some(48)
-        );
-        assert_eq!(c.qwen3_next.unwrap().sparse, [false, true]);
+        let moe = a.moe.as_ref().unwrap();
+        assert_eq!(moe.shared_expert_intermediate_size, Some(48));
+        assert!(moe.norm_topk_prob, "Qwen3NextConfig's default");
+        assert_eq!(c.sparse_layers, [false, true]);
     }
 
     #[test]
