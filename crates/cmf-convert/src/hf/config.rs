@@ -1,4 +1,4 @@
-//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3 and mistral families.
+//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3, mistral, qwen2_moe and qwen3_moe families (MoE fields: [`super::moe`]).
 //!
 //! Defaults and derived fields follow transformers 5.x (`models/<family>/configuration_<family>.py`):
 //! - `num_key_value_heads` defaults to `num_attention_heads`; `head_dim` to hidden / heads.
