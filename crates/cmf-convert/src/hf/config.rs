@@ -1,5 +1,6 @@
-//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3, mistral and qwen3_next
-//! families (the hybrid fields of the last: [`super::qwen3_next`]).
+//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3, mistral, qwen2_moe,
+//! qwen3_moe and qwen3_next families (MoE fields: [`super::moe`]; the hybrid fields of
+//! qwen3_next: [`super::qwen3_next`]).
 //!
 //! Defaults and derived fields follow transformers 5.x (`models/<family>/configuration_<family>.py`):
 //! - `num_key_value_heads` defaults to `num_attention_heads`; `head_dim` to hidden / heads.
