@@ -314,23 +314,32 @@ fn delta_rule_chunked(
     state: &mut [f32],
     core: &mut [f32],
 ) {
+    use rayon::prelude::*;
     let (dk, dv, nv, cd) = (g.k_head_dim, g.v_head_dim, g.num_v_heads, g.conv_dim());
     let n = mixed.len() / cd;
-    let mut c = ChunkBufs::new(dk, dv);
-    for hv in 0..nv {
-        let s = &mut state[hv * dk * dv..(hv + 1) * dk * dv];
-        let mut t0 = 0;
-        while t0 < n {
-            let l = GDN_CHUNK.min(n - t0);
-            c.load(g, mixed, beta, decay, hv, t0, l);
-            c.solve(l);
-            c.apply(l, s);
-            for i in 0..l {
-                let t = t0 + i;
-                core[t * nv * dv + hv * dv..t * nv * dv + (hv + 1) * dv]
-                    .copy_from_slice(&c.out[i * dv..(i + 1) * dv]);
+    // Value heads are independent: one task each (on the kernels' pool when called inside it),
+    // each writing its own state and a [n, dv] output gathered into `core` afterwards.
+    let outs: Vec<Vec<f32>> = state
+        .par_chunks_mut(dk * dv)
+        .enumerate()
+        .map(|(hv, s)| {
+            let mut c = ChunkBufs::new(dk, dv);
+            let mut out = vec![0f32; n * dv];
+            let mut t0 = 0;
+            while t0 < n {
+                let l = GDN_CHUNK.min(n - t0);
+                c.load(g, mixed, beta, decay, hv, t0, l);
+                c.solve(l);
+                c.apply(l, s);
+                out[t0 * dv..(t0 + l) * dv].copy_from_slice(&c.out[..l * dv]);
+                t0 += l;
             }
-            t0 += l;
+            out
+        })
+        .collect();
+    for (hv, out) in outs.iter().enumerate() {
+        for (t, o) in out.chunks_exact(dv).enumerate() {
+            core[t * nv * dv + hv * dv..t * nv * dv + (hv + 1) * dv].copy_from_slice(o);
         }
     }
 }
