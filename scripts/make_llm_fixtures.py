@@ -229,7 +229,120 @@ FIXTURES = {
         gen=dict(eos_token_id=2, bos_token_id=0),
         seed=4,
     ),
+    # Mixture-of-experts: 8 experts of width 32, top 2, hidden 64. Checkpoints are written by
+    # save_pretrained in the hub layout (one tensor per expert: mlp.experts.{e}.{gate,up,down}_proj).
+    "qwen3-moe-tiny": dict(
+        family="qwen3_moe",
+        covers=[
+            "Qwen3MoeForCausalLM: 8 experts (moe_intermediate_size 32), top 2, norm_topk_prob true",
+            "3 layers, layer 1 dense (mlp_only_layers [1], intermediate_size 128): dense and MoE layers mixed",
+            "GQA (4/2), q_norm/k_norm, head_dim 16, untied embeddings, f32 single file",
+        ],
+        hf=dict(
+            model_type="qwen3_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[1], num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=256,
+            tie_word_embeddings=False, use_sliding_window=False, sliding_window=None, attention_bias=False,
+            bos_token_id=None, eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=6,
+    ),
+    "qwen3-moe-unnorm-tiny": dict(
+        family="qwen3_moe",
+        covers=[
+            "Qwen3MoeForCausalLM: 8 experts, top 2, norm_topk_prob false (the top-2 softmax weights used as they are)",
+            "2 layers, both MoE (no mlp_only_layers), tied embeddings, f32 single file",
+        ],
+        hf=dict(
+            model_type="qwen3_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            max_position_embeddings=256, tie_word_embeddings=True, use_sliding_window=False, sliding_window=None,
+            attention_bias=False, bos_token_id=None, eos_token_id=2,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=7,
+    ),
+    "qwen2-moe-tiny": dict(
+        family="qwen2_moe",
+        covers=[
+            "Qwen2MoeForCausalLM: 8 experts (width 32), top 2, norm_topk_prob false",
+            "shared expert (shared_expert_intermediate_size 48) scaled by sigmoid(shared_expert_gate(x))",
+            "3 layers, decoder_sparse_step 1 with mlp_only_layers [0]: layer 0 is a dense MLP",
+            "q/k/v biases (qkv_bias), GQA (4/2), untied embeddings, f32 single file, legacy rope layout",
+        ],
+        hf=dict(
+            model_type="qwen2_moe", vocab_size=512, hidden_size=64, intermediate_size=128,
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0], num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256,
+            tie_word_embeddings=False, use_sliding_window=False, sliding_window=None, qkv_bias=True,
+            bos_token_id=None, eos_token_id=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        dtype=torch.float32, shard=None, legacy_rope=True, template=CHATML_TEMPLATE,
+        tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+        gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+        seed=8,
+    ),
 }
+
+MIN_ROUTER_MARGIN = 1e-4  # top-k vs next expert probability gap; f32 recomputation differs by ~1e-7
+
+
+# Qwen3-Next geometry shared by the two hybrid fixtures: three GatedDeltaNet layers then one gated
+# full-attention layer; 2 key heads serving 4 value heads (each q/k head feeds two delta states);
+# dk 16 != dv 24; head_dim 32 with partial_rotary_factor 0.25 (rotary dim 8).
+QWEN3_NEXT_HF = dict(
+    model_type="qwen3_next", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256,
+    tie_word_embeddings=False, attention_bias=False, bos_token_id=None, eos_token_id=2,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=24, linear_num_key_heads=2,
+    linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1,
+)
+QWEN3_NEXT_PROMPT_LEN = 80  # > transformers' GDN chunk (64): its chunked prefill crosses a chunk boundary
+
+FIXTURES["qwen3next-dense-tiny"] = dict(
+    family="qwen3_next",
+    covers=[
+        "Qwen3NextForCausalLM, layer_types linear_attention x3 + full_attention",
+        "GatedDeltaNet: fused in_proj_qkvz / in_proj_ba, depthwise causal conv1d (kernel 4), A_log / dt_bias,"
+        " 2 key heads for 4 value heads, dk 16 != dv 24, gated RMSNorm with z",
+        "gated attention: q_proj emits query and gate, q/k norm, partial_rotary_factor 0.25 (rotary dim 8)",
+        "zero-centred (1 + w) RMSNorms",
+        "mlp_only_layers = every layer: dense SiLU MLP feed-forward (no experts)",
+        "prompt of 80 tokens: transformers' chunked GDN prefill (chunk 64) spans two chunks",
+        "f32 weights, untied embeddings; transformers' pure-torch GDN path (no fla / causal-conv1d)",
+    ],
+    hf=dict(QWEN3_NEXT_HF, mlp_only_layers=[0, 1, 2, 3]),
+    dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+    tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+    gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+    seed=7, prompt_len=QWEN3_NEXT_PROMPT_LEN,
+)
+FIXTURES["qwen3next-tiny"] = dict(
+    family="qwen3_next",
+    covers=[
+        "Qwen3NextForCausalLM with the geometry of qwen3next-dense-tiny",
+        "every layer's feed-forward is the sparse MoE block: 4 experts, top-2, norm_topk_prob,"
+        " sigmoid-gated shared expert",
+        "f32 weights, untied embeddings; transformers' pure-torch GDN path",
+    ],
+    hf=dict(QWEN3_NEXT_HF),
+    dtype=torch.float32, shard=None, legacy_rope=False, template=QWEN3_TEMPLATE,
+    tok=dict(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+    gen=dict(eos_token_id=[2, 0], pad_token_id=0),
+    seed=8, prompt_len=QWEN3_NEXT_PROMPT_LEN,
+)
 
 
 def build_tokenizer() -> tokenizers.Tokenizer:
@@ -262,8 +375,11 @@ def init_weights(model: torch.nn.Module, seed: int, tied: bool) -> None:
     """Weights with O(1) activations and peaked logits (transformers' 0.02-std init gives near-uniform
     logits whose greedy argmax is a coin toss at f32 rounding level)."""
     g = torch.Generator().manual_seed(seed)
+    zero_centred = getattr(model.config, "model_type", "") == "qwen3_next"
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
+            if zero_centred and init_qwen3_next_param(name, p, g):
+                continue
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
@@ -275,8 +391,30 @@ def init_weights(model: torch.nn.Module, seed: int, tied: bool) -> None:
                 p.copy_(std * torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=g) * (2.0 / math.sqrt(p.shape[1])))
-            else:  # [out, in] projections
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            else:  # [out, in] projections; fused experts [E, out, in]
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+
+
+def init_qwen3_next_param(name: str, p: torch.Tensor, g: torch.Generator) -> bool:
+    """Qwen3-Next parameters the generic init gets wrong; returns False for the rest.
+    Its RMSNorms scale by (1 + w) (w near 0), except the GDN's gated norm (plain w, near 1). The decay
+    exp(-exp(A_log)·softplus(a + dt_bias)) is kept near 1 (A in [0.02, 0.5]), so the delta state carries
+    information across many tokens instead of forgetting it each step."""
+    if name.endswith("linear_attn.norm.weight"):
+        p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+    elif name.endswith("norm.weight") or "layernorm" in name:
+        p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    elif name.endswith("A_log"):
+        p.copy_(torch.log(0.02 + 0.48 * torch.rand(p.shape, generator=g)))
+    elif name.endswith("dt_bias"):
+        p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    elif name.endswith("conv1d.weight"):  # [channels, 1, kernel]
+        p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    elif p.dim() == 3:  # stacked experts [E, out, in]
+        p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    else:
+        return False
+    return True
 
 
 def to_legacy_rope(cfg: dict) -> dict:
@@ -336,10 +474,10 @@ def write_model(d: Path, name: str, spec: dict) -> None:
         assert (d / "model.safetensors").exists()
 
 
-def prompt_ids(seed: int, vocab: int) -> list[int]:
+def prompt_ids(seed: int, vocab: int, n: int = PROMPT_LEN) -> list[int]:
     """Random ordinary (non-special) ids: the models are random, meaningful text buys nothing."""
     g = torch.Generator().manual_seed(1000 + seed)
-    return torch.randint(len(SPECIAL_TOKENS), vocab, (PROMPT_LEN,), generator=g).tolist()
+    return torch.randint(len(SPECIAL_TOKENS), vocab, (n,), generator=g).tolist()
 
 
 def chat_case(hf_tok, messages, **kw) -> dict:
@@ -359,8 +497,12 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     cfg = model.config
     vocab = cfg.vocab_size
-    ids = prompt_ids(spec["seed"], TOKENIZER_VOCAB)
+    ids = prompt_ids(spec["seed"], TOKENIZER_VOCAB, spec.get("prompt_len", PROMPT_LEN))
     x = torch.tensor([ids])
+    router_scores, hooks = [], []
+    for mod_name, mod in model.named_modules():
+        if mod_name.endswith("mlp.gate") and hasattr(mod, "top_k"):  # the MoE routers
+            hooks.append(mod.register_forward_hook(lambda m, i, o: router_scores.append((m.top_k, o[0]))))
     with torch.no_grad():
         logits = model(x).logits[0].float().contiguous()  # [T, V]
         if getattr(cfg, "sliding_window", None):
@@ -376,6 +518,17 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
             min_new_tokens=MAX_NEW_TOKENS, repetition_penalty=1.0, output_logits=True,
             return_dict_in_generate=True,
         )
+    for h in hooks:
+        h.remove()
+    router_margin = None
+    if router_scores:
+        # Every token's k-th and (k+1)-th router probabilities, in every MoE layer, prompt and decode.
+        gaps = []
+        for k, rl in router_scores:
+            top = torch.softmax(rl.float(), dim=-1).topk(k + 1, dim=-1).values
+            gaps.append((top[:, k - 1] - top[:, k]).min())
+        router_margin = float(torch.stack(gaps).min())
+        assert router_margin >= MIN_ROUTER_MARGIN, f"{name}: router near-tie ({router_margin}), pick another seed"
     gen = out.sequences[0, len(ids):].tolist()
     decode_logits = torch.stack([l[0].float() for l in out.logits]).contiguous()  # [N, V]
     assert len(gen) == MAX_NEW_TOKENS
@@ -405,7 +558,11 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
         assert enc.ids == hf_tok(text)["input_ids"], f"tokenizers vs transformers differ on {text!r}"
         toks.append(dict(text=text, ids=enc.ids, tokens=enc.tokens, decoded=tok.decode(enc.ids, skip_special_tokens=False)))
 
-    safetensors.torch.save_file({"logits": logits, "decode_logits": decode_logits}, str(d / "expected.safetensors"))
+    tensors = {"logits": logits, "decode_logits": decode_logits}
+    module_refs = None
+    if spec["family"] == "qwen3_next":
+        module_refs = qwen3_next_module_refs(model, x, tensors)
+    safetensors.torch.save_file(tensors, str(d / "expected.safetensors"))
     expected = dict(
         fixture=name,
         family=spec["family"],
@@ -427,11 +584,42 @@ def reference_outputs(d: Path, name: str, spec: dict, tok: tokenizers.Tokenizer)
             decode_logits=dict(file="expected.safetensors", tensor="decode_logits", shape=list(decode_logits.shape),
                                dtype="F32", meaning="row i: logits from which generated_ids[i] was picked (KV-cache path)"),
         ),
+        **({"min_router_topk_margin": router_margin} if router_margin is not None else {}),
         chat_template_cases=chats,
+        **({"module_references": module_refs} if module_refs else {}),
         tokenization=dict(note="tokenizer.json encode with add_special_tokens=True (adds nothing: no BOS)",
                           cases=toks),
     )
     write_json(d / "expected.json", expected)
+
+
+def qwen3_next_module_refs(model, x: torch.Tensor, tensors: dict) -> dict:
+    """Per-layer residual streams and each GDN layer's state after the prompt, for checking the mixers
+    one at a time. Also asserts the pure-torch GDN path ran (no fla / causal-conv1d kernels)."""
+    import importlib.util
+    # transformers picks fla / causal_conv1d when importable, else its torch functions.
+    for pkg in ("fla", "causal_conv1d"):
+        assert importlib.util.find_spec(pkg) is None, f"{pkg} is installed: the reference would not be the torch path"
+    cfg = model.config
+    with torch.no_grad():
+        out = model(x, use_cache=True, output_hidden_states=True)
+    tensors["hidden_states"] = torch.stack([h[0] for h in out.hidden_states]).float().contiguous()
+    k = cfg.linear_conv_kernel_dim
+    for i, t in enumerate(cfg.layer_types):
+        if t != "linear_attention":
+            continue
+        layer = out.cache.layers[i] if hasattr(out, "cache") else out.past_key_values.layers[i]
+        tensors[f"gdn_state.{i}"] = layer.recurrent_states[0][0].float().contiguous()
+        # transformers keeps the last `kernel` conv inputs; the last kernel - 1 are the state.
+        tensors[f"conv_state.{i}"] = layer.conv_states[0][0, :, -(k - 1):].float().contiguous()
+    return dict(
+        file="expected.safetensors",
+        hidden_states="[layers + 1, prompt, hidden]: output_hidden_states of the teacher-forced prompt pass"
+        " (row 0 the embeddings, row l the residual after layer l; the last has the final norm applied)",
+        **{"gdn_state.L": "[value heads, dk, dv] delta-rule state of GDN layer L after the prompt",
+           "conv_state.L": "[conv channels (q|k|v), kernel - 1] last conv inputs of GDN layer L after the prompt,"
+           " oldest first"},
+    )
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 //! `cmf import-gguf`: a GGUF written by llama.cpp's own converter from the HF llama fixture
 //! (scripts/make_gguf_import_fixture.py) imports back to exactly the HF tensors (names, Q/K
 //! un-permutation, untied lm_head), with a tokenizer that reproduces the fixture's token ids.
-//! The demo model (SmolLM2 Q4_1) is exercised when `$CMF_CACHE` holds it.
+//! The demo model (SmolLM2 Q4_1) is exercised when `$CMF_CACHE` holds it. A `qwen3moe` GGUF in
+//! llama.cpp's layout (scripts/make_gguf_moe_fixture.py) imports to the same file contents and
+//! the same logits as `cmf convert` of the Hugging Face checkpoint it was made from.
 
 use std::path::{Path, PathBuf};
 
@@ -424,4 +426,59 @@ fn merges_naming_unknown_tokens_are_refused_at_import() {
         "{e}"
     );
     assert!(!out.exists());
+}
+
+/// llama.cpp's stacked expert tensors are split back into the hub's per-expert tensors: the
+/// imported file holds exactly the tensors (bit for bit) and MoE descriptor of the Hugging Face
+/// conversion, and the model computes identical logits from both.
+#[test]
+fn qwen3moe_gguf_imports_like_the_hf_conversion() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf/qwen3-moe-tiny-f32.gguf");
+    let (_d, imported, _) = import(&gguf, None);
+    let dir = tempfile::tempdir().unwrap();
+    let converted = dir.path().join("hf.cmf");
+    let opts = Options {
+        quant: Some(Quant::F32),
+        ..Default::default()
+    };
+    cmf_convert::hf::convert(
+        &repo().join("fixtures/llm/qwen3-moe-tiny"),
+        &converted,
+        &opts,
+    )
+    .unwrap();
+
+    let (a, b) = (
+        cmf_format::CmfModel::open(&imported).unwrap(),
+        cmf_format::CmfModel::open(&converted).unwrap(),
+    );
+    assert_eq!(a.header().arch.arch_name, "qwen3_moe");
+    assert_eq!(a.header().arch.moe, b.header().arch.moe);
+    let names = |m: &cmf_format::CmfModel| {
+        let mut v: Vec<String> = m.tensors().map(|t| t.name.to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&a), names(&b));
+    assert!(names(&a).contains(&"model.layers.2.mlp.experts.7.down_proj.weight".to_string()));
+    for n in names(&b) {
+        let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
+        assert_eq!(
+            (x.dtype, x.shape.as_slice()),
+            (y.dtype, y.shape.as_slice()),
+            "{n}"
+        );
+        assert!(x.data == y.data, "{n}: values differ");
+    }
+
+    let prompt: Vec<u32> = (3..40).collect();
+    let logits = |m: &cmf_format::CmfModel| {
+        let model = cmf_llm::Model::load(m).unwrap();
+        let mut st = model.new_state(64);
+        model.prefill(&mut st, &prompt).unwrap().to_vec()
+    };
+    let (la, lb) = (logits(&a), logits(&b));
+    assert_eq!(la.len(), 512);
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
 }

@@ -60,7 +60,16 @@ fn convert(name: &str, quant: Quant) -> (tempfile::TempDir, PathBuf, cmf_convert
 
 #[test]
 fn f32_round_trip_is_exact_for_every_fixture() {
-    for name in ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "mistral-tiny"] {
+    for name in [
+        "llama-tiny",
+        "qwen2-tiny",
+        "qwen3-tiny",
+        "mistral-tiny",
+        "qwen3next-dense-tiny",
+        "qwen3next-tiny",
+        "qwen3-moe-tiny",
+        "qwen2-moe-tiny",
+    ] {
         let (_d, out, report) = convert(name, Quant::F32);
         let f = CmfFile::open(&out).unwrap();
         assert!(f.verify().is_ok(), "{name}: {:?}", f.verify());
@@ -254,6 +263,45 @@ fn bad_inputs_name_the_file_and_field() {
         e.contains("model.safetensors") && e.contains("not a valid safetensors"),
         "{e}"
     );
+}
+
+/// A MoE config whose layer plan or expert count disagrees with the checkpoint names the
+/// missing per-expert tensor; MoE fields are checked like the others.
+#[test]
+fn moe_checkpoints_are_checked_against_their_config() {
+    let run = |dir: &Path| {
+        let out = dir.join("out.cmf");
+        let e = hf::convert(dir, &out, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert!(!out.exists(), "no output on error");
+        e
+    };
+    let d = copy_fixture("qwen3-moe-tiny");
+    edit_json(d.path(), "config.json", |v| {
+        v["num_local_experts"] = 9.into()
+    });
+    let e = run(d.path());
+    assert!(e.contains("model.layers.0.mlp.gate.weight"), "{e}");
+    edit_json(d.path(), "config.json", |v| {
+        v["num_local_experts"] = 8.into();
+        v["mlp_only_layers"] = serde_json::json!([]);
+    });
+    let e = run(d.path());
+    assert!(e.contains("model.layers.1.mlp.gate.weight"), "{e}");
+    edit_json(d.path(), "config.json", |v| {
+        v["num_experts_per_tok"] = 9.into()
+    });
+    let e = run(d.path());
+    assert!(e.contains("num_experts_per_tok"), "{e}");
+    let d = copy_fixture("qwen2-moe-tiny");
+    edit_json(d.path(), "config.json", |v| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("shared_expert_intermediate_size");
+    });
+    let e = run(d.path());
+    assert!(e.contains("shared_expert_intermediate_size"), "{e}");
 }
 
 /// Edits `file` of a fixture copy as JSON.

@@ -15,6 +15,8 @@ pub const MAX_HEADS: usize = 1 << 12;
 pub const MAX_HEAD_DIM: usize = 1 << 12;
 pub const MAX_VOCAB: usize = 1 << 23;
 pub const MAX_POSITIONS: usize = 1 << 28;
+/// Experts per MoE layer (published models route over at most a few hundred).
+pub const MAX_EXPERTS: usize = 1 << 12;
 
 /// `value` for `field`, refused when 0 or above `max`.
 pub fn check_size(field: &str, value: usize, max: usize) -> Result<(), (String, String)> {
@@ -50,6 +52,18 @@ pub fn check_arch(a: &Arch) -> Result<(), (String, String)> {
         a.max_position_embeddings,
         MAX_POSITIONS,
     )?;
+    if let Some(m) = &a.moe {
+        check_size("moe.num_experts", m.num_experts, MAX_EXPERTS)?;
+        check_size("moe.top_k", m.top_k, m.num_experts.min(MAX_EXPERTS))?;
+        check_size(
+            "moe.moe_intermediate_size",
+            m.moe_intermediate_size,
+            MAX_INTERMEDIATE,
+        )?;
+        if let Some(w) = m.shared_expert_intermediate_size {
+            check_size("moe.shared_expert_intermediate_size", w, MAX_INTERMEDIATE)?;
+        }
+    }
     check_float("rms_norm_eps", a.rms_norm_eps, 0.0, 1.0)?;
     check_float("rope_theta", a.rope_theta, 0.0, 1e12)?;
     check_float(

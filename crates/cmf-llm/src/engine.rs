@@ -53,7 +53,9 @@ pub trait Engine {
     /// Most tokens the cache may hold.
     fn limit(&self) -> usize;
 
-    /// Keeps the first `len` cached tokens (a chat turn reuses the unchanged prefix).
+    /// Keeps the first `len` cached tokens (a chat turn reuses the unchanged prefix). An engine
+    /// whose state cannot be rewound (recurrent layers) may keep fewer, down to none: callers
+    /// read [`Engine::len`] afterwards.
     fn truncate(&mut self, len: usize);
 }
 
@@ -98,6 +100,6 @@ impl Engine for CpuEngine<'_, '_> {
     }
 
     fn truncate(&mut self, len: usize) {
-        self.state.kv.truncate(len);
+        self.state.truncate(len);
     }
 }

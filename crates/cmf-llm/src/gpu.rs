@@ -11,13 +11,31 @@
 
 use crate::engine::{CpuEngine, Engine};
 use crate::model::rope::RopeScaling;
-use crate::model::Model;
+use crate::model::{MixerWeights, Model};
 use crate::{LlmError, Result};
 use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
 use cmf_gpu::llm::sample::SampleSpec;
 use cmf_gpu::llm::{
     DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
 };
+
+/// Why a mixture-of-experts model runs on the CPU: the device graph has no expert kernels yet.
+pub const MOE_ON_CPU: &str = "mixture-of-experts layers have no device path yet";
+
+/// Why a hybrid linear-attention model (Qwen3-Next) runs on the CPU: the device graph has no
+/// GatedDeltaNet, gated-attention or `(1 + w)` norm kernels yet.
+pub const HYBRID_ON_CPU: &str =
+    "GatedDeltaNet layers, gated attention and (1 + w) norms have no device path yet";
+
+/// Why `model` runs on the CPU whatever the device can do, decided from its config alone so
+/// nothing is opened or uploaded first; None when the device graph can express it.
+pub fn cpu_only(model: &Model) -> Option<&'static str> {
+    let c = &model.config;
+    if c.gdn.is_some() || c.attn_output_gate || c.norm_style != cmf_kernels::NormStyle::Plain {
+        return Some(HYBRID_ON_CPU);
+    }
+    c.moe.as_ref().map(|_| MOE_ON_CPU)
+}
 
 /// The neutral description of `model` for a device session of `max_context` positions, or
 /// why the device graph cannot express it (then the model runs on the CPU).
@@ -58,32 +76,41 @@ fn describe_bound<'m>(
             );
         }
     }
+    if let Some(why) = cpu_only(model) {
+        return Err(why.into());
+    }
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
-        if l.o.bias.is_some()
-            || l.gate.bias.is_some()
-            || l.up.bias.is_some()
-            || l.down.bias.is_some()
+        let MixerWeights::Attention(a) = &l.mixer else {
+            return Err(HYBRID_ON_CPU.into());
+        };
+        let Some(mlp) = l.ffn.dense() else {
+            return Err(MOE_ON_CPU.into());
+        };
+        if a.o.bias.is_some()
+            || mlp.gate.bias.is_some()
+            || mlp.up.bias.is_some()
+            || mlp.down.bias.is_some()
         {
             return Err(format!(
                 "layer {i}: biases on o_proj / MLP projections have no device kernel"
             ));
         }
         layers.push(LayerWeights {
-            attn_norm: &l.attn_norm,
-            q: l.q.w,
-            k: l.k.w,
-            v: l.v.w,
-            o: l.o.w,
-            q_bias: l.q.bias.as_deref(),
-            k_bias: l.k.bias.as_deref(),
-            v_bias: l.v.bias.as_deref(),
-            q_norm: l.q_norm.as_deref(),
-            k_norm: l.k_norm.as_deref(),
+            attn_norm: &a.attn_norm,
+            q: a.q.w,
+            k: a.k.w,
+            v: a.v.w,
+            o: a.o.w,
+            q_bias: a.q.bias.as_deref(),
+            k_bias: a.k.bias.as_deref(),
+            v_bias: a.v.bias.as_deref(),
+            q_norm: a.q_norm.as_deref(),
+            k_norm: a.k_norm.as_deref(),
             ffn_norm: &l.ffn_norm,
-            gate: l.gate.w,
-            up: l.up.w,
-            down: l.down.w,
+            gate: mlp.gate.w,
+            up: mlp.up.w,
+            down: mlp.down.w,
         });
     }
     let spec = LlmSpec {
@@ -127,6 +154,10 @@ impl GpuModel {
         max_context: usize,
         layers: Option<&LayerSet>,
     ) -> Option<GpuModel> {
+        if let Some(why) = cpu_only(model) {
+            cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}"));
+            return None;
+        }
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
         let desc = describe(model, max_context);
         let llm = load_described(gpu, "llm", desc, max_context, layers)?;
@@ -413,6 +444,8 @@ impl Engine for GpuEngine<'_, '_> {
         self.ids.truncate(len);
         if let Some(c) = &mut self.cpu {
             c.truncate(len);
+            // The CPU engine keeps less when its state cannot rewind.
+            self.ids.truncate(c.len());
         }
     }
 }

@@ -20,10 +20,12 @@ pub enum Op {
     GateUp,
     Swiglu,
     Down,
+    /// A MoE block: router, experts and shared expert.
+    Experts,
     LmHead,
 }
 
-const OPS: [(Op, &str); 10] = [
+const OPS: [(Op, &str); 11] = [
     (Op::Embed, "embed"),
     (Op::Norm, "rmsnorm"),
     (Op::Qkv, "q/k/v proj"),
@@ -33,12 +35,13 @@ const OPS: [(Op, &str); 10] = [
     (Op::GateUp, "gate/up proj"),
     (Op::Swiglu, "swiglu"),
     (Op::Down, "down proj"),
+    (Op::Experts, "moe experts"),
     (Op::LmHead, "final norm+lm_head"),
 ];
 
-static WALL: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-static CPU: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
-static CALLS: [AtomicU64; 10] = [const { AtomicU64::new(0) }; 10];
+static WALL: [AtomicU64; 11] = [const { AtomicU64::new(0) }; 11];
+static CPU: [AtomicU64; 11] = [const { AtomicU64::new(0) }; 11];
+static CALLS: [AtomicU64; 11] = [const { AtomicU64::new(0) }; 11];
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static INIT: OnceLock<()> = OnceLock::new();
 

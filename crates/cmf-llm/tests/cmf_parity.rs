@@ -11,6 +11,12 @@
 //! - q8_row: 8.4e-2 → 0.2; q8_2f: 6.8e-2 → 0.2.
 //! - q4_block / q4_tiled (same values, different layout): 0.90 → 2.0.
 //!
+//! MoE fixtures (measured 2026-12-07): f32 9.7e-7, f16 1.5e-3 keep the dense bounds; bf16 0.17,
+//! q8_row 0.27, q8_2f 0.21 → 0.4; q4 0.74 → 2.0. The wider lossy bounds are routing, not
+//! arithmetic: the fixtures' routers have top-k margins down to 3e-4 (any margin ≥ 1e-4 keeps
+//! f32 exact), and a weight codec's error moves some tokens across such a near-tie, which swaps
+//! one of their experts. f32 still has to pick every expert transformers picks.
+//!
 //! These random tiny models (hidden 64, weights N(0, 1/in), no trained structure) magnify weight
 //! error: with the same codecs applied to the weights only and the product computed in f32
 //! (activations not quantized), q8_row gives 5.9e-2 and q4_block 0.90 — so nearly all of the
@@ -32,23 +38,28 @@ enum Make {
     Helper(Dtype),
 }
 
-/// (file, logits bound, greedy ids that must agree before the first difference).
-const BOUNDS: [(Make, f32, usize); 7] = [
-    (Make::Convert(Quant::F32), 1e-4, 24),
-    (Make::Convert(Quant::F16), 4e-3, 0),
-    (Make::Convert(Quant::Bf16), 2.5e-2, 0),
-    (Make::Convert(Quant::Q8), 0.2, 0),
-    (Make::Convert(Quant::Q8_2f), 0.2, 0),
-    (Make::Convert(Quant::Q4), 2.0, 0),
-    (Make::Helper(Dtype::Q4Block), 2.0, 0),
+/// (file, logits bound, MoE logits bound, greedy ids that must agree before the first
+/// difference).
+const BOUNDS: [(Make, f32, f32, usize); 7] = [
+    (Make::Convert(Quant::F32), 1e-4, 1e-4, 24),
+    (Make::Convert(Quant::F16), 4e-3, 4e-3, 0),
+    (Make::Convert(Quant::Bf16), 2.5e-2, 0.4, 0),
+    (Make::Convert(Quant::Q8), 0.2, 0.4, 0),
+    (Make::Convert(Quant::Q8_2f), 0.2, 0.4, 0),
+    (Make::Convert(Quant::Q4), 2.0, 2.0, 0),
+    (Make::Helper(Dtype::Q4Block), 2.0, 2.0, 0),
 ];
 
 #[test]
 fn every_codec_within_its_bound() {
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
-    for (make, bound, agree) in BOUNDS {
-        for name in FIXTURES {
+    for (make, dense_bound, moe_bound, agree) in BOUNDS {
+        for name in FIXTURES.into_iter().chain(MOE_FIXTURES) {
+            let bound = match MOE_FIXTURES.contains(&name) {
+                true => moe_bound,
+                false => dense_bound,
+            };
             let path = tmp.path().join(format!("{name}-{make:?}.cmf"));
             match make {
                 Make::Convert(q) => {

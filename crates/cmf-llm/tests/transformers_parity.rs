@@ -3,6 +3,11 @@
 //! logits of every prompt position and of every KV-cache decode step within 1e-4 relative
 //! (max |Δ| / max |logit| per row, the fixtures README's norm), and the 24-token greedy
 //! continuation identical.
+//!
+//! The MoE fixtures use the same bound: their routers' k-th and (k+1)-th expert probabilities
+//! differ by at least 1e-4 at every token (checked by the fixture script, the actual minimum is
+//! in `expected.json`), far above f32 rounding, so the same experts are chosen and only
+//! summation order separates the results.
 
 mod common;
 use cmf_llm::{Model, ModelConfig};
@@ -46,6 +51,43 @@ fn qwen2_tiny_matches_transformers() {
 #[test]
 fn qwen3_tiny_matches_transformers() {
     check_fixture("qwen3-tiny");
+}
+
+#[test]
+fn qwen3_moe_tiny_matches_transformers() {
+    check_fixture("qwen3-moe-tiny");
+}
+
+#[test]
+fn qwen3_moe_unnormalised_routing_matches_transformers() {
+    check_fixture("qwen3-moe-unnorm-tiny");
+}
+
+#[test]
+fn qwen2_moe_shared_expert_matches_transformers() {
+    check_fixture("qwen2-moe-tiny");
+}
+
+/// The MoE fixtures bind the layer kinds their configs ask for: a dense MLP where
+/// `mlp_only_layers` says so, routed experts (with a shared expert for Qwen2-MoE) elsewhere.
+#[test]
+fn moe_layers_follow_mlp_only_layers() {
+    for (name, dense_layer, shared) in [("qwen3-moe-tiny", 1, false), ("qwen2-moe-tiny", 0, true)] {
+        let dir = fixture_dir(name);
+        let files = read_weight_files(&dir);
+        let source = SafetensorsSource::new(&files);
+        let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
+        let model = Model::from_source(&source, config, "").unwrap();
+        for (i, l) in model.weights.layers.iter().enumerate() {
+            match &l.ffn {
+                cmf_llm::model::Ffn::Dense(_) => assert_eq!(i, dense_layer, "{name}"),
+                cmf_llm::model::Ffn::Moe(m) => {
+                    assert_ne!(i, dense_layer, "{name}");
+                    assert_eq!((m.experts.len(), m.shared.is_some()), (8, shared));
+                }
+            }
+        }
+    }
 }
 
 /// `hidden_states(tokens, L)` followed by the final norm and lm_head gives the model's logits,

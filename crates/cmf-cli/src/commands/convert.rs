@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::human_bytes;
 use crate::exit::UsageError;
 
-/// Convert a Hugging Face model directory (llama, qwen2, qwen3, mistral) to CMF.
+/// Convert a Hugging Face model directory (llama, qwen2, qwen3, mistral, qwen2_moe, qwen3_moe) to CMF.
 #[derive(clap::Args)]
 pub struct Args {
     /// Directory with config.json, model.safetensors (or a sharded index) and tokenizer.json.

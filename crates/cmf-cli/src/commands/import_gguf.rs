@@ -1,4 +1,4 @@
-//! `cmf import-gguf FILE --output F [--quant …]`: a llama.cpp GGUF model (llama, qwen2, qwen3)
+//! `cmf import-gguf FILE --output F [--quant …]`: a llama.cpp GGUF model (llama, qwen2, qwen3, qwen3moe)
 //! → one CMF file, with its tokenizer rebuilt as tokenizer.json. See docs/convert.md.
 
 use std::path::PathBuf;

@@ -122,8 +122,17 @@ fn print_text(
         println!("            sliding_window {w}");
     }
     if let Some(m) = &a.moe {
+        let routing = if m.norm_topk_prob {
+            "top-k weights renormalised"
+        } else {
+            "top-k softmax weights"
+        };
+        let shared = match m.shared_expert_intermediate_size {
+            Some(w) => format!("shared expert ffn {w}"),
+            None => "no shared expert".into(),
+        };
         println!(
-            "            moe: {} experts, top {}, expert ffn {}",
+            "            moe: {} experts, top {}, expert ffn {}, {shared}, {routing}",
             m.num_experts, m.top_k, m.moe_intermediate_size
         );
     }

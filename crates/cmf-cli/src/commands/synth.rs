@@ -9,7 +9,7 @@ use cmf_convert::Options;
 
 use super::convert::{into_anyhow, parse_quant, print_report, Bar};
 
-/// Write a random-weight model (tiny, smollm2-135m, qwen3-0.6b, qwen3-8b, llama3-8b).
+/// Write a random-weight model (tiny, smollm2-135m, qwen3-0.6b, qwen3-8b, llama3-8b, qwen3-30b-a3b, qwen3-moe-1b).
 #[derive(clap::Args)]
 pub struct Args {
     /// Model geometry; `--preset list` prints the presets.

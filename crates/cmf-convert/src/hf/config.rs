@@ -1,4 +1,6 @@
-//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3 and mistral families.
+//! Hugging Face `config.json` → CMF [`Arch`] for the llama, qwen2, qwen3, mistral, qwen2_moe,
+//! qwen3_moe and qwen3_next families (MoE fields: [`super::moe`]; the hybrid fields of
+//! qwen3_next: [`super::qwen3_next`]).
 //!
 //! Defaults and derived fields follow transformers 5.x (`models/<family>/configuration_<family>.py`):
 //! - `num_key_value_heads` defaults to `num_attention_heads`; `head_dim` to hidden / heads.
@@ -15,9 +17,18 @@ use std::path::Path;
 use cmf_format::{limits, Arch, LayerType, NormStyle, Yarn};
 use serde_json::{Map, Value};
 
+use super::qwen3_next::{self, Qwen3Next};
 use crate::error::{ConvertError, Result};
 
-pub const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3", "mistral"];
+pub const FAMILIES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "qwen3_next",
+];
 
 /// Typed access to config fields with errors naming the file and field.
 pub(crate) struct Fields<'a> {
@@ -94,11 +105,15 @@ pub struct HfConfig {
     /// q/k/v projections carry biases (qwen2 always; llama/qwen3 with `attention_bias`).
     pub attention_bias: bool,
     pub mlp_bias: bool,
+    /// Per layer: routed experts (true) or a dense MLP; empty for dense families.
+    pub sparse_layers: Vec<bool>,
     /// `eos_token_id` / `bos_token_id` / `pad_token_id` from config.json (fallbacks for the
     /// tokenizer files).
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
     pub pad_token_id: Option<u32>,
+    /// The GatedDeltaNet geometry and sparse-layer plan of a qwen3_next checkpoint.
+    pub qwen3_next: Option<Qwen3Next>,
 }
 
 /// An id or a list of ids (`eos_token_id` may be either).
@@ -179,16 +194,27 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         _ => None,
     };
 
-    let (sliding_window, layer_types) = sliding(&f, model_type, num_layers)?;
+    let mut extra = Map::new();
+    let (sliding_window, layer_types, hybrid) = match model_type {
+        "qwen3_next" => {
+            let (types, q) = qwen3_next::parse(&f, num_layers, &mut extra)?;
+            (None, types, Some(q))
+        }
+        _ => {
+            let (window, types) = sliding(&f, model_type, num_layers)?;
+            (window, types, None)
+        }
+    };
 
     let attention_bias = match model_type {
         "qwen2" => true,
+        // Qwen2MoeConfig.qkv_bias (default true).
+        "qwen2_moe" => f.bool_opt("qkv_bias")?.unwrap_or(true),
         "mistral" => false,
         _ => f.bool_opt("attention_bias")?.unwrap_or(false),
     };
     let mlp_bias = model_type == "llama" && f.bool_opt("mlp_bias")?.unwrap_or(false);
 
-    let mut extra = Map::new();
     if let Some(s) = rope_scaling {
         extra.insert("rope_scaling".into(), Value::Object(s));
     }
@@ -197,6 +223,18 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         extra.insert("mlp_bias".into(), true.into());
     }
     extra.insert("hidden_act".into(), hidden_act.into());
+    // Qwen3-Next without experts (`num_experts` 0) has dense MLPs only.
+    let has_experts = match model_type {
+        "qwen3_next" => f.usize_opt("num_experts")?.unwrap_or(0) > 0,
+        _ => model_type.ends_with("_moe"),
+    };
+    let (moe, sparse_layers) = match has_experts {
+        true => {
+            let (m, plan) = super::moe::parse(&f, model_type, num_layers)?;
+            (Some(m), plan)
+        }
+        false => (None, vec![false; num_layers]),
+    };
 
     let arch = Arch {
         arch_name: model_type.to_owned(),
@@ -209,14 +247,18 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         vocab_size: f.usize_req("vocab_size")?,
         layer_types,
         rms_norm_eps: f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6),
-        norm_style: NormStyle::Qwen,
+        // Qwen3-Next's RMSNorms scale by (1 + w).
+        norm_style: match hybrid {
+            Some(_) => NormStyle::Gemma,
+            None => NormStyle::Qwen,
+        },
         rope_theta,
         tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         partial_rotary_factor,
         sliding_window,
         max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(4096),
         yarn,
-        moe: None,
+        moe,
         extra,
     };
     limits::check_arch(&arch).map_err(|(k, m)| {
@@ -232,6 +274,7 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         arch,
         attention_bias,
         mlp_bias,
+        sparse_layers,
         eos_token_ids: token_ids(file, "eos_token_id", f.get("eos_token_id"))?,
         bos_token_id: token_ids(file, "bos_token_id", f.get("bos_token_id"))?
             .first()
@@ -239,6 +282,7 @@ pub fn parse_config(file: &Path, json: &Value) -> Result<HfConfig> {
         pad_token_id: token_ids(file, "pad_token_id", f.get("pad_token_id"))?
             .first()
             .copied(),
+        qwen3_next: hybrid,
     })
 }
 
@@ -377,7 +421,9 @@ fn sliding(
             Some(Value::Null) => None,
             Some(_) => f.usize_opt("sliding_window")?,
         },
-        "qwen2" | "qwen3" if f.bool_opt("use_sliding_window")?.unwrap_or(false) => {
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe"
+            if f.bool_opt("use_sliding_window")?.unwrap_or(false) =>
+        {
             Some(f.usize_opt("sliding_window")?.unwrap_or(4096))
         }
         _ => None,

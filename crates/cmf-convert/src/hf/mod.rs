@@ -4,16 +4,19 @@
 //! tensor in the checkpoint is carried over except `*.rotary_emb.inv_freq` buffers (derived from
 //! the config) and, when `tie_word_embeddings` is true, `lm_head.weight` (transformers ties it to
 //! the embedding and ignores the stored copy). The tensors the model needs are checked for
-//! presence and shape against the config before anything is written.
+//! presence and shape against the config before anything is written; a MoE checkpoint must
+//! hold one tensor per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`, the hub layout).
 //! Codec policy: [`crate::quant`]. Memory: one chunk of rows per worker thread (emit.rs).
 
 pub mod checkpoint;
 pub mod config;
+mod moe;
+pub mod qwen3_next;
 pub mod tokenizer;
 
 use std::path::Path;
 
-use cmf_format::{CmfWriter, Header};
+use cmf_format::{CmfWriter, Header, LayerType};
 use serde_json::json;
 
 use crate::emit::{rows_cols, write_tensor, TensorStats};
@@ -53,26 +56,44 @@ fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
     if !a.tie_word_embeddings {
         v.push(("lm_head.weight".into(), vec![a.vocab_size, h]));
     }
+    // Gated attention (qwen3_next): q_proj emits a gate row per query row.
+    let q_rows = if c.qwen3_next.is_some() {
+        2 * q * hd
+    } else {
+        q * hd
+    };
     for i in 0..a.num_layers {
         let p = |s: &str| format!("model.layers.{i}.{s}");
         v.push((p("input_layernorm.weight"), vec![h]));
         v.push((p("post_attention_layernorm.weight"), vec![h]));
-        v.push((p("self_attn.q_proj.weight"), vec![q * hd, h]));
-        v.push((p("self_attn.k_proj.weight"), vec![kv * hd, h]));
-        v.push((p("self_attn.v_proj.weight"), vec![kv * hd, h]));
-        v.push((p("self_attn.o_proj.weight"), vec![h, q * hd]));
+        match &c.qwen3_next {
+            Some(hy) if a.layer_types[i] == LayerType::LinearAttention => {
+                v.extend(hy.gdn_tensors(&format!("model.layers.{i}"), h));
+            }
+            _ => {
+                v.push((p("self_attn.q_proj.weight"), vec![q_rows, h]));
+                v.push((p("self_attn.k_proj.weight"), vec![kv * hd, h]));
+                v.push((p("self_attn.v_proj.weight"), vec![kv * hd, h]));
+                v.push((p("self_attn.o_proj.weight"), vec![h, q * hd]));
+            }
+        }
         if c.attention_bias {
             v.push((p("self_attn.q_proj.bias"), vec![q * hd]));
             v.push((p("self_attn.k_proj.bias"), vec![kv * hd]));
             v.push((p("self_attn.v_proj.bias"), vec![kv * hd]));
         }
-        if a.arch_name == "qwen3" {
+        let qk_norm = matches!(a.arch_name.as_str(), "qwen3" | "qwen3_moe")
+            || (c.qwen3_next.is_some() && a.layer_types[i] != LayerType::LinearAttention);
+        if qk_norm {
             v.push((p("self_attn.q_norm.weight"), vec![hd]));
             v.push((p("self_attn.k_norm.weight"), vec![hd]));
         }
-        v.push((p("mlp.gate_proj.weight"), vec![a.intermediate_size, h]));
-        v.push((p("mlp.up_proj.weight"), vec![a.intermediate_size, h]));
-        v.push((p("mlp.down_proj.weight"), vec![h, a.intermediate_size]));
+        match &a.moe {
+            Some(m) if c.sparse_layers[i] => {
+                v.extend(moe::required(m, h, &format!("model.layers.{i}")))
+            }
+            _ => v.extend(moe::mlp(&p("mlp"), h, a.intermediate_size)),
+        }
     }
     v
 }
@@ -142,8 +163,12 @@ pub fn convert(dir: &Path, output: &Path, opts: &Options) -> Result<Report> {
         .iter()
         .map(|n| {
             let t = &ckpt.tensors[*n];
-            let d = quant.dtype_for(&t.shape);
-            if t.shape.len() >= 2 && d != quant.matrix_dtype() {
+            let keep = qwen3_next::keeps_f32(n);
+            let d = match keep {
+                true => cmf_format::Dtype::F32,
+                false => quant.dtype_for(&t.shape),
+            };
+            if !keep && t.shape.len() >= 2 && d != quant.matrix_dtype() {
                 notes.push(format!(
                     "{n}: shape {:?} cannot be {}, stored as {d}",
                     t.shape,

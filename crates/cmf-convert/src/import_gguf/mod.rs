@@ -19,7 +19,7 @@ pub mod tokenizer;
 use std::path::Path;
 
 use cmf_format::{
-    limits, Arch, CmfWriter, Dtype, Header, LayerType, NormStyle, QuantType, TokenizerConfig,
+    limits, Arch, CmfWriter, Dtype, Header, LayerType, Moe, NormStyle, QuantType, TokenizerConfig,
 };
 use serde_json::{json, Map, Value as Json};
 
@@ -29,7 +29,7 @@ use crate::gguf::{dequant, GgmlType, Gguf, GgufFile, TensorInfo, Value};
 use crate::quant::Quant;
 use crate::{Options, Report};
 
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
 
 struct Meta<'a> {
     g: &'a Gguf,
@@ -149,8 +149,16 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     extra.insert("attention_bias".into(), attention_bias.into());
     extra.insert("hidden_act".into(), "silu".into());
     let sliding_window = m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0);
+    let moe = match arch {
+        "qwen3moe" => Some(moe_from_gguf(&m)?),
+        _ => None,
+    };
     let arch = Arch {
-        arch_name: arch.to_owned(),
+        // The Hugging Face spelling, as `cmf convert` writes it.
+        arch_name: match arch {
+            "qwen3moe" => "qwen3_moe".to_owned(),
+            a => a.to_owned(),
+        },
         hidden_size: hidden,
         intermediate_size: m.usize_req("feed_forward_length")?,
         num_layers,
@@ -176,7 +184,7 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
         sliding_window,
         max_position_embeddings: m.usize_opt("context_length")?.unwrap_or(4096),
         yarn: None,
-        moe: None,
+        moe,
         extra,
     };
     limits::check_arch(&arch).map_err(|(k, msg)| {
@@ -192,11 +200,34 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
             "max_position_embeddings" => m.key("context_length"),
             "rms_norm_eps" => m.key("attention.layer_norm_rms_epsilon"),
             "rope_theta" => m.key("rope.freq_base"),
+            "moe.num_experts" => m.key("expert_count"),
+            "moe.top_k" => m.key("expert_used_count"),
+            "moe.moe_intermediate_size" => m.key("expert_feed_forward_length"),
             _ => m.key("rope.dimension_count"),
         };
         ConvertError::field(file, key, msg)
     })?;
     Ok(arch)
+}
+
+/// llama.cpp's expert keys → the CMF `moe` descriptor. llama.cpp's `qwen3moe` graph always
+/// renormalises the top-k weights (`build_moe_ffn(..., norm_w = true, ...)`), so
+/// `norm_topk_prob` is true unless `expert_weights_norm` says otherwise.
+fn moe_from_gguf(m: &Meta) -> Result<Moe> {
+    let norm = match m.get("expert_weights_norm") {
+        None => true,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            ConvertError::field(m.file, m.key("expert_weights_norm"), "expected a bool")
+        })?,
+    };
+    Ok(Moe {
+        num_experts: m.usize_req("expert_count")?,
+        top_k: m.usize_req("expert_used_count")?,
+        moe_intermediate_size: m.usize_req("expert_feed_forward_length")?,
+        norm_topk_prob: norm,
+        shared_expert_intermediate_size: None,
+        extra: Map::new(),
+    })
 }
 
 /// `rope.scaling.*` keys → the Hugging Face `rope_scaling` dict. A `rope_freqs.weight` tensor
@@ -362,11 +393,46 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         shape: Vec<usize>,
         dtype: Dtype,
         heads: Option<usize>,
+        /// First row of this item in the GGUF tensor (an expert's slice of a stacked tensor).
+        row0: usize,
     }
     let mut plan = Vec::new();
     for t in &g.tensors {
         if t.name == "rope_freqs.weight" {
             notes.push("rope_freqs.weight folded into arch.rope_scaling".to_owned());
+            continue;
+        }
+        if let Some((layer, leaf)) = names::expert_stack(&t.name) {
+            let shape: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
+            let experts = arch.moe.as_ref().map_or(0, |m| m.num_experts);
+            if shape.len() != 3 || shape[0] != experts {
+                return Err(ConvertError::tensor(
+                    path,
+                    &t.name,
+                    format!("shape {shape:?} is not [{experts} experts, rows, cols]"),
+                ));
+            }
+            if !t.ty.can_dequantize() {
+                return Err(ConvertError::tensor(
+                    path,
+                    &t.name,
+                    format!("GGUF tensor type {} is not supported", t.ty),
+                ));
+            }
+            let one = vec![shape[1], shape[2]];
+            for e in 0..experts {
+                plan.push(Item {
+                    info: t,
+                    hf: names::expert_name(layer, e, leaf),
+                    dtype: match opts.quant {
+                        Some(q) => q.dtype_for(&one),
+                        None => default_dtype(t.ty, &one),
+                    },
+                    shape: one.clone(),
+                    heads: None,
+                    row0: e * shape[1],
+                });
+            }
             continue;
         }
         let hf = names::hf_name(&t.name).ok_or_else(|| {
@@ -411,6 +477,7 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
             shape,
             dtype,
             heads,
+            row0: 0,
         });
     }
     plan.sort_by_key(|it| crate::hf::model_order(&it.hf));
@@ -453,7 +520,8 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
     crate::text_check::check(path, &vocab, &tc)?;
     let mut w = CmfWriter::create(output, header)?;
     w.set_vocab(vocab);
-    let total: u64 = plan.iter().map(|i| i.info.n_elements()).sum();
+    let elements = |i: &Item| i.shape.iter().product::<usize>() as u64;
+    let total: u64 = plan.iter().map(elements).sum();
     opts.progress.start(total);
     let mut stats = TensorStats::default();
     let mut per_tensor = Vec::with_capacity(plan.len());
@@ -468,6 +536,7 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         let ty = it.info.ty;
         let hd = arch.head_dim;
         let rows_fn = |r0: usize, r1: usize, out: &mut [f32]| -> std::result::Result<(), String> {
+            let (r0, r1) = (it.row0 + r0, it.row0 + r1);
             match it.heads {
                 None => dequant::dequantize(ty, &data[r0 * row_bytes..r1 * row_bytes], out),
                 // 1-D bias: one "row" of heads·hd elements, permuted element-wise.
@@ -499,7 +568,7 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         )?;
         stats.add(s);
         per_tensor.push((it.hf.clone(), it.dtype, s));
-        opts.progress.tensor_done(&it.hf, it.info.n_elements());
+        opts.progress.tensor_done(&it.hf, elements(it));
     }
     let output = w.finish()?;
     opts.progress.finish();

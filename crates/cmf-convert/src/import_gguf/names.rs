@@ -1,8 +1,10 @@
 //! GGUF tensor names → Hugging Face checkpoint names, and the Q/K row permutation.
 //!
-//! Names: llama.cpp's tensor map for the llama, qwen2 and qwen3 architectures
+//! Names: llama.cpp's tensor map for the llama, qwen2, qwen3 and qwen3moe architectures
 //! (`gguf-py/gguf/tensor_mapping.py`, `MODEL_TENSOR` ↔ the Hugging Face names that converter
-//! reads), inverted.
+//! reads), inverted. llama.cpp stacks a MoE layer's experts into one 3-D tensor per projection
+//! (`ffn_{gate,up,down}_exps`, numpy shape [experts, rows, cols]); the importer splits them back
+//! into the hub's per-expert tensors.
 //!
 //! Permutation: for the llama architecture llama.cpp's converter reorders the rows of q_proj
 //! and k_proj (weights and biases) so that its RoPE can rotate adjacent pairs
@@ -40,9 +42,29 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
+        "ffn_gate_inp" => "mlp.gate",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// A stacked expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`, numpy shape [E, rows, cols]):
+/// its layer and the per-expert Hugging Face leaf (`gate_proj`, `up_proj`, `down_proj`).
+pub fn expert_stack(gguf: &str) -> Option<(usize, &'static str)> {
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let leaf = match tail {
+        "ffn_gate_exps.weight" => "gate_proj",
+        "ffn_up_exps.weight" => "up_proj",
+        "ffn_down_exps.weight" => "down_proj",
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, leaf))
+}
+
+/// The Hugging Face name of expert `e`'s slice of a stacked expert tensor.
+pub fn expert_name(layer: usize, e: usize, leaf: &str) -> String {
+    format!("model.layers.{layer}.mlp.experts.{e}.{leaf}.weight")
 }
 
 /// For an output (Hugging Face) row of a permuted projection, the GGUF row holding it.
@@ -80,6 +102,19 @@ mod tests {
         );
         assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
         assert_eq!(hf_name("rope_freqs.weight"), None);
+        assert_eq!(
+            hf_name("blk.2.ffn_gate_inp.weight").as_deref(),
+            Some("model.layers.2.mlp.gate.weight")
+        );
+        assert_eq!(hf_name("blk.2.ffn_up_exps.weight"), None);
+        assert_eq!(
+            expert_stack("blk.2.ffn_down_exps.weight"),
+            Some((2, "down_proj"))
+        );
+        assert_eq!(
+            expert_name(2, 5, "down_proj"),
+            "model.layers.2.mlp.experts.5.down_proj.weight"
+        );
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
         assert_eq!(permuted_heads("blk.3.attn_k.weight", 9, 3), Some(3));
         assert_eq!(permuted_heads("blk.3.attn_v.weight", 9, 3), None);

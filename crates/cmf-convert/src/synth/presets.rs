@@ -1,6 +1,6 @@
 //! The `cmf synth` presets: real model geometries (from each model's published `config.json`).
 
-use cmf_format::{Arch, Header, LayerType, NormStyle, QuantType, TokenizerConfig};
+use cmf_format::{Arch, Header, LayerType, Moe, NormStyle, QuantType, TokenizerConfig};
 use serde_json::Map;
 
 use super::{tokenizer, Init, SynthArgs, SynthSpec, SynthTensor};
@@ -40,6 +40,16 @@ pub const PRESETS: &[Preset] = &[
         build: |a| llm(a, &LLAMA3_8B),
     },
     Preset {
+        name: "qwen3-30b-a3b",
+        description: "Qwen3-30B-A3B geometry (MoE: 128 experts of width 768, top 8)",
+        build: |a| llm(a, &QWEN3_30B_A3B),
+    },
+    Preset {
+        name: "qwen3-moe-1b",
+        description: "Qwen3-MoE of ~1B parameters (16 layers, hidden 1024, 64 experts of width 256, top 8) for CPU timing",
+        build: |a| llm(a, &QWEN3_MOE_1B),
+    },
+    Preset {
         name: "z-image-turbo",
         description: "Z-Image-Turbo pack (DiT 6.15B, Qwen3-4B encoder to layer 35, FLUX VAE decoder f32); use --quant q8_2f",
         build: super::zimage::z_image_turbo,
@@ -64,6 +74,15 @@ pub struct LlmGeometry {
     pub rms_norm_eps: f64,
     pub max_position: usize,
     pub tied: bool,
+    /// Routed experts in every layer (Qwen3-MoE), or a dense MLP.
+    pub moe: Option<MoeGeometry>,
+}
+
+/// The experts of a MoE geometry (softmax top-k routing, renormalised as Qwen3-MoE does).
+pub struct MoeGeometry {
+    pub experts: usize,
+    pub top_k: usize,
+    pub width: usize,
 }
 
 pub const TINY: LlmGeometry = LlmGeometry {
@@ -79,6 +98,7 @@ pub const TINY: LlmGeometry = LlmGeometry {
     rms_norm_eps: 1e-5,
     max_position: 2048,
     tied: false,
+    moe: None,
 };
 /// HuggingFaceTB/SmolLM2-135M-Instruct config.json.
 pub const SMOLLM2_135M: LlmGeometry = LlmGeometry {
@@ -94,6 +114,7 @@ pub const SMOLLM2_135M: LlmGeometry = LlmGeometry {
     rms_norm_eps: 1e-5,
     max_position: 8192,
     tied: true,
+    moe: None,
 };
 /// Qwen/Qwen3-0.6B config.json.
 pub const QWEN3_0_6B: LlmGeometry = LlmGeometry {
@@ -109,6 +130,7 @@ pub const QWEN3_0_6B: LlmGeometry = LlmGeometry {
     rms_norm_eps: 1e-6,
     max_position: 40_960,
     tied: true,
+    moe: None,
 };
 /// Qwen/Qwen3-8B config.json.
 pub const QWEN3_8B: LlmGeometry = LlmGeometry {
@@ -124,6 +146,7 @@ pub const QWEN3_8B: LlmGeometry = LlmGeometry {
     rms_norm_eps: 1e-6,
     max_position: 40_960,
     tied: false,
+    moe: None,
 };
 /// meta-llama/Llama-3.1-8B config.json (without its llama3 RoPE scaling, which does not change
 /// the cost of a forward pass).
@@ -140,6 +163,49 @@ pub const LLAMA3_8B: LlmGeometry = LlmGeometry {
     rms_norm_eps: 1e-5,
     max_position: 8192,
     tied: false,
+    moe: None,
+};
+
+/// Qwen/Qwen3-30B-A3B config.json.
+pub const QWEN3_30B_A3B: LlmGeometry = LlmGeometry {
+    arch_name: "qwen3_moe",
+    hidden: 2048,
+    intermediate: 6144,
+    layers: 48,
+    heads: 32,
+    kv_heads: 4,
+    head_dim: 128,
+    vocab: 151_936,
+    rope_theta: 1_000_000.0,
+    rms_norm_eps: 1e-6,
+    max_position: 40_960,
+    tied: false,
+    moe: Some(MoeGeometry {
+        experts: 128,
+        top_k: 8,
+        width: 768,
+    }),
+};
+/// A Qwen3-MoE of ~1.0B parameters (0.30B used per token, 0.16B of it the tied lm_head): the
+/// 30B-A3B layout scaled down so a CPU decodes it at interactive speed.
+pub const QWEN3_MOE_1B: LlmGeometry = LlmGeometry {
+    arch_name: "qwen3_moe",
+    hidden: 1024,
+    intermediate: 3072,
+    layers: 16,
+    heads: 16,
+    kv_heads: 4,
+    head_dim: 64,
+    vocab: 151_936,
+    rope_theta: 1_000_000.0,
+    rms_norm_eps: 1e-6,
+    max_position: 40_960,
+    tied: true,
+    moe: Some(MoeGeometry {
+        experts: 64,
+        top_k: 8,
+        width: 256,
+    }),
 };
 
 const STD: f32 = 0.02;
@@ -170,7 +236,7 @@ pub fn llm_tensors(g: &LlmGeometry) -> Vec<SynthTensor> {
         v.push(t(p("self_attn.q_proj.weight"), vec![q, h], normal));
         v.push(t(p("self_attn.k_proj.weight"), vec![kv, h], normal));
         v.push(t(p("self_attn.v_proj.weight"), vec![kv, h], normal));
-        if g.arch_name == "qwen3" {
+        if g.arch_name.starts_with("qwen3") {
             v.push(t(p("self_attn.q_norm.weight"), vec![hd], Init::Const(1.0)));
             v.push(t(p("self_attn.k_norm.weight"), vec![hd], Init::Const(1.0)));
         }
@@ -180,17 +246,22 @@ pub fn llm_tensors(g: &LlmGeometry) -> Vec<SynthTensor> {
             vec![h],
             Init::Const(1.0),
         ));
-        v.push(t(
-            p("mlp.gate_proj.weight"),
-            vec![g.intermediate, h],
-            normal,
-        ));
-        v.push(t(p("mlp.up_proj.weight"), vec![g.intermediate, h], normal));
-        v.push(t(
-            p("mlp.down_proj.weight"),
-            vec![h, g.intermediate],
-            normal,
-        ));
+        let mlp = |base: String, f: usize| {
+            [
+                t(format!("{base}.gate_proj.weight"), vec![f, h], normal),
+                t(format!("{base}.up_proj.weight"), vec![f, h], normal),
+                t(format!("{base}.down_proj.weight"), vec![h, f], normal),
+            ]
+        };
+        match &g.moe {
+            Some(m) => {
+                v.push(t(p("mlp.gate.weight"), vec![m.experts, h], normal));
+                for e in 0..m.experts {
+                    v.extend(mlp(p(&format!("mlp.experts.{e}")), m.width));
+                }
+            }
+            None => v.extend(mlp(p("mlp"), g.intermediate)),
+        }
     }
     v.push(t("model.norm.weight".into(), vec![h], Init::Const(1.0)));
     if !g.tied {
@@ -221,7 +292,14 @@ pub fn llm_arch(g: &LlmGeometry) -> Arch {
         sliding_window: None,
         max_position_embeddings: g.max_position,
         yarn: None,
-        moe: None,
+        moe: g.moe.as_ref().map(|m| Moe {
+            num_experts: m.experts,
+            top_k: m.top_k,
+            moe_intermediate_size: m.width,
+            norm_topk_prob: true,
+            shared_expert_intermediate_size: None,
+            extra: Map::new(),
+        }),
         extra,
     }
 }
@@ -261,5 +339,10 @@ mod tests {
         assert_eq!(count(&QWEN3_0_6B), 596_049_920);
         assert_eq!(count(&QWEN3_8B), 8_190_735_360);
         assert_eq!(count(&LLAMA3_8B), 8_030_261_248);
+        // Qwen3-30B-A3B's model card: 30.5B parameters in all.
+        let n = count(&QWEN3_30B_A3B);
+        assert!((30_450_000_000..30_550_000_000).contains(&n), "{n}");
+        let n = count(&QWEN3_MOE_1B);
+        assert!((950_000_000..1_050_000_000).contains(&n), "{n}");
     }
 }

@@ -91,6 +91,8 @@ impl<'m> ChatSession<'m> {
             .count();
         keep = keep.min(ids.len() - 1);
         self.engine.truncate(keep);
+        // A recurrent state cannot rewind: the engine may have kept less than asked.
+        let keep = self.engine.len().min(keep);
         self.cached.truncate(keep);
         let mut reply = String::new();
         let mut collect = |t: &str| {

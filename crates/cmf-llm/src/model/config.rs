@@ -4,22 +4,33 @@
 //! Both spellings are accepted for every field (`num_layers` / `num_hidden_layers`,
 //! `num_kv_heads` / `num_key_value_heads`, `rope_scaling` / `rope_parameters`, …) so the same
 //! parser serves converted files, GGUF imports and embedded HF configs. Unknown fields are
-//! ignored; features this runtime does not implement (MoE, linear-attention layers, Gemma-style
-//! norms, non-SiLU activations) are refused with the field named.
+//! ignored; features this runtime does not implement (non-SiLU activations, linear-attention
+//! layers outside Qwen3-Next, router variants other than softmax top-k) are refused with the
+//! field named. Mixture-of-experts geometry is parsed in [`super::moe::MoeConfig`].
 
+use super::moe::MoeConfig;
 use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
 use cmf_format::limits;
+use cmf_kernels::ops::NormStyle;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
-/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says.
+/// (biases, q/k norm) are chosen by which tensors the file carries, as the CMF spec says, and
+/// the MoE families replace some layers' MLP with routed experts. Qwen3-Next adds GatedDeltaNet
+/// layers, an output-gated attention and `(1 + w)` norms (and experts with a shared expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Llama,
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen2-MoE: softmax top-k experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: softmax top-k experts.
+    Qwen3Moe,
+    /// Qwen3-Next: GatedDeltaNet + gated attention, Qwen2-MoE's feed-forward.
+    Qwen3Next,
 }
 
 impl Family {
@@ -29,8 +40,16 @@ impl Family {
             "mistral" | "mistralforcausallm" => Some(Family::Mistral),
             "qwen2" | "qwen2forcausallm" => Some(Family::Qwen2),
             "qwen3" | "qwen3forcausallm" => Some(Family::Qwen3),
+            "qwen2_moe" | "qwen2moe" | "qwen2moeforcausallm" => Some(Family::Qwen2Moe),
+            "qwen3_moe" | "qwen3moe" | "qwen3moeforcausallm" => Some(Family::Qwen3Moe),
+            "qwen3_next" | "qwen3next" | "qwen3nextforcausallm" => Some(Family::Qwen3Next),
             _ => None,
         }
+    }
+
+    /// Whether the family's layers may carry routed experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Family::Qwen2Moe | Family::Qwen3Moe)
     }
 }
 
@@ -51,6 +70,63 @@ pub struct ModelConfig {
     pub sliding_window: Vec<Option<usize>>,
     /// lm_head shares the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// Per layer: what mixes the tokens (attention or a GatedDeltaNet).
+    pub mixers: Vec<Mixer>,
+    /// How every RMSNorm weight applies: x̂·w, or x̂·(1 + w) (Qwen3-Next's zero-centred norms).
+    pub norm_style: NormStyle,
+    /// Attention output gate: q_proj emits [query | gate] per head and the attention output is
+    /// multiplied by sigmoid(gate) before o_proj (Qwen3-Next).
+    pub attn_output_gate: bool,
+    /// GatedDeltaNet geometry; present when some layer is a GDN mixer.
+    pub gdn: Option<GdnConfig>,
+    /// Routed experts and which layers use them (MoE families only).
+    pub moe: Option<MoeConfig>,
+}
+
+/// The token mixer of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// Causal softmax attention over the KV cache (full or sliding window).
+    Attention,
+    /// GatedDeltaNet linear attention with a per-sequence recurrent state (`model::gdn`).
+    GatedDeltaNet,
+}
+
+/// GatedDeltaNet geometry (transformers `linear_*` config fields). Each of the `num_k_heads`
+/// query/key heads serves `num_v_heads / num_k_heads` consecutive value heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnConfig {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Taps of the causal depthwise convolution over q|k|v.
+    pub conv_kernel: usize,
+}
+
+impl GdnConfig {
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.k_head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.v_head_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Rows of `in_proj_qkvz`: q, k, v and the output gate z.
+    pub fn qkvz_dim(&self) -> usize {
+        2 * self.key_dim() + 2 * self.value_dim()
+    }
+
+    /// Value heads per query/key head.
+    pub fn v_per_k(&self) -> usize {
+        self.num_v_heads / self.num_k_heads
+    }
 }
 
 impl ModelConfig {
@@ -64,18 +140,39 @@ impl ModelConfig {
         let name = f.str_any(&["arch_name", "model_type"])?;
         let family = Family::from_name(&name).ok_or_else(|| {
             LlmError::Unsupported(format!(
-                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3)"
+                "architecture `{name}` (this runtime implements llama, mistral, qwen2, qwen3, \
+                 qwen2_moe, qwen3_moe, qwen3_next)"
             ))
         })?;
-        f.refuse_present("moe", "mixture-of-experts layers are not implemented")?;
-        if let Some(style) = obj.get("norm_style").and_then(Value::as_str) {
-            if !style.eq_ignore_ascii_case("qwen") {
+        let has_experts = match family {
+            Family::Qwen3Next => {
+                obj.get("moe").is_some_and(|m| !m.is_null())
+                    || f.opt_usize(&["num_experts"])?.unwrap_or(0) > 0
+            }
+            _ => family.is_moe(),
+        };
+        if !has_experts {
+            f.refuse_present(
+                "moe",
+                "mixture-of-experts layers need a qwen2_moe / qwen3_moe / qwen3_next arch",
+            )?;
+        }
+        let norm_style = match obj.get("norm_style").and_then(Value::as_str) {
+            None if family == Family::Qwen3Next => NormStyle::OnePlus,
+            None => NormStyle::Plain,
+            Some(s) if s.eq_ignore_ascii_case("qwen") && family != Family::Qwen3Next => {
+                NormStyle::Plain
+            }
+            Some(s) if s.eq_ignore_ascii_case("gemma") && family == Family::Qwen3Next => {
+                NormStyle::OnePlus
+            }
+            Some(s) => {
                 return Err(config_err(
                     "norm_style",
-                    format!("`{style}` is not supported (only `qwen`: x̂·w)"),
-                ));
+                    format!("`{s}` does not match architecture `{name}`"),
+                ))
             }
-        }
+        };
         if let Some(act) = obj.get("hidden_act").and_then(Value::as_str) {
             if act != "silu" {
                 return Err(config_err(
@@ -130,6 +227,15 @@ impl ModelConfig {
 
         let rope = parse_rope(&f, head_dim, max_pos)?;
         let sliding_window = parse_sliding_window(&f, family, cfg_num_layers)?;
+        let mixers = parse_mixers(&f, family, cfg_num_layers)?;
+        let gdn = match mixers.contains(&Mixer::GatedDeltaNet) {
+            true => Some(parse_gdn(&f)?),
+            false => None,
+        };
+        let moe = match has_experts {
+            true => Some(MoeConfig::from_json(obj, family, cfg_num_layers)?),
+            false => None,
+        };
 
         Ok(ModelConfig {
             family,
@@ -145,6 +251,11 @@ impl ModelConfig {
             rope,
             sliding_window,
             tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            mixers,
+            norm_style,
+            attn_output_gate: family == Family::Qwen3Next,
+            gdn,
+            moe,
         })
     }
 
@@ -283,6 +394,67 @@ fn yarn_from(p: &Fields, max_pos: usize) -> Result<RopeScaling> {
     })
 }
 
+/// Per layer: attention or GatedDeltaNet, from `layer_types` (`linear_attention` /
+/// `LinearAttention` is a GDN mixer, accepted for Qwen3-Next only).
+fn parse_mixers(f: &Fields, family: Family, n: usize) -> Result<Vec<Mixer>> {
+    let Some(Value::Array(types)) = f.0.get("layer_types") else {
+        if family == Family::Qwen3Next {
+            return Err(config_err(
+                "layer_types",
+                "is missing (Qwen3-Next lists each layer's mixer)",
+            ));
+        }
+        return Ok(vec![Mixer::Attention; n]);
+    };
+    if types.is_empty() {
+        return Ok(vec![Mixer::Attention; n]);
+    }
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let t = t.as_str().unwrap_or_default();
+            match (t.to_ascii_lowercase().replace('_', "").as_str(), family) {
+                ("linearattention", Family::Qwen3Next) => Ok(Mixer::GatedDeltaNet),
+                ("linearattention", _) => Err(LlmError::Unsupported(format!(
+                    "layer {i} has type `{t}`: linear attention is implemented for qwen3_next only"
+                ))),
+                _ => Ok(Mixer::Attention),
+            }
+        })
+        .collect()
+}
+
+/// The `linear_*` fields of a GatedDeltaNet model.
+fn parse_gdn(f: &Fields) -> Result<GdnConfig> {
+    let g = GdnConfig {
+        num_k_heads: f.usize_any(&["linear_num_key_heads"])?,
+        num_v_heads: f.usize_any(&["linear_num_value_heads"])?,
+        k_head_dim: f.usize_any(&["linear_key_head_dim"])?,
+        v_head_dim: f.usize_any(&["linear_value_head_dim"])?,
+        conv_kernel: f.opt_usize(&["linear_conv_kernel_dim"])?.unwrap_or(4),
+    };
+    for (field, val, max) in [
+        ("linear_num_key_heads", g.num_k_heads, limits::MAX_HEADS),
+        ("linear_num_value_heads", g.num_v_heads, limits::MAX_HEADS),
+        ("linear_key_head_dim", g.k_head_dim, limits::MAX_HEAD_DIM),
+        ("linear_value_head_dim", g.v_head_dim, limits::MAX_HEAD_DIM),
+        ("linear_conv_kernel_dim", g.conv_kernel, 64),
+    ] {
+        limits::check_size(field, val, max).map_err(|(k, m)| config_err(&k, m))?;
+    }
+    if !g.num_v_heads.is_multiple_of(g.num_k_heads) {
+        return Err(config_err(
+            "linear_num_value_heads",
+            format!(
+                "{} is not a multiple of linear_num_key_heads {}",
+                g.num_v_heads, g.num_k_heads
+            ),
+        ));
+    }
+    Ok(g)
+}
+
 /// Which layers use a sliding window. transformers: Mistral applies `sliding_window` to every
 /// layer whatever `layer_types` says; Qwen2/Qwen3 only to layers whose `layer_types` entry is `sliding_attention` (the config
 /// sets `sliding_window` to null unless `use_sliding_window`). A CMF `layer_types` list
@@ -324,7 +496,8 @@ fn parse_sliding_window(f: &Fields, family: Family, n: usize) -> Result<Vec<Opti
                 .as_str()
                 .ok_or_else(|| config_err("layer_types", format!("entry {i} is not a string")))?;
             match t.to_ascii_lowercase().replace('_', "").as_str() {
-                "fullattention" => Ok(None),
+                // A GDN layer has no window; `parse_mixers` decides whether it is allowed.
+                "fullattention" | "linearattention" => Ok(None),
                 "slidingattention" => match window {
                     Some(w) => Ok(Some(w)),
                     None => Err(config_err(
@@ -341,7 +514,7 @@ fn parse_sliding_window(f: &Fields, family: Family, n: usize) -> Result<Vec<Opti
 }
 
 /// Typed access to a JSON object, accepting alternative spellings of a field.
-struct Fields<'a>(&'a Map<String, Value>);
+pub(super) struct Fields<'a>(pub(super) &'a Map<String, Value>);
 
 impl Fields<'_> {
     fn find<'k>(&self, keys: &[&'k str]) -> Option<(&'k str, &Value)> {
@@ -349,7 +522,7 @@ impl Fields<'_> {
             .find_map(|k| self.0.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
     }
 
-    fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
+    pub(super) fn opt_usize(&self, keys: &[&str]) -> Result<Option<usize>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -360,12 +533,12 @@ impl Fields<'_> {
         }
     }
 
-    fn usize_any(&self, keys: &[&str]) -> Result<usize> {
+    pub(super) fn usize_any(&self, keys: &[&str]) -> Result<usize> {
         self.opt_usize(keys)?
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
+    pub(super) fn opt_f64(&self, keys: &[&str]) -> Result<Option<f64>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -385,7 +558,7 @@ impl Fields<'_> {
         Ok(v)
     }
 
-    fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
+    pub(super) fn opt_str(&self, keys: &[&str]) -> Result<Option<String>> {
         match self.find(keys) {
             None => Ok(None),
             Some((k, v)) => v
@@ -400,7 +573,7 @@ impl Fields<'_> {
             .ok_or_else(|| config_err(keys[0], "is missing"))
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
@@ -410,7 +583,7 @@ impl Fields<'_> {
         }
     }
 
-    fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
+    pub(super) fn refuse_present(&self, key: &str, why: &str) -> Result<()> {
         match self.0.get(key) {
             None | Some(Value::Null) => Ok(()),
             Some(_) => Err(LlmError::Unsupported(format!("`{key}`: {why}"))),
@@ -420,6 +593,7 @@ impl Fields<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::moe::Routing;
     use super::*;
     use serde_json::json;
 
@@ -497,6 +671,48 @@ mod tests {
         assert!(e.contains("rope_scaling.factor"), "{e}");
     }
 
+    fn qwen3_next() -> Value {
+        json!({"model_type": "qwen3_next", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "vocab_size": 100, "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16, "num_experts": 4, "mlp_only_layers": [0, 1],
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "partial_rotary_factor": 0.25})
+    }
+
+    #[test]
+    fn qwen3_next_hybrid_fields_and_refusals() {
+        let c = ModelConfig::from_json(&qwen3_next()).unwrap();
+        assert_eq!(c.mixers, [Mixer::GatedDeltaNet, Mixer::Attention]);
+        assert_eq!(
+            c.gdn.unwrap().conv_kernel,
+            4,
+            "transformers' default kernel"
+        );
+        assert_eq!(c.norm_style, NormStyle::OnePlus);
+        let err = |v: Value| ModelConfig::from_json(&v).unwrap_err().to_string();
+        // Layers off mlp_only_layers route to experts, with Qwen2-MoE's shared expert.
+        let mut v = qwen3_next();
+        v["mlp_only_layers"] = json!([0]);
+        let moe = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!(moe.sparse_layers, Some(vec![false, true]));
+        assert_eq!(moe.shared_expert_width, Some(48));
+        let mut v = qwen3_next();
+        v["linear_num_value_heads"] = json!(3);
+        assert!(err(v).contains("linear_num_value_heads"));
+        let mut v = qwen3_next();
+        v.as_object_mut().unwrap().remove("linear_key_head_dim");
+        assert!(err(v).contains("linear_key_head_dim"));
+        let mut v = qwen3_next();
+        v["norm_style"] = json!("qwen");
+        assert!(err(v).contains("norm_style"));
+        // Linear attention is a Qwen3-Next layer kind only.
+        let mut v = qwen3_next();
+        v["model_type"] = json!("qwen3");
+        assert!(err(v).contains("linear_attention"));
+    }
+
     #[test]
     fn sliding_window_per_family() {
         let mut v = base();
@@ -518,5 +734,50 @@ mod tests {
             ModelConfig::from_json(&v).unwrap().sliding_window,
             vec![None, None]
         );
+    }
+
+    #[test]
+    fn moe_geometry_from_the_cmf_descriptor_or_hf_fields() {
+        let mut v = base();
+        v["arch_name"] = json!("qwen3_moe");
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32,
+                          "norm_topk_prob": true});
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_width), (8, 2, 32));
+        assert_eq!(
+            m.routing,
+            Routing::SoftmaxTopK {
+                norm_topk_prob: true
+            }
+        );
+        assert_eq!((m.shared_expert_width, m.sparse_layers), (None, None));
+
+        v["moe"]["router_sigmoid"] = json!(true);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.router_sigmoid"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "top_k": 9, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("num_experts_per_tok"), "{e}");
+        v["moe"] = json!({"num_experts": 8, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("moe.top_k"), "{e}");
+
+        let mut v = base();
+        v["arch_name"] = json!("qwen2_moe");
+        v["num_experts"] = json!(4);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(16);
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("shared_expert_intermediate_size"), "{e}");
+        v["shared_expert_intermediate_size"] = json!(24);
+        v["mlp_only_layers"] = json!([0]);
+        let m = ModelConfig::from_json(&v).unwrap().moe.unwrap();
+        assert_eq!(m.shared_expert_width, Some(24));
+        assert_eq!(m.sparse_layers, Some(vec![false, true]));
+
+        let mut v = base();
+        v["moe"] = json!({"num_experts": 8, "top_k": 2, "moe_intermediate_size": 32});
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("`moe`"), "{e}");
     }
 }

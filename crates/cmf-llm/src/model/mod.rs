@@ -12,11 +12,15 @@
 //! Prefill runs the tokens in chunks of [`PREFILL_CHUNK`] rows through `cmf_kernels::matmul`
 //! (GEMM); decode runs one row through `cmf_kernels::matvec`. The reference numerics are
 //! transformers' `modeling_llama.py` / `modeling_qwen2.py` / `modeling_qwen3.py` /
-//! `modeling_mistral.py`.
+//! `modeling_mistral.py`. Qwen3-Next (`modeling_qwen3_next.py`) swaps the token mixer per layer:
+//! GatedDeltaNet layers ([`gdn`]) and output-gated attention ([`gated_attention`]).
 
 pub mod config;
+pub mod gated_attention;
+pub mod gdn;
 pub mod kv_cache;
 mod load;
+pub mod moe;
 pub mod rope;
 pub mod weights;
 
@@ -24,11 +28,17 @@ use crate::error::{LlmError, Result};
 use crate::profile::{time, Op};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 use cmf_kernels::{AttnParams, KvDtype};
-pub use config::{Family, ModelConfig};
+pub use config::{Family, GdnConfig, Mixer, ModelConfig};
+use gated_attention::GateScratch;
+use gdn::GdnScratch;
+pub use gdn::GdnState;
 pub use kv_cache::KvCache;
 pub use load::CmfSource;
 use rope::Rope;
-pub use weights::{LayerWeights, Linear, ModelWeights, TensorRef, TensorSource};
+pub use weights::{
+    AttentionWeights, Ffn, GdnWeights, LayerWeights, Linear, MixerWeights, ModelWeights, TensorRef,
+    TensorSource,
+};
 
 /// Rows per prefill GEMM pass: large enough to amortise reading each weight once per chunk,
 /// small enough that the activations stay a few MB.
@@ -42,10 +52,13 @@ pub struct Model<'a> {
     pub rope: Rope,
 }
 
-/// The state of one sequence: its KV cache and the activation buffers reused across passes
-/// (so decoding allocates nothing per token).
+/// The state of one sequence: its KV cache (attention layers), the recurrent state of each
+/// GatedDeltaNet layer, and the activation buffers reused across passes (so decoding allocates
+/// nothing per token).
 pub struct State {
     pub kv: KvCache,
+    /// Per layer: the GDN conv window and delta state; None for attention layers.
+    recurrent: Vec<Option<GdnState>>,
     buf: Buffers,
 }
 
@@ -62,6 +75,29 @@ impl State {
     /// Starts a new sequence, keeping the allocations.
     pub fn clear(&mut self) {
         self.kv.clear();
+        self.recurrent
+            .iter_mut()
+            .flatten()
+            .for_each(GdnState::clear);
+    }
+
+    /// Keeps the first `len` tokens. A recurrent state cannot be rewound, so a model with GDN
+    /// layers keeps either everything (len ≥ the current length) or nothing: callers read
+    /// [`State::len`] afterwards to learn how much was kept.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len() {
+            return;
+        }
+        if self.recurrent.iter().any(Option::is_some) {
+            self.clear();
+        } else {
+            self.kv.truncate(len);
+        }
+    }
+
+    /// The recurrent state of layer `l` (None for an attention layer).
+    pub fn gdn_state(&self, l: usize) -> Option<&GdnState> {
+        self.recurrent.get(l).and_then(Option::as_ref)
     }
 }
 
@@ -124,8 +160,16 @@ impl<'a> Model<'a> {
 
     fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> State {
         let c = &self.config;
+        let recurrent = c.mixers[..layers]
+            .iter()
+            .map(|m| match (m, &c.gdn) {
+                (Mixer::GatedDeltaNet, Some(g)) => Some(GdnState::new(g)),
+                _ => None,
+            })
+            .collect();
         State {
             kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype),
+            recurrent,
             buf: Buffers::default(),
         }
     }
@@ -272,7 +316,12 @@ impl<'a> Model<'a> {
                 rope,
                 rope_row0: row0,
             };
-            self.layer(l, lw, &mut st.kv, &mut b.act, rows);
+            let mix = MixerState {
+                gdn: st.recurrent[l].as_mut(),
+                gdn_scratch: &mut b.gdn,
+                gate_scratch: &mut b.gate,
+            };
+            self.layer(l, lw, &mut st.kv, mix, &mut b.act, rows);
         }
         st.kv.commit(n);
         Ok(())
@@ -301,9 +350,46 @@ impl<'a> Model<'a> {
     }
 
     /// One decoder layer over `r.n` rows whose first position is `r.start`: a token mixer
-    /// (attention over the cache) then a feed-forward block, each adding to the residual.
-    fn layer(&self, l: usize, w: &LayerWeights, kv: &mut KvCache, b: &mut Activations, r: Rows) {
-        self.attention_block(l, w, kv, b, r);
+    /// (attention over the cache, or a GatedDeltaNet over its recurrent state) then a
+    /// feed-forward block, each adding to the residual.
+    fn layer(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        kv: &mut KvCache,
+        mix: MixerState,
+        b: &mut Activations,
+        r: Rows,
+    ) {
+        let cfg = &self.config;
+        match (&w.mixer, mix.gdn) {
+            (MixerWeights::Attention(a), _) if cfg.attn_output_gate => {
+                self.gated_attention_block(l, a, kv, b, mix.gate_scratch, r)
+            }
+            (MixerWeights::Attention(a), _) => self.attention_block(l, a, kv, b, r),
+            (MixerWeights::GatedDeltaNet(g), Some(st)) => {
+                let geo = cfg
+                    .gdn
+                    .as_ref()
+                    .expect("bound GDN weights imply a GDN config");
+                time(Op::Attention, || {
+                    gdn::gdn_block(
+                        geo,
+                        g,
+                        &mut b.x,
+                        &mut b.xn,
+                        r.n,
+                        cfg.rms_norm_eps,
+                        cfg.norm_style,
+                        st,
+                        mix.gdn_scratch,
+                    )
+                });
+            }
+            (MixerWeights::GatedDeltaNet(_), None) => {
+                unreachable!("the state of a GDN layer is made with the model's layers")
+            }
+        }
         self.ffn_block(w, b, r.n);
     }
 
@@ -311,7 +397,7 @@ impl<'a> Model<'a> {
     fn attention_block(
         &self,
         l: usize,
-        w: &LayerWeights,
+        w: &AttentionWeights,
         kv: &mut KvCache,
         b: &mut Activations,
         r: Rows,
@@ -358,23 +444,35 @@ impl<'a> Model<'a> {
         });
     }
 
-    /// `x += (silu(norm(x)·Wgᵀ) ⊙ norm(x)·Wuᵀ)·Wdᵀ` over `n` rows.
+    /// `x += ffn(norm(x))` over `n` rows: the dense MLP or the layer's experts.
     fn ffn_block(&self, w: &LayerWeights, b: &mut Activations, n: usize) {
         let cfg = &self.config;
-        let (h, eps, ff) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.intermediate_size);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
-        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
         time(Op::Norm, || {
-            ops::rms_norm(x, h, Some(&w.ffn_norm), eps, NormStyle::Plain, xn)
+            ops::rms_norm(x, h, Some(&w.ffn_norm), eps, cfg.norm_style, xn)
         });
-        time(Op::GateUp, || {
-            linear_shared_input([&w.gate, &w.up], xn, n, [gate, up]);
-        });
-        time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
-        time(Op::Down, || {
-            linear(&w.down, gate, n, out);
-            ops::add(x, out);
-        });
+        match &w.ffn {
+            Ffn::Dense(mlp) => {
+                let ff = cfg.intermediate_size;
+                let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
+                time(Op::GateUp, || {
+                    linear_shared_input([&mlp.gate, &mlp.up], xn, n, [gate, up]);
+                });
+                time(Op::Swiglu, || ops::swiglu_inplace(gate, up));
+                time(Op::Down, || {
+                    linear(&mlp.down, gate, n, out);
+                    ops::add(x, out);
+                });
+            }
+            Ffn::Moe(m) => {
+                let mc = cfg.moe.as_ref().expect("a MoE layer has a MoE config");
+                time(Op::Experts, || {
+                    moe::forward(m, mc, xn, n, out, &mut b.moe);
+                    ops::add(x, out);
+                });
+            }
+        }
     }
 
     /// Final norm + lm_head for rows `r..r+m` of the last chunk, into `b.logits[..m·vocab]`.
@@ -391,7 +489,7 @@ impl<'a> Model<'a> {
                 h,
                 Some(&self.weights.final_norm),
                 self.config.rms_norm_eps,
-                NormStyle::Plain,
+                self.config.norm_style,
                 xn,
             );
             let head = Linear {
@@ -438,6 +536,13 @@ fn linear_shared_input<const N: usize>(
     }
 }
 
+/// The per-sequence mixer state one layer reads besides the KV cache.
+struct MixerState<'s> {
+    gdn: Option<&'s mut GdnState>,
+    gdn_scratch: &'s mut GdnScratch,
+    gate_scratch: &'s mut GateScratch,
+}
+
 /// The rows of one forward pass: count, first position, and where their cos/sin start.
 #[derive(Clone, Copy)]
 struct Rows<'t> {
@@ -456,11 +561,14 @@ struct RopeCache {
     table: RopeTable,
 }
 
-/// What a sequence reuses between passes: activations and the RoPE table.
+/// What a sequence reuses between passes: activations, the RoPE table and the hybrid mixers'
+/// scratch.
 #[derive(Default)]
 struct Buffers {
     act: Activations,
     rope: Option<RopeCache>,
+    gdn: GdnScratch,
+    gate: GateScratch,
 }
 
 impl Buffers {
@@ -486,6 +594,8 @@ struct Activations {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// the MoE blocks' own buffers (router scores, gathered rows, expert outputs)
+    moe: moe::Scratch,
 }
 
 impl Activations {

@@ -7,9 +7,12 @@
 //!
 //! Optional operators are chosen by which tensors exist, as the CMF spec prescribes: attention
 //! biases (Qwen2, Llama `attention_bias`), MLP biases (Llama `mlp_bias`), Qwen3 q/k norms, a
-//! separate `lm_head.weight` (else the embedding is reused, as with tied embeddings).
+//! separate `lm_head.weight` (else the embedding is reused, as with tied embeddings). Which mixer
+//! a layer has (attention or GatedDeltaNet) comes from the config's `layer_types`; a MoE
+//! layer's feed-forward block is bound by [`super::moe::bind`].
 
-use super::config::ModelConfig;
+use super::config::{Mixer, ModelConfig};
+use super::moe::{self, Mlp, MoeWeights};
 use crate::error::{LlmError, Result};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
@@ -35,13 +38,30 @@ pub struct Linear<'a> {
     pub bias: Option<Vec<f32>>,
 }
 
-/// One decoder layer, in checkpoint order. Shapes: hidden H, q dim Q = heads·head_dim,
-/// kv dim K = kv_heads·head_dim, FFN width F.
+/// One decoder layer, in checkpoint order: a token mixer, then the feed-forward block.
+/// Shapes: hidden H, FFN width F.
 #[derive(Clone, Debug)]
 pub struct LayerWeights<'a> {
+    pub mixer: MixerWeights<'a>,
+    /// post_attention_layernorm [H]
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn<'a>,
+}
+
+/// The token mixer's weights, one variant per [`Mixer`].
+#[derive(Clone, Debug)]
+pub enum MixerWeights<'a> {
+    Attention(AttentionWeights<'a>),
+    GatedDeltaNet(GdnWeights<'a>),
+}
+
+/// An attention mixer. Shapes: q dim Q = heads·head_dim, kv dim K = kv_heads·head_dim.
+#[derive(Clone, Debug)]
+pub struct AttentionWeights<'a> {
     /// input_layernorm [H]
     pub attn_norm: Vec<f32>,
-    /// q_proj [Q, H], k_proj / v_proj [K, H], o_proj [H, Q]
+    /// q_proj [Q, H] (with an output gate: [2Q, H], per head [query | gate]), k_proj / v_proj
+    /// [K, H], o_proj [H, Q]
     pub q: Linear<'a>,
     pub k: Linear<'a>,
     pub v: Linear<'a>,
@@ -49,12 +69,46 @@ pub struct LayerWeights<'a> {
     /// Qwen3 per-head RMSNorm weights [head_dim], applied before RoPE.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    /// post_attention_layernorm [H]
-    pub ffn_norm: Vec<f32>,
-    /// gate_proj / up_proj [F, H], down_proj [H, F]
-    pub gate: Linear<'a>,
-    pub up: Linear<'a>,
-    pub down: Linear<'a>,
+}
+
+/// A GatedDeltaNet mixer (`linear_attn.*`). Shapes from [`super::config::GdnConfig`]: key dim
+/// Kd = k_heads·dk, value dim Vd = v_heads·dv, conv channels C = 2·Kd + Vd, kernel W.
+#[derive(Clone, Debug)]
+pub struct GdnWeights<'a> {
+    /// input_layernorm [H]
+    pub in_norm: Vec<f32>,
+    /// in_proj_qkvz [2·Kd + 2·Vd, H], rows grouped per key head: q, k, v, z of that group.
+    pub qkvz: Linear<'a>,
+    /// in_proj_ba [2·v_heads, H], rows grouped per key head: b then a of that group.
+    pub ba: Linear<'a>,
+    /// conv1d.weight [C, 1, W] as C rows of W taps (oldest input first).
+    pub conv: Vec<f32>,
+    /// A_log, dt_bias [v_heads]: decay g = −exp(A_log)·softplus(a + dt_bias).
+    pub a_log: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// norm.weight [dv]: the gated RMSNorm (plain x̂·w, not 1 + w).
+    pub norm: Vec<f32>,
+    /// out_proj [H, Vd]
+    pub out: Linear<'a>,
+}
+
+/// A layer's feed-forward block.
+#[derive(Clone, Debug)]
+pub enum Ffn<'a> {
+    /// `mlp.{gate,up,down}_proj`: gate / up [F, H], down [H, F].
+    Dense(Mlp<'a>),
+    /// Routed experts (and an optional shared expert).
+    Moe(MoeWeights<'a>),
+}
+
+impl<'a> Ffn<'a> {
+    /// The dense MLP, or None for a MoE block.
+    pub fn dense(&self) -> Option<&Mlp<'a>> {
+        match self {
+            Ffn::Dense(m) => Some(m),
+            Ffn::Moe(_) => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -74,6 +128,10 @@ pub(crate) struct Binder<'s, 'a> {
 }
 
 impl<'a> Binder<'_, 'a> {
+    pub fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
     fn get(&self, name: &str) -> Option<(String, TensorRef<'a>)> {
         let full = format!("{}{}", self.prefix, name);
         self.source.tensor(&full).map(|t| (full, t))
@@ -120,37 +178,39 @@ pub(crate) fn bind<'a>(
     cfg: &ModelConfig,
     num_layers: usize,
 ) -> Result<ModelWeights<'a>> {
-    let (h, q, kv, ff, v) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-        cfg.vocab_size,
-    );
+    let (h, q, kv, v) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.vocab_size);
     let embed = b.matrix("model.embed_tokens.weight", v, h)?;
     let mut layers = Vec::with_capacity(num_layers);
+    // With an output gate q_proj emits a gate row for every query row.
+    let q_rows = if cfg.attn_output_gate { 2 * q } else { q };
     for i in 0..num_layers {
         let p = format!("model.layers.{i}");
-        let q_norm = b.opt_vector(&format!("{p}.self_attn.q_norm.weight"), cfg.head_dim)?;
-        let k_norm = b.opt_vector(&format!("{p}.self_attn.k_norm.weight"), cfg.head_dim)?;
-        if q_norm.is_some() != k_norm.is_some() {
-            return Err(LlmError::Tensor {
-                name: format!("{}{p}.self_attn.q_norm.weight", b.prefix),
-                msg: "q_norm and k_norm must both be present or both absent".into(),
-            });
-        }
+        let mixer = match cfg.mixers[i] {
+            Mixer::Attention => {
+                let q_norm = b.opt_vector(&format!("{p}.self_attn.q_norm.weight"), cfg.head_dim)?;
+                let k_norm = b.opt_vector(&format!("{p}.self_attn.k_norm.weight"), cfg.head_dim)?;
+                if q_norm.is_some() != k_norm.is_some() {
+                    return Err(LlmError::Tensor {
+                        name: format!("{}{p}.self_attn.q_norm.weight", b.prefix),
+                        msg: "q_norm and k_norm must both be present or both absent".into(),
+                    });
+                }
+                MixerWeights::Attention(AttentionWeights {
+                    attn_norm: b.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                    q: b.linear(&format!("{p}.self_attn.q_proj"), q_rows, h)?,
+                    k: b.linear(&format!("{p}.self_attn.k_proj"), kv, h)?,
+                    v: b.linear(&format!("{p}.self_attn.v_proj"), kv, h)?,
+                    o: b.linear(&format!("{p}.self_attn.o_proj"), h, q)?,
+                    q_norm,
+                    k_norm,
+                })
+            }
+            Mixer::GatedDeltaNet => MixerWeights::GatedDeltaNet(bind_gdn(b, cfg, &p)?),
+        };
         layers.push(LayerWeights {
-            attn_norm: b.vector(&format!("{p}.input_layernorm.weight"), h)?,
-            q: b.linear(&format!("{p}.self_attn.q_proj"), q, h)?,
-            k: b.linear(&format!("{p}.self_attn.k_proj"), kv, h)?,
-            v: b.linear(&format!("{p}.self_attn.v_proj"), kv, h)?,
-            o: b.linear(&format!("{p}.self_attn.o_proj"), h, q)?,
-            q_norm,
-            k_norm,
+            mixer,
             ffn_norm: b.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            gate: b.linear(&format!("{p}.mlp.gate_proj"), ff, h)?,
-            up: b.linear(&format!("{p}.mlp.up_proj"), ff, h)?,
-            down: b.linear(&format!("{p}.mlp.down_proj"), h, ff)?,
+            ffn: bind_ffn(b, cfg, i, &p)?,
         });
     }
     let final_norm = if num_layers == cfg.num_layers {
@@ -170,6 +230,54 @@ pub(crate) fn bind<'a>(
         final_norm,
         lm_head,
     })
+}
+
+fn bind_gdn<'a>(b: &Binder<'_, 'a>, cfg: &ModelConfig, p: &str) -> Result<GdnWeights<'a>> {
+    let g = cfg
+        .gdn
+        .as_ref()
+        .ok_or_else(|| LlmError::Other("a GatedDeltaNet layer without linear_* geometry".into()))?;
+    let (h, nv, w) = (cfg.hidden_size, g.num_v_heads, g.conv_kernel);
+    let a = format!("{p}.linear_attn");
+    // conv1d.weight is [C, 1, W]: read it as the vector of its C·W taps after checking the shape.
+    let conv_name = format!("{a}.conv1d.weight");
+    let (full, t) = b.require(&conv_name)?;
+    if t.shape != [g.conv_dim(), 1, w] {
+        return Err(LlmError::Tensor {
+            name: full,
+            msg: format!("shape {:?}, expected [{}, 1, {w}]", t.shape, g.conv_dim()),
+        });
+    }
+    let flat = TensorRef {
+        shape: vec![g.conv_dim() * w],
+        ..t
+    };
+    Ok(GdnWeights {
+        in_norm: b.vector(&format!("{p}.input_layernorm.weight"), h)?,
+        qkvz: b.linear(&format!("{a}.in_proj_qkvz"), g.qkvz_dim(), h)?,
+        ba: b.linear(&format!("{a}.in_proj_ba"), 2 * nv, h)?,
+        conv: as_vector(&full, &flat, g.conv_dim() * w)?,
+        a_log: b.vector(&format!("{a}.A_log"), nv)?,
+        dt_bias: b.vector(&format!("{a}.dt_bias"), nv)?,
+        norm: b.vector(&format!("{a}.norm.weight"), g.v_head_dim)?,
+        out: b.linear(&format!("{a}.out_proj"), h, g.value_dim())?,
+    })
+}
+
+/// Layer `i`'s feed-forward block: routed experts where the config's layer plan (or, without
+/// one, the presence of the router tensor) says so, else the dense MLP.
+fn bind_ffn<'a>(b: &Binder<'_, 'a>, cfg: &ModelConfig, i: usize, p: &str) -> Result<Ffn<'a>> {
+    let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+    if let Some(m) = &cfg.moe {
+        if m.is_sparse(i).unwrap_or_else(|| moe::has_router(b, p)) {
+            return Ok(Ffn::Moe(moe::bind(b, m, h, p)?));
+        }
+    }
+    Ok(Ffn::Dense(Mlp {
+        gate: b.linear(&format!("{p}.mlp.gate_proj"), ff, h)?,
+        up: b.linear(&format!("{p}.mlp.up_proj"), ff, h)?,
+        down: b.linear(&format!("{p}.mlp.down_proj"), h, ff)?,
+    }))
 }
 
 fn as_matrix<'a>(name: &str, t: &TensorRef<'a>, rows: usize, cols: usize) -> Result<Weight<'a>> {

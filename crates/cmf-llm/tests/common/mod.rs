@@ -8,6 +8,8 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 pub const FIXTURES: [&str; 4] = ["llama-tiny", "mistral-tiny", "qwen2-tiny", "qwen3-tiny"];
+/// The mixture-of-experts fixtures (same tokenizer and templates as the dense ones).
+pub const MOE_FIXTURES: [&str; 3] = ["qwen3-moe-tiny", "qwen3-moe-unnorm-tiny", "qwen2-moe-tiny"];
 
 /// A transformers fixture (`fixtures/llm/<name>`, found as `cmf_test_support::fixtures` says).
 pub fn fixture_dir(name: &str) -> PathBuf {
@@ -159,6 +161,15 @@ pub fn write_cmf(name: &str, matrix_dtype: Dtype, out: &std::path::Path) {
         "attention_bias",
         "hidden_act",
         "use_sliding_window",
+        // MoE geometry in its Hugging Face spelling (the runtime reads either).
+        "num_local_experts",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "shared_expert_intermediate_size",
+        "mlp_only_layers",
+        "decoder_sparse_step",
     ] {
         if let Some(v) = c.get(key) {
             arch.extra.insert(key.to_string(), v.clone());

@@ -1,0 +1,93 @@
+//! Output-gated attention (Qwen3-Next's full-attention layers), after transformers'
+//! `Qwen3NextAttention`:
+//!
+//! ```text
+//! [q | gate] = norm(x)·W_qᵀ           (per head: head_dim query values, then head_dim gate values)
+//! q, k = rope(qnorm(q), knorm(norm(x)·W_kᵀ))   (partial rotary: the first rotary_dim of a head)
+//! x += (attn(q, cache) ⊙ sigmoid(gate))·W_oᵀ
+//! ```
+//! Norms follow the config's style (`(1 + w)` for Qwen3-Next).
+
+use super::kv_cache::KvCache;
+use super::weights::AttentionWeights;
+use super::{linear, linear_shared_input, Activations, Model, Rows};
+use crate::profile::{time, Op};
+use cmf_kernels::ops::{self, RopeStyle};
+use cmf_kernels::AttnParams;
+
+/// Query-and-gate rows of one pass, grown on demand.
+#[derive(Default)]
+pub(crate) struct GateScratch {
+    qg: Vec<f32>,
+    gate: Vec<f32>,
+}
+
+impl Model<'_> {
+    /// `x += (attn(q, cache) ⊙ sigmoid(gate))·Woᵀ`, appending this pass's k, v to the cache.
+    pub(super) fn gated_attention_block(
+        &self,
+        l: usize,
+        w: &AttentionWeights,
+        kv: &mut KvCache,
+        b: &mut Activations,
+        s: &mut GateScratch,
+        r: Rows,
+    ) {
+        let cfg = &self.config;
+        let (n, style) = (r.n, cfg.norm_style);
+        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        if s.qg.len() < n * 2 * qd {
+            s.qg.resize(n * 2 * qd, 0.0);
+            s.gate.resize(n * qd, 0.0);
+        }
+        let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
+        let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
+        let (qg, gate) = (&mut s.qg[..n * 2 * qd], &mut s.gate[..n * qd]);
+
+        time(Op::Norm, || {
+            ops::rms_norm(x, h, Some(&w.attn_norm), eps, style, xn)
+        });
+        time(Op::Qkv, || {
+            linear_shared_input([&w.q, &w.k, &w.v], xn, n, [&mut *qg, &mut *k, &mut *v]);
+        });
+        // Per head the projection holds [query | gate]: de-interleave into q and gate.
+        for ((src, qh), gh) in qg
+            .chunks_exact(2 * hd)
+            .zip(q.chunks_exact_mut(hd))
+            .zip(gate.chunks_exact_mut(hd))
+        {
+            qh.copy_from_slice(&src[..hd]);
+            gh.copy_from_slice(&src[hd..]);
+        }
+        time(Op::QkNormRope, || {
+            if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+                ops::rms_norm_inplace(q, hd, Some(qn), eps, style);
+                ops::rms_norm_inplace(k, hd, Some(kn), eps, style);
+            }
+            ops::rope(q, n, hd, RopeStyle::RotateHalf, r.rope, r.rope_row0);
+            ops::rope(k, n, hd, RopeStyle::RotateHalf, r.rope, r.rope_row0);
+        });
+        let attn = &mut b.attn[..n * qd];
+        time(Op::Attention, || {
+            kv.write(l, k, v);
+            let params = AttnParams {
+                n_heads: cfg.num_heads,
+                n_kv_heads: cfg.num_kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                causal: true,
+                q_pos0: r.start,
+                window: cfg.sliding_window[l],
+            };
+            cmf_kernels::attention(q, kv.view(l, r.start + n), &params, None, attn);
+        });
+        for (a, &g) in attn.iter_mut().zip(gate.iter()) {
+            *a *= 1.0 / (1.0 + (-g).exp());
+        }
+        time(Op::OutProj, || {
+            linear(&w.o, attn, n, out);
+            ops::add(x, out);
+        });
+    }
+}
