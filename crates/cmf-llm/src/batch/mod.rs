@@ -9,11 +9,13 @@
 //!   over all rows, paged attention per sequence.
 //! - [`scheduler`]: [`Scheduler`] admits requests first come, first served, plans each step
 //!   within a token budget, preempts the youngest sequence when the pool runs out, samples.
+//! - [`bench`]: llama-batched-bench's PP / TG / total table on this engine (`cmf bench --parallel`).
 //!
 //! The single-sequence path (`CpuEngine`, `Model::prefill`) is separate and unchanged: it keeps
 //! its contiguous cache and the matvec decode. A device engine implements the same step contract
 //! (sequences with block tables in, logits or sampled ids out) over its own block pool.
 
+pub mod bench;
 pub mod blocks;
 pub mod engine;
 pub mod scheduler;
