@@ -37,7 +37,7 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 /// The single-sequence loop: prefill, then sample and decode one token at a time.
 fn alone(model: &Model, req: &Request) -> Vec<u32> {
     let mut st = model.new_state_with(1024, KvDtype::F32);
-    let mut sampler = Sampler::new(req.sampling.clone());
+    let mut sampler = Sampler::new(req.sampling);
     let mut history = req.prompt.clone();
     let mut logits = model.prefill(&mut st, &req.prompt).unwrap().to_vec();
     let mut out = Vec::new();
@@ -230,9 +230,11 @@ fn shared_prefix_is_reused() {
     assert_same(&model, "llama-tiny", &all, &ids, &run);
     // Two full blocks (32 tokens) of the prefix for each of the three later requests.
     assert_eq!(s.stats().prefix_tokens_reused, 3 * 32);
-    let p = s.engine().pool_stats();
-    assert!(p.prefix_hits >= 6, "{p:?}");
-    assert_eq!(p.held, 0);
+    let st = s.stats();
+    assert_eq!(st.prefix_hits, 6, "{st:?}");
+    // Blocks looked up: 2 for the first request (a miss), 3, 2 and 2 for the later ones.
+    assert_eq!(st.prefix_queries, 9, "{st:?}");
+    assert_eq!(s.engine().pool_stats().held, 0);
 }
 
 /// Cancelling a request in the middle of its prompt frees its blocks at once; the others go on

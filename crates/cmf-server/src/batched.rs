@@ -312,6 +312,6 @@ fn publish(w: &Worker, sched: &Scheduler) {
     st.waiting_for_memory
         .store(s.waiting as u64, Ordering::Relaxed);
     st.kv_blocks_in_use.store(p.held as u64, Ordering::Relaxed);
-    st.prefix_queries.store(p.prefix_queries, Ordering::Relaxed);
-    st.prefix_hits.store(p.prefix_hits, Ordering::Relaxed);
+    st.prefix_queries.store(s.prefix_queries, Ordering::Relaxed);
+    st.prefix_hits.store(s.prefix_hits, Ordering::Relaxed);
 }

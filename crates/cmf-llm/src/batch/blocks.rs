@@ -43,9 +43,6 @@ pub struct PoolStats {
     /// Unreferenced blocks kept for prefix reuse.
     pub cached_idle: usize,
     pub free: usize,
-    /// Full prompt blocks looked up / found in the prefix cache.
-    pub prefix_queries: u64,
-    pub prefix_hits: u64,
 }
 
 pub struct BlockPool {
@@ -57,8 +54,6 @@ pub struct BlockPool {
     idle: BTreeMap<u64, BlockId>,
     idle_tick: Vec<Option<u64>>,
     tick: u64,
-    queries: u64,
-    hits: u64,
 }
 
 impl BlockPool {
@@ -72,8 +67,6 @@ impl BlockPool {
             idle: BTreeMap::new(),
             idle_tick: vec![None; num_blocks],
             tick: 0,
-            queries: 0,
-            hits: 0,
         }
     }
 
@@ -110,7 +103,6 @@ impl BlockPool {
     /// The cached block holding `tokens` after the prefix whose last block hashed to `parent`,
     /// with one more reference taken; None on a miss.
     pub fn lookup(&mut self, parent: u64, tokens: &[u32]) -> Option<BlockId> {
-        self.queries += 1;
         let hash = chain_hash(parent, tokens);
         let &b = self.by_hash.get(&hash)?;
         let c = self.content[b as usize]
@@ -123,7 +115,6 @@ impl BlockPool {
             self.idle.remove(&t);
         }
         self.refs[b as usize] += 1;
-        self.hits += 1;
         Some(b)
     }
 
@@ -178,8 +169,6 @@ impl BlockPool {
             held,
             cached_idle: self.idle.len(),
             free: self.free.len(),
-            prefix_queries: self.queries,
-            prefix_hits: self.hits,
         }
     }
 
@@ -202,12 +191,12 @@ impl BlockPool {
                 return Err(format!("idle block {b} is held or not cached"));
             }
         }
-        for b in 0..n {
-            if self.refs[b] > 0 {
-                seen[b] += 1;
+        for (b, (s, &r)) in seen.iter_mut().zip(&self.refs).enumerate() {
+            if r > 0 {
+                *s += 1;
             }
-            if seen[b] != 1 {
-                return Err(format!("block {b} is in {} states", seen[b]));
+            if *s != 1 {
+                return Err(format!("block {b} is in {s} states"));
             }
         }
         for (&h, &b) in &self.by_hash {

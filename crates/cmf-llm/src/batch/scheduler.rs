@@ -63,6 +63,9 @@ pub struct SchedulerStats {
     pub preemptions: u64,
     /// Prompt tokens taken from the prefix cache instead of computed.
     pub prefix_tokens_reused: u64,
+    /// Full prompt blocks looked up in the prefix cache at admission, and found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
 }
 
 struct Entry {
@@ -81,6 +84,7 @@ pub struct Scheduler<'m, 'a> {
     entries: HashMap<RequestId, Entry>,
     preemptions: u64,
     reused: u64,
+    queries: u64,
     logits: Vec<f32>,
 }
 
@@ -99,6 +103,7 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             entries: HashMap::new(),
             preemptions: 0,
             reused: 0,
+            queries: 0,
             logits: Vec::new(),
         })
     }
@@ -113,6 +118,8 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             waiting: self.waiting.len(),
             preemptions: self.preemptions,
             prefix_tokens_reused: self.reused,
+            prefix_queries: self.queries,
+            prefix_hits: self.reused / self.engine.config().block_size as u64,
         }
     }
 
@@ -221,6 +228,9 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                 self.engine.release(id);
                 break;
             }
+            // Counted once per admission (a head that waits looks up again next step).
+            let bs = self.engine.config().block_size;
+            self.queries += ((self.engine.tokens(id).len() - 1) / bs) as u64;
             self.reused += reused as u64;
             self.waiting.pop_front();
             self.running.push(id);
