@@ -293,3 +293,32 @@ fn bad_requests_are_refused() {
     assert!(s.submit(greedy(prompt(1, 3), 0)).is_err());
     assert!(s.is_idle());
 }
+
+/// The SmolLM2 demo model (imported from its GGUF with the default codecs) when
+/// `scripts/fetch-demo-model.sh` has fetched it: four requests of different lengths batched
+/// equal each alone, greedy, f32 KV.
+#[test]
+fn demo_model_batched_equals_alone() {
+    let Some(gguf) = demo_gguf() else {
+        println!(
+            "SKIPPED: SmolLM2-135M-Instruct.Q4_1.gguf not found (scripts/fetch-demo-model.sh)"
+        );
+        return;
+    };
+    let out = scratch_dir("batched").join("smollm2.cmf");
+    cmf_convert::import_gguf::import(&gguf, &out, &cmf_convert::Options::default()).unwrap();
+    let file = cmf_format::CmfModel::open(&out).unwrap();
+    let model = Model::load(&file).unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 64,
+    };
+    let mut s = scheduler(&model, 64, 16, cfg);
+    let reqs: Vec<Request> = [(1, 9), (2, 70), (3, 23), (4, 41)]
+        .map(|(seed, len)| greedy(prompt(seed, len), 16))
+        .into();
+    let later = [(2, greedy(prompt(5, 30), 12))];
+    let (ids, run) = drive(&mut s, &reqs, &later, |_, _| {});
+    let all: Vec<Request> = reqs.into_iter().chain([later[0].1.clone()]).collect();
+    assert_same(&model, "smollm2", &all, &ids, &run);
+}
