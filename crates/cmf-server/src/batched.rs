@@ -37,6 +37,28 @@ struct Active<'t> {
     last_text: Option<Instant>,
 }
 
+/// Bytes of the KV pool: `--kv-pool`, else `parallel` full contexts.
+pub(crate) fn pool_bytes(
+    c: &cmf_llm::ModelConfig,
+    parallel: usize,
+    ctx: usize,
+    kv_pool_bytes: Option<usize>,
+    kv_dtype: cmf_kernels::KvDtype,
+) -> usize {
+    let block = BatchConfig::block_bytes(c, BatchConfig::BLOCK_SIZE, kv_dtype);
+    kv_pool_bytes.unwrap_or(parallel * ctx.div_ceil(BatchConfig::BLOCK_SIZE) * block)
+}
+
+/// Positions a pool of `bytes` holds.
+pub(crate) fn pool_positions(
+    c: &cmf_llm::ModelConfig,
+    bytes: usize,
+    kv_dtype: cmf_kernels::KvDtype,
+) -> usize {
+    let block = BatchConfig::block_bytes(c, BatchConfig::BLOCK_SIZE, kv_dtype).max(1);
+    bytes / block * BatchConfig::BLOCK_SIZE
+}
+
 /// Whether a job needs the single-sequence path (features the batched step does not carry).
 fn needs_alone(job: &Job) -> bool {
     let o = &job.options;
@@ -53,18 +75,14 @@ pub(crate) fn run(
     ready: std::sync::mpsc::Sender<Result<(), StartError>>,
     mut rx: mpsc::Receiver<Queued>,
 ) {
-    let block_bytes = BatchConfig::block_bytes(model, BatchConfig::BLOCK_SIZE, w.kv_dtype);
-    let budget = w
-        .kv_pool_bytes
-        .unwrap_or(w.parallel * w.ctx.div_ceil(BatchConfig::BLOCK_SIZE) * block_bytes);
+    let budget = pool_bytes(
+        &model.config,
+        w.parallel,
+        w.ctx,
+        w.kv_pool_bytes,
+        w.kv_dtype,
+    );
     let cfg = BatchConfig::from_budget(model, budget, w.kv_dtype, w.ctx);
-    if cfg.kv_blocks * cfg.block_size < 2 {
-        let _ = ready.send(Err(StartError::Other(format!(
-            "{}: a KV pool of {budget} bytes holds no block of {} positions ({block_bytes} bytes)",
-            w.path, cfg.block_size
-        ))));
-        return;
-    }
     let sched_cfg = batch::SchedulerConfig {
         max_running: w.parallel,
         ..Default::default()

@@ -175,7 +175,20 @@ impl Engine {
         let file = CmfModel::open(path)?;
         let assets = Arc::new(TextAssets::from_cmf(&file).map_err(llm)?);
         let config = ModelConfig::from_cmf(&file).map_err(llm)?;
-        let ctx = opts.ctx.unwrap_or(4096).min(config.max_position_embeddings);
+        let mut ctx = opts.ctx.unwrap_or(4096).min(config.max_position_embeddings);
+        if opts.parallel > 1 {
+            // One request can never hold more than the whole pool (less one position: its last
+            // token is sampled, not stored), so prompts are checked against that.
+            let bytes = crate::batched::pool_bytes(
+                &config,
+                opts.parallel,
+                ctx,
+                opts.kv_pool_bytes,
+                opts.kv_dtype,
+            );
+            let held = crate::batched::pool_positions(&config, bytes, opts.kv_dtype);
+            ctx = ctx.min(held.saturating_sub(1));
+        }
         if ctx < 2 {
             return Err(StartError::Other(format!(
                 "a context of {ctx} tokens leaves no room for a prompt and an answer"

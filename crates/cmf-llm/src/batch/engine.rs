@@ -11,7 +11,7 @@
 
 use super::blocks::{BlockId, BlockPool, PoolStats};
 use crate::error::{LlmError, Result};
-use crate::model::{Activations, LayerKv, Model, Segment, SeqRows};
+use crate::model::{Activations, LayerKv, Model, ModelConfig, Segment, SeqRows};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
 
@@ -34,9 +34,8 @@ impl BatchConfig {
     /// Positions per block unless the caller says otherwise (vLLM's and llama.cpp's default).
     pub const BLOCK_SIZE: usize = 16;
 
-    /// Bytes one block takes over all layers of `model`.
-    pub fn block_bytes(model: &Model, block_size: usize, kv_dtype: KvDtype) -> usize {
-        let c = &model.config;
+    /// Bytes one block takes over all layers of a model of config `c`.
+    pub fn block_bytes(c: &ModelConfig, block_size: usize, kv_dtype: KvDtype) -> usize {
         c.num_layers * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
     }
 
@@ -48,7 +47,7 @@ impl BatchConfig {
         max_seq_len: usize,
     ) -> BatchConfig {
         let block_size = Self::BLOCK_SIZE;
-        let per = Self::block_bytes(model, block_size, kv_dtype).max(1);
+        let per = Self::block_bytes(&model.config, block_size, kv_dtype).max(1);
         BatchConfig {
             block_size,
             kv_blocks: budget_bytes / per,
