@@ -25,7 +25,10 @@ mod simd;
 
 use cmf_format::Dtype;
 
-pub use attention::{attention, attention_decode, AttnParams, Kv, KvCache, KvDtype, KvSlice};
+pub use attention::{
+    attention, attention_decode, attention_paged, AttnParams, Kv, KvBlocks, KvCache, KvDtype,
+    KvSlice, PagedKv,
+};
 pub use conv::{conv2d, Conv2d};
 pub use cpu::Isa;
 pub use linear::{matmul_with, matvec_multi_with, matvec_with};

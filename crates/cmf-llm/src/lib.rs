@@ -9,8 +9,10 @@
 //! - [`generate`]: the prefill/decode loop with stop conditions and timings; [`guided`]: the same
 //!   loop with logit processors ([`logits`], [`constraint`]) and log-probabilities.
 //! - [`gpu`]: the hook that runs that loop's forward passes through cmf-gpu when a device holds the model.
+//! - [`batch`]: many sequences at once: paged KV cache, prefix reuse, batched step, scheduler.
 //! - [`bench`], [`perplexity`]: llama-bench's pp/tg contract and llama-perplexity's method.
 
+pub mod batch;
 pub mod bench;
 pub mod chat;
 pub mod constraint;

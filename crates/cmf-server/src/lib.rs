@@ -8,7 +8,8 @@
 //!   [`guidance`]: grammars (JSON schemas, forced tool calls) compiled for the vocabulary;
 //! - [`generation`]: one request's choices with logit bias, constraints and log-probabilities;
 //! - [`worker`]: the single inference thread that owns the model, fed by a bounded queue;
-//!   a client that disconnects cancels its generation within one token;
+//!   a client that disconnects cancels its generation within one token; [`batched`]: the same
+//!   thread running many requests at once on `cmf_llm::batch` (`--parallel`);
 //! - [`openai`]: response and stream-chunk shapes; [`error`]: OpenAI's error body and statuses;
 //! - [`conn`]: accepting connections: the connection limit, header/body/idle timeouts, the
 //!   shutdown deadline; [`observe`]: request ids, one log line per request, `/metrics`;
@@ -17,6 +18,7 @@
 //! The user-facing description (endpoints, flags, examples, what is not supported) is
 //! `docs/server.md`.
 
+pub mod batched;
 pub mod conn;
 pub mod error;
 pub mod generation;

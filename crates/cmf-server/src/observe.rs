@@ -80,6 +80,68 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
     HeaderValue::from_str(&format!("req-{start:08x}{n:08x}")).expect("ASCII hex")
 }
 
+/// A latency histogram in Prometheus' shape: cumulative buckets rendered from per-bucket counts.
+#[derive(Debug)]
+pub struct Histogram {
+    /// Upper bounds in seconds.
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative); one more for +Inf.
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Bounds for times to first token and between tokens: 5 ms to 30 s.
+    pub const LATENCY: &'static [f64] = &[
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: std::time::Duration) {
+        let s = d.as_secs_f64();
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        let mut acc = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            acc += c.load(Ordering::Relaxed);
+            let le = self
+                .bounds
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
+            out.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {acc}\n"));
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push_str(&format!("{name}_sum {sum}\n{name}_count {acc}\n"));
+    }
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new(Histogram::LATENCY)
+    }
+}
+
 /// Process-wide counters of the HTTP side.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -97,6 +159,8 @@ pub struct Metrics {
     pub idle_timeouts: AtomicU64,
     /// Requests answered 408 because the body did not arrive within `--body-timeout`.
     pub body_timeouts: AtomicU64,
+    /// From a request's arrival to its first text piece.
+    pub time_to_first_token: Histogram,
 }
 
 impl Metrics {
@@ -159,15 +223,55 @@ impl Metrics {
         family(
             "cmf_requests_running",
             "gauge",
-            "Requests being generated (0 or 1).",
-            &one(stats.busy.load(Ordering::Relaxed) as u64),
+            "Requests being generated (at most --parallel).",
+            &one(load(&stats.running)),
         );
         family(
             "cmf_requests_waiting",
             "gauge",
-            "Requests queued behind the running one.",
-            &one(engine.waiting() as u64),
+            "Requests accepted and waiting for a generation slot or KV memory.",
+            &one(engine.waiting() as u64 + load(&stats.waiting_for_memory)),
         );
+        family(
+            "cmf_kv_blocks_in_use",
+            "gauge",
+            "KV-cache blocks held by running requests (batched engine).",
+            &one(load(&stats.kv_blocks_in_use)),
+        );
+        family(
+            "cmf_kv_blocks_total",
+            "gauge",
+            "KV-cache blocks in the pool (batched engine; 0 otherwise).",
+            &one(load(&stats.kv_blocks_total)),
+        );
+        let (queries, hits) = (load(&stats.prefix_queries), load(&stats.prefix_hits));
+        family(
+            "cmf_prefix_cache_queries_total",
+            "counter",
+            "Full prompt blocks looked up in the prefix cache.",
+            &one(queries),
+        );
+        family(
+            "cmf_prefix_cache_hits_total",
+            "counter",
+            "Full prompt blocks found in the prefix cache (not recomputed).",
+            &one(hits),
+        );
+        out.push_str(&format!(
+            "# HELP cmf_prefix_cache_hit_rate Prefix-cache hits per lookup so far.\n\
+             # TYPE cmf_prefix_cache_hit_rate gauge\ncmf_prefix_cache_hit_rate {}\n",
+            if queries == 0 {
+                0.0
+            } else {
+                hits as f64 / queries as f64
+            }
+        ));
+        let mut family = |name: &str, kind: &str, help: &str, rows: &[(String, u64)]| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (labels, v) in rows {
+                out.push_str(&format!("{name}{labels} {v}\n"));
+            }
+        };
         family(
             "cmf_requests_cancelled_total",
             "counter",
@@ -214,6 +318,16 @@ impl Metrics {
                 ("{kind=\"idle\"}".into(), load(&self.idle_timeouts)),
             ],
         );
+        self.time_to_first_token.render(
+            "cmf_time_to_first_token_seconds",
+            "From a request's arrival to its first text piece.",
+            &mut out,
+        );
+        stats.inter_token_latency.render(
+            "cmf_inter_token_latency_seconds",
+            "Between consecutive text pieces of one answer.",
+            &mut out,
+        );
         out
     }
 }
@@ -240,6 +354,11 @@ impl RequestLine {
         metrics.prompt_tokens.fetch_add(prompt, Ordering::Relaxed);
         let ms = |t: Instant| format!("{:.1}", t.duration_since(self.start).as_secs_f64() * 1e3);
         let ttft = r.first_text.get().map_or("-".into(), |t| ms(*t));
+        if let Some(t) = r.first_text.get() {
+            metrics
+                .time_to_first_token
+                .observe(t.saturating_duration_since(self.start));
+        }
         log.write(format!(
             "cmf serve: request id={} method={} path={} status={} prompt_tokens={prompt} \
              generated_tokens={generated} ttft_ms={ttft} total_ms={} end={}",

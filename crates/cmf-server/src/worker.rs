@@ -12,6 +12,8 @@
 //! (`cmf_llm::guided::generate_guided`) and stops: a client that disconnects cancels its
 //! generation within one token, or one piece of a long prompt. A job whose client left while it
 //! waited is skipped. The KV cache is cleared for every request (no prefix reuse across requests).
+//!
+//! With `parallel` > 1 the same thread runs the batched engine instead ([`crate::batched`]).
 
 use crate::error::ApiError;
 use crate::observe::{current_record, RequestRecord};
@@ -36,8 +38,13 @@ pub struct EngineOptions {
     /// Tokens one request may occupy (default 4096), capped at the model's maximum positions.
     pub ctx: Option<usize>,
     pub kv_dtype: KvDtype,
-    /// Requests that may wait while one runs; one more gets 503.
+    /// Requests that may wait while `parallel` run; one more gets 503.
     pub queue_capacity: usize,
+    /// Requests generated at once. 1: one at a time on the engine `build_engine` makes (the
+    /// GPU's when placed there). More: the batched CPU engine (`cmf_llm::batch`), whose KV pool
+    /// holds `kv_pool_bytes` (default: `parallel` full contexts).
+    pub parallel: usize,
+    pub kv_pool_bytes: Option<usize>,
     /// Sleep before every forward pass. Only for tests of queueing and cancellation, which need
     /// a tiny model to be slow; not exposed on the command line.
     #[doc(hidden)]
@@ -80,6 +87,8 @@ impl Default for EngineOptions {
             ctx: None,
             kv_dtype: KvDtype::F16,
             queue_capacity: 16,
+            parallel: 1,
+            kv_pool_bytes: None,
             token_pacing: None,
             build_engine: None,
         }
@@ -107,6 +116,18 @@ pub struct WorkerStats {
     pub cancelled: AtomicU64,
     /// Tokens sampled over all requests, cancelled ones included.
     pub generated_tokens: AtomicU64,
+    /// Requests being generated now.
+    pub running: AtomicU64,
+    /// Requests the batched engine accepted that wait for KV memory.
+    pub waiting_for_memory: AtomicU64,
+    /// The batched engine's KV pool: blocks held by requests, blocks in all.
+    pub kv_blocks_in_use: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    /// Prefix cache: full prompt blocks looked up, and found.
+    pub prefix_queries: AtomicU64,
+    pub prefix_hits: AtomicU64,
+    /// Between consecutive text pieces of one answer.
+    pub inter_token_latency: crate::observe::Histogram,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +164,9 @@ impl Engine {
             path: shown.clone(),
             source,
         };
+        if opts.parallel == 0 {
+            return Err(StartError::Other("--parallel must be at least 1".into()));
+        }
         if opts.queue_capacity == 0 {
             return Err(StartError::Other(
                 "the queue capacity must be at least 1".into(),
@@ -151,7 +175,20 @@ impl Engine {
         let file = CmfModel::open(path)?;
         let assets = Arc::new(TextAssets::from_cmf(&file).map_err(llm)?);
         let config = ModelConfig::from_cmf(&file).map_err(llm)?;
-        let ctx = opts.ctx.unwrap_or(4096).min(config.max_position_embeddings);
+        let mut ctx = opts.ctx.unwrap_or(4096).min(config.max_position_embeddings);
+        if opts.parallel > 1 {
+            // One request can never hold more than the whole pool (less one position: its last
+            // token is sampled, not stored), so prompts are checked against that.
+            let bytes = crate::batched::pool_bytes(
+                &config,
+                opts.parallel,
+                ctx,
+                opts.kv_pool_bytes,
+                opts.kv_dtype,
+            );
+            let held = crate::batched::pool_positions(&config, bytes, opts.kv_dtype);
+            ctx = ctx.min(held.saturating_sub(1));
+        }
         if ctx < 2 {
             return Err(StartError::Other(format!(
                 "a context of {ctx} tokens leaves no room for a prompt and an answer"
@@ -183,6 +220,8 @@ impl Engine {
             pacing: opts.token_pacing,
             build: opts.build_engine.clone(),
             path: shown.clone(),
+            parallel: opts.parallel,
+            kv_pool_bytes: opts.kv_pool_bytes,
         };
         let thread = std::thread::Builder::new()
             .name("cmf-inference".into())
@@ -249,21 +288,23 @@ impl Drop for Engine {
 }
 
 /// A job and the record of the request it came from.
-struct Queued {
-    job: Job,
-    record: Option<Arc<RequestRecord>>,
+pub(crate) struct Queued {
+    pub job: Job,
+    pub record: Option<Arc<RequestRecord>>,
 }
 
 /// The worker thread's side.
-struct Worker {
-    assets: Arc<TextAssets>,
-    stats: Arc<WorkerStats>,
-    ctx: usize,
-    kv_dtype: KvDtype,
-    pacing: Option<Duration>,
+pub(crate) struct Worker {
+    pub assets: Arc<TextAssets>,
+    pub stats: Arc<WorkerStats>,
+    pub ctx: usize,
+    pub kv_dtype: KvDtype,
+    pub pacing: Option<Duration>,
     build: Option<EngineBuilder>,
     /// The model file, for messages.
-    path: String,
+    pub path: String,
+    pub parallel: usize,
+    pub kv_pool_bytes: Option<usize>,
 }
 
 impl Worker {
@@ -289,6 +330,9 @@ impl Worker {
                 return;
             }
         };
+        if self.parallel > 1 {
+            return crate::batched::run(&self, &model, ready, rx);
+        }
         // One engine (and KV cache) for all requests, cleared before each (its buffers stay
         // allocated).
         let mut engine = match self.engine(&model) {
@@ -306,18 +350,11 @@ impl Worker {
                 continue;
             }
             self.stats.busy.store(true, Ordering::Relaxed);
-            // A panic in one request must not take the server down: it is reported to that
-            // client, and the next request starts from a fresh state.
-            engine.truncate(0);
-            let record = record.unwrap_or_default();
-            record
-                .prompt_tokens
-                .store(job.ids.len() as u64, Ordering::Relaxed);
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_job(&mut *engine, &job, &record)
-            }));
+            self.stats.running.store(1, Ordering::Relaxed);
+            let panicked = self.serve_one(&mut *engine, job, record);
             self.stats.busy.store(false, Ordering::Relaxed);
-            if result.is_err() {
+            self.stats.running.store(0, Ordering::Relaxed);
+            if panicked {
                 // The engine may be mid-step: start over from a new one (the CPU's if the
                 // builder now fails).
                 drop(engine);
@@ -326,29 +363,50 @@ impl Worker {
                     Box::new(CpuEngine::new(&model, self.ctx, self.kv_dtype))
                 });
             }
-            let event = match result {
-                Ok(Ok(stats)) => {
-                    record
-                        .generated_tokens
-                        .store(stats.generated_tokens as u64, Ordering::Relaxed);
-                    self.stats
-                        .generated_tokens
-                        .fetch_add(stats.generated_tokens as u64, Ordering::Relaxed);
-                    if stats.finish == FinishReason::Cancelled {
-                        self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    Event::Done(stats)
-                }
-                Ok(Err(e)) => Event::Failed(format!("generation failed: {e}")),
-                Err(panic) => Event::Failed(format!(
-                    "internal error: the inference worker panicked: {}",
-                    panic_message(&panic)
-                )),
-            };
-            self.stats.finished.fetch_add(1, Ordering::Relaxed);
-            let _ = job.events.send(event);
         }
+    }
+
+    /// Runs one job alone on `engine` from an empty cache and sends its outcome; true when it
+    /// panicked (the engine must then be rebuilt). A panic in one request must not take the
+    /// server down: it is reported to that client.
+    pub(crate) fn serve_one(
+        &self,
+        engine: &mut dyn LlmEngine,
+        job: Job,
+        record: Option<Arc<RequestRecord>>,
+    ) -> bool {
+        engine.truncate(0);
+        let record = record.unwrap_or_default();
+        record
+            .prompt_tokens
+            .store(job.ids.len() as u64, Ordering::Relaxed);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.run_job(&mut *engine, &job, &record)
+        }));
+        let panicked = result.is_err();
+        let event = match result {
+            Ok(Ok(stats)) => {
+                record
+                    .generated_tokens
+                    .store(stats.generated_tokens as u64, Ordering::Relaxed);
+                self.stats
+                    .generated_tokens
+                    .fetch_add(stats.generated_tokens as u64, Ordering::Relaxed);
+                if stats.finish == FinishReason::Cancelled {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+                Event::Done(stats)
+            }
+            Ok(Err(e)) => Event::Failed(format!("generation failed: {e}")),
+            Err(panic) => Event::Failed(format!(
+                "internal error: the inference worker panicked: {}",
+                panic_message(&panic)
+            )),
+        };
+        self.stats.finished.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(event);
+        panicked
     }
 
     fn run_job(
@@ -363,15 +421,21 @@ impl Worker {
             }
             job.events.is_closed()
         };
-        // The first text sent is the request's time to first token in its log line.
+        // The first text sent is the request's time to first token in its log line; the gaps
+        // between pieces are the inter-token latencies.
+        let last = std::cell::Cell::new(None);
         let first_text = || {
-            record.first_text.get_or_init(std::time::Instant::now);
+            let now = std::time::Instant::now();
+            record.first_text.get_or_init(|| now);
+            if let Some(t) = last.replace(Some(now)) {
+                self.stats.inter_token_latency.observe(now - t);
+            }
         };
         crate::generation::run_job(engine, &self.assets.tokenizer, job, &cancelled, &first_text)
     }
 }
 
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())

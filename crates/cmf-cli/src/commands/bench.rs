@@ -1,10 +1,12 @@
 //! `cmf bench FILE -p 512 -n 128`: prompt-processing and generation speed with llama-bench's
-//! contract (see `cmf_llm::bench`), printed as llama-bench's markdown table or as JSON.
+//! contract (see `cmf_llm::bench`), printed as llama-bench's markdown table or as JSON;
+//! `--parallel 1,4,8` prints llama-batched-bench's table instead (`cmf_llm::batch::bench`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use cmf_format::CmfModel;
+use cmf_llm::batch::bench::{self as batch_bench, BatchedBenchConfig};
 use cmf_llm::bench::{self, BenchConfig};
 use cmf_llm::Model;
 use serde_json::json;
@@ -26,6 +28,10 @@ pub struct Args {
     /// Repetitions of each test (mean ± standard deviation are reported).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
+    /// Parallel sequence counts, e.g. 1,4,8: llama-batched-bench's table (PP / TG / total
+    /// tok/s per count) on the batched CPU engine instead of the pp/tg tests.
+    #[arg(long = "parallel", value_name = "LIST", value_delimiter = ',')]
+    parallel: Vec<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -40,9 +46,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         return Err(UsageError("nothing to run: -p and -n are both 0".into()).into());
     }
+    if args.parallel.contains(&0) {
+        return Err(UsageError("--parallel: counts must be at least 1".into()).into());
+    }
+    if !args.parallel.is_empty() && args.n_prompt == 0 {
+        return Err(UsageError("--parallel needs a prompt: -p at least 1".into()).into());
+    }
     let kv_dtype = args.engine.apply()?;
     let file = CmfModel::open(&args.file)?;
     let model = Model::load(&file).with_context(|| args.file.display().to_string())?;
+    if !args.parallel.is_empty() {
+        return run_batched(&args, &model, kv_dtype);
+    }
     let limit = args.n_prompt.max(args.n_gen);
     if limit > model.config.max_position_embeddings {
         return Err(UsageError(format!(
@@ -112,6 +127,64 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 r.test,
                 r.mean(),
                 r.stddev()
+            );
+        }
+    }
+    if let Some(table) = cmf_llm::profile::report() {
+        eprintln!("{table}");
+    }
+    Ok(())
+}
+
+/// `--parallel`: llama-batched-bench's table on the batched CPU engine.
+fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> anyhow::Result<()> {
+    use cmf_gpu::facade::GpuMode;
+    if args.engine.gpu_settings()?.0 == GpuMode::Cuda {
+        return Err(UsageError(
+            "--parallel: the batched engine runs on the CPU (use --gpu off)".into(),
+        )
+        .into());
+    }
+    let len = args.n_prompt + args.n_gen;
+    if len > model.config.max_position_embeddings {
+        return Err(UsageError(format!(
+            "-p + -n = {len} tokens exceed the model's maximum positions {}",
+            model.config.max_position_embeddings
+        ))
+        .into());
+    }
+    let cfg = BatchedBenchConfig {
+        prompt_tokens: args.n_prompt,
+        gen_tokens: args.n_gen,
+        parallel: args.parallel.clone(),
+        kv_dtype,
+    };
+    cmf_llm::profile::reset();
+    let rows = batch_bench::run(model, &cfg, &mut |b| eprint!("\rB = {b} done   "))?;
+    eprint!("\r{:30}\r", "");
+    let threads = cmf_kernels::num_threads();
+    if args.json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "n_threads": threads,
+                    "kv_type": kv_dtype.name(),
+                    "pp": r.pp, "tg": r.tg, "pl": r.b, "n_kv": r.n_kv,
+                    "t_pp": r.t_pp, "speed_pp": r.s_pp(),
+                    "t_tg": r.t_tg, "speed_tg": r.s_tg(),
+                    "t": r.t(), "speed": r.s(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |");
+        println!("|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|");
+        for r in &rows {
+            println!(
+                "| {:5} | {:6} | {:4} | {:6} | {:8.3} | {:8.2} | {:8.3} | {:8.2} | {:8.3} | {:8.2} |",
+                r.pp, r.tg, r.b, r.n_kv, r.t_pp, r.s_pp(), r.t_tg, r.s_tg(), r.t(), r.s()
             );
         }
     }

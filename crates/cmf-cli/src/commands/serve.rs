@@ -34,6 +34,13 @@ pub struct Args {
     /// Requests that may wait while one is generated; more get 503.
     #[arg(long, value_name = "N", default_value_t = 16)]
     queue: usize,
+    /// Requests generated at once. More than 1 runs the batched CPU engine (paged KV cache,
+    /// prefix reuse); the GPU engine serves one at a time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    parallel: usize,
+    /// KV-cache pool of the batched engine in MiB (default: --parallel full contexts).
+    #[arg(long = "kv-pool", value_name = "MIB")]
+    kv_pool: Option<usize>,
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_body: usize,
@@ -67,6 +74,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.queue == 0 {
         return Err(UsageError("--queue must be at least 1".into()).into());
+    }
+    if args.parallel == 0 {
+        return Err(UsageError("--parallel must be at least 1".into()).into());
+    }
+    if args.kv_pool == Some(0) {
+        return Err(UsageError("--kv-pool must be at least 1 MiB".into()).into());
+    }
+    let mut parallel = args.parallel;
+    if parallel > 1 && args.engine.gpu_settings()?.0 == cmf_gpu::facade::GpuMode::Cuda {
+        eprintln!(
+            "note: the GPU engine serves one request at a time; --parallel {parallel} is ignored \
+             with --gpu cuda (--gpu off runs the batched CPU engine)"
+        );
+        parallel = 1;
     }
     if args.max_body < 1024 {
         return Err(UsageError("--max-body must be at least 1024 bytes".into()).into());
@@ -104,6 +125,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ctx: args.ctx,
             kv_dtype,
             queue_capacity: args.queue,
+            parallel,
+            kv_pool_bytes: args.kv_pool.map(|m| m << 20),
             token_pacing: None,
             build_engine: Some(engine_builder(args.engine.clone())),
         },

@@ -135,14 +135,14 @@ fn f32_to_f16_bits(v: f32) -> u16 {
     half::f16::from_f32(v).to_bits()
 }
 
-enum Store {
+pub(crate) enum Store {
     F32(Vec<f32>),
     F16(Vec<u16>),
     Bf16(Vec<u16>),
 }
 
 impl Store {
-    fn new(dtype: KvDtype, n: usize) -> Store {
+    pub(crate) fn new(dtype: KvDtype, n: usize) -> Store {
         match dtype {
             KvDtype::F32 => Store::F32(vec![0.0; n]),
             KvDtype::F16 => Store::F16(vec![0; n]),
@@ -151,7 +151,7 @@ impl Store {
     }
 
     /// Writes `src` at element `at`.
-    fn write(&mut self, at: usize, src: &[f32]) {
+    pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F32(d) => d[at..at + src.len()].copy_from_slice(src),
             Store::F16(d) => d[at..at + src.len()]
@@ -165,7 +165,7 @@ impl Store {
         }
     }
 
-    fn slice(&self, n: usize) -> KvSlice<'_> {
+    pub(crate) fn slice(&self, n: usize) -> KvSlice<'_> {
         match self {
             Store::F32(d) => KvSlice::F32(&d[..n]),
             Store::F16(d) => KvSlice::F16(&d[..n]),

@@ -12,14 +12,18 @@
 //!   as 4×32 register-tiled products.
 //! - `decode` (a few queries): tasks are (kv head, key range) pairs so that even one query token
 //!   keeps every thread busy (flash-decoding); partial softmax states are merged at the end.
+//!
+//! Many sequences sharing one block pool: [`paged`] ([`KvBlocks`], [`attention_paged`]).
 
 mod decode;
 mod flash;
 pub mod kv;
+mod paged;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use kv::{Kv, KvCache, KvDtype, KvLayout, KvSlice};
+pub use paged::{attention_paged, KvBlocks, PagedKv};
 
 use crate::cpu::Isa;
 use crate::simd::Fma;

@@ -8,9 +8,8 @@
 //! ```
 //! Norms follow the config's style (`(1 + w)` for Qwen3-Next).
 
-use super::kv_cache::KvCache;
 use super::weights::AttentionWeights;
-use super::{linear, linear_shared_input, Activations, Model, Rows};
+use super::{linear, linear_shared_input, rows_of, Activations, LayerKv, Model, Segment};
 use crate::profile::{time, Op};
 use cmf_kernels::ops::{self, RopeStyle};
 use cmf_kernels::AttnParams;
@@ -28,13 +27,13 @@ impl Model<'_> {
         &self,
         l: usize,
         w: &AttentionWeights,
-        kv: &mut KvCache,
+        kv: &mut dyn LayerKv,
         b: &mut Activations,
         s: &mut GateScratch,
-        r: Rows,
+        segs: &[Segment],
     ) {
         let cfg = &self.config;
-        let (n, style) = (r.n, cfg.norm_style);
+        let (n, style) = (rows_of(segs), cfg.norm_style);
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         if s.qg.len() < n * 2 * qd {
@@ -65,22 +64,27 @@ impl Model<'_> {
                 ops::rms_norm_inplace(q, hd, Some(qn), eps, style);
                 ops::rms_norm_inplace(k, hd, Some(kn), eps, style);
             }
-            ops::rope(q, n, hd, RopeStyle::RotateHalf, r.rope, r.rope_row0);
-            ops::rope(k, n, hd, RopeStyle::RotateHalf, r.rope, r.rope_row0);
+            for sg in segs {
+                let (qs, ks) = (sg.rows(q, qd), sg.rows(k, kvd));
+                ops::rope(qs, sg.n, hd, RopeStyle::RotateHalf, sg.rope, sg.rope_row0);
+                ops::rope(ks, sg.n, hd, RopeStyle::RotateHalf, sg.rope, sg.rope_row0);
+            }
         });
         let attn = &mut b.attn[..n * qd];
         time(Op::Attention, || {
-            kv.write(l, k, v);
-            let params = AttnParams {
-                n_heads: cfg.num_heads,
-                n_kv_heads: cfg.num_kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                causal: true,
-                q_pos0: r.start,
-                window: cfg.sliding_window[l],
-            };
-            cmf_kernels::attention(q, kv.view(l, r.start + n), &params, None, attn);
+            for (i, sg) in segs.iter().enumerate() {
+                kv.write(l, i, sg, sg.rows(k, kvd), sg.rows(v, kvd));
+                let params = AttnParams {
+                    n_heads: cfg.num_heads,
+                    n_kv_heads: cfg.num_kv_heads,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    causal: true,
+                    q_pos0: sg.start,
+                    window: cfg.sliding_window[l],
+                };
+                kv.attend(l, i, sg, sg.rows(q, qd), &params, sg.rows(attn, qd));
+            }
         });
         for (a, &g) in attn.iter_mut().zip(gate.iter()) {
             *a *= 1.0 / (1.0 + (-g).exp());

@@ -15,6 +15,7 @@
 //! `modeling_mistral.py`. Qwen3-Next (`modeling_qwen3_next.py`) swaps the token mixer per layer:
 //! GatedDeltaNet layers ([`gdn`]) and output-gated attention ([`gated_attention`]).
 
+mod batched;
 pub mod config;
 pub mod gated_attention;
 pub mod gdn;
@@ -26,6 +27,7 @@ pub mod weights;
 
 use crate::error::{LlmError, Result};
 use crate::profile::{time, Op};
+pub(crate) use batched::SeqRows;
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 use cmf_kernels::{AttnParams, KvDtype};
 pub use config::{Family, GdnConfig, Mixer, ModelConfig};
@@ -309,19 +311,20 @@ impl<'a> Model<'a> {
             .as_ref()
             .map(|r| &r.table)
             .expect("rope_rows filled the table");
+        let segs = [Segment {
+            row0: 0,
+            n,
+            start,
+            rope,
+            rope_row0: row0,
+        }];
         for (l, lw) in self.weights.layers[..layers].iter().enumerate() {
-            let rows = Rows {
-                n,
-                start,
-                rope,
-                rope_row0: row0,
-            };
             let mix = MixerState {
                 gdn: st.recurrent[l].as_mut(),
                 gdn_scratch: &mut b.gdn,
                 gate_scratch: &mut b.gate,
             };
-            self.layer(l, lw, &mut st.kv, mix, &mut b.act, rows);
+            self.layer(l, lw, &mut st.kv, mix, &mut b.act, &segs);
         }
         st.kv.commit(n);
         Ok(())
@@ -349,25 +352,28 @@ impl<'a> Model<'a> {
         0
     }
 
-    /// One decoder layer over `r.n` rows whose first position is `r.start`: a token mixer
-    /// (attention over the cache, or a GatedDeltaNet over its recurrent state) then a
-    /// feed-forward block, each adding to the residual.
+    /// One decoder layer over the rows of `segs` (one segment per sequence): a token mixer
+    /// (attention over each sequence's cache, or a GatedDeltaNet over its recurrent state) then
+    /// a feed-forward block, each adding to the residual.
     fn layer(
         &self,
         l: usize,
         w: &LayerWeights,
-        kv: &mut KvCache,
+        kv: &mut dyn LayerKv,
         mix: MixerState,
         b: &mut Activations,
-        r: Rows,
+        segs: &[Segment],
     ) {
         let cfg = &self.config;
         match (&w.mixer, mix.gdn) {
             (MixerWeights::Attention(a), _) if cfg.attn_output_gate => {
-                self.gated_attention_block(l, a, kv, b, mix.gate_scratch, r)
+                self.gated_attention_block(l, a, kv, b, mix.gate_scratch, segs)
             }
-            (MixerWeights::Attention(a), _) => self.attention_block(l, a, kv, b, r),
+            (MixerWeights::Attention(a), _) => self.attention_block(l, a, kv, b, segs),
             (MixerWeights::GatedDeltaNet(g), Some(st)) => {
+                // A recurrent state belongs to one sequence: the batched engine refuses hybrid
+                // models, so a GDN layer only ever sees a single-sequence pass.
+                assert_eq!(segs.len(), 1, "a GatedDeltaNet layer runs one sequence per pass");
                 let geo = cfg
                     .gdn
                     .as_ref()
@@ -378,7 +384,7 @@ impl<'a> Model<'a> {
                         g,
                         &mut b.x,
                         &mut b.xn,
-                        r.n,
+                        segs[0].n,
                         cfg.rms_norm_eps,
                         cfg.norm_style,
                         st,
@@ -390,26 +396,27 @@ impl<'a> Model<'a> {
                 unreachable!("the state of a GDN layer is made with the model's layers")
             }
         }
-        self.ffn_block(w, b, r.n);
+        self.ffn_block(w, b, rows_of(segs));
     }
 
     /// `x += attn(rope(norm(x)·Wq,k,v), cache)·Woᵀ`, appending this pass's k, v to the cache.
+    /// The projections run over all rows at once (one GEMM for a batch); RoPE, the cache write
+    /// and attention run per segment, each over its own sequence's keys.
     fn attention_block(
         &self,
         l: usize,
         w: &AttentionWeights,
-        kv: &mut KvCache,
+        kv: &mut dyn LayerKv,
         b: &mut Activations,
-        r: Rows,
+        segs: &[Segment],
     ) {
         let cfg = &self.config;
-        let (n, start, rope) = (r.n, r.start, r.rope);
+        let n = rows_of(segs);
         let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
         let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
 
-        // Attention block.
         time(Op::Norm, || {
             ops::rms_norm(x, h, Some(&w.attn_norm), eps, NormStyle::Plain, xn)
         });
@@ -421,22 +428,27 @@ impl<'a> Model<'a> {
                 ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
                 ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
             }
-            ops::rope(q, n, hd, RopeStyle::RotateHalf, rope, r.rope_row0);
-            ops::rope(k, n, hd, RopeStyle::RotateHalf, rope, r.rope_row0);
+            for s in segs {
+                let (qs, ks) = (s.rows(q, qd), s.rows(k, kvd));
+                ops::rope(qs, s.n, hd, RopeStyle::RotateHalf, s.rope, s.rope_row0);
+                ops::rope(ks, s.n, hd, RopeStyle::RotateHalf, s.rope, s.rope_row0);
+            }
         });
         let attn = &mut b.attn[..n * qd];
         time(Op::Attention, || {
-            kv.write(l, k, v);
-            let params = AttnParams {
-                n_heads: cfg.num_heads,
-                n_kv_heads: cfg.num_kv_heads,
-                head_dim: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                causal: true,
-                q_pos0: start,
-                window: cfg.sliding_window[l],
-            };
-            cmf_kernels::attention(q, kv.view(l, start + n), &params, None, attn);
+            for (i, s) in segs.iter().enumerate() {
+                kv.write(l, i, s, s.rows(k, kvd), s.rows(v, kvd));
+                let params = AttnParams {
+                    n_heads: cfg.num_heads,
+                    n_kv_heads: cfg.num_kv_heads,
+                    head_dim: hd,
+                    scale: 1.0 / (hd as f32).sqrt(),
+                    causal: true,
+                    q_pos0: s.start,
+                    window: cfg.sliding_window[l],
+                };
+                kv.attend(l, i, s, s.rows(q, qd), &params, s.rows(attn, qd));
+            }
         });
         time(Op::OutProj, || {
             linear(&w.o, attn, n, out);
@@ -537,19 +549,69 @@ fn linear_shared_input<const N: usize>(
 }
 
 /// The per-sequence mixer state one layer reads besides the KV cache.
-struct MixerState<'s> {
-    gdn: Option<&'s mut GdnState>,
-    gdn_scratch: &'s mut GdnScratch,
-    gate_scratch: &'s mut GateScratch,
+pub(crate) struct MixerState<'s> {
+    pub gdn: Option<&'s mut GdnState>,
+    pub gdn_scratch: &'s mut GdnScratch,
+    pub gate_scratch: &'s mut GateScratch,
 }
 
-/// The rows of one forward pass: count, first position, and where their cos/sin start.
+/// One sequence's rows within a forward pass: activation rows `row0..row0 + n`, at positions
+/// `start..start + n` of that sequence, with their cos/sin from row `rope_row0` of `rope`.
 #[derive(Clone, Copy)]
-struct Rows<'t> {
-    n: usize,
-    start: usize,
-    rope: &'t RopeTable,
-    rope_row0: usize,
+pub(crate) struct Segment<'t> {
+    pub row0: usize,
+    pub n: usize,
+    pub start: usize,
+    pub rope: &'t RopeTable,
+    pub rope_row0: usize,
+}
+
+impl Segment<'_> {
+    /// This segment's rows of a `[rows, width]` buffer.
+    fn rows<'b>(&self, buf: &'b mut [f32], width: usize) -> &'b mut [f32] {
+        &mut buf[self.row0 * width..(self.row0 + self.n) * width]
+    }
+}
+
+/// Rows of a pass made of `segs` (contiguous, in order).
+fn rows_of(segs: &[Segment]) -> usize {
+    segs.last().map_or(0, |s| s.row0 + s.n)
+}
+
+/// Where a pass's keys and values live: one sequence's contiguous [`KvCache`], or the block pool
+/// a batch of sequences shares (`crate::batch`). Segment `i` of the pass writes its new rows
+/// and then attends over its own sequence.
+pub(crate) trait LayerKv {
+    /// Stores segment `i`'s keys and values (`[seg.n, kv_dim]`) at positions `seg.start..`.
+    fn write(&mut self, layer: usize, i: usize, seg: &Segment, k: &[f32], v: &[f32]);
+    /// `out` = attention of segment `i`'s queries over positions `..seg.start + seg.n`.
+    fn attend(
+        &self,
+        layer: usize,
+        i: usize,
+        seg: &Segment,
+        q: &[f32],
+        p: &AttnParams,
+        out: &mut [f32],
+    );
+}
+
+impl LayerKv for KvCache {
+    fn write(&mut self, layer: usize, _: usize, _: &Segment, k: &[f32], v: &[f32]) {
+        KvCache::write(self, layer, k, v)
+    }
+
+    fn attend(
+        &self,
+        layer: usize,
+        _: usize,
+        seg: &Segment,
+        q: &[f32],
+        p: &AttnParams,
+        out: &mut [f32],
+    ) {
+        cmf_kernels::attention(q, self.view(layer, seg.start + seg.n), p, None, out);
+    }
 }
 
 /// Positions a cached RoPE table covers when it is (re)built.
@@ -579,7 +641,7 @@ impl Buffers {
 
 /// Activation buffers for up to `rows` rows, grown on demand and reused.
 #[derive(Default)]
-struct Activations {
+pub(crate) struct Activations {
     rows: usize,
     /// residual stream [rows, H]
     x: Vec<f32>,

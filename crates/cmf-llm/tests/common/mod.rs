@@ -294,3 +294,17 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 #[allow(unused_imports)] // not every test binary needs a device
 pub use cmf_test_support::gpu as gpu_skip;
+
+/// The SmolLM2 demo GGUF: `$CMF_SMOLLM2_GGUF`, `$CMF_CACHE/…`, then `~/.cache/cmf/…`
+/// (`scripts/fetch-demo-model.sh` puts it there); None when absent.
+pub fn demo_gguf() -> Option<PathBuf> {
+    const NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    [
+        std::env::var_os("CMF_SMOLLM2_GGUF").map(PathBuf::from),
+        std::env::var_os("CMF_CACHE").map(|d| PathBuf::from(d).join(NAME)),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/cmf").join(NAME)),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file())
+}

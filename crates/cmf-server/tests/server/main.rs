@@ -3,6 +3,7 @@
 //! request parser. Every test bounds its time (socket timeouts, deadlines on polling loops).
 
 mod api;
+mod batched;
 mod client;
 mod features;
 mod fixture;

@@ -1,0 +1,421 @@
+//! The batched engine: it owns every sequence's state (its tokens, how many of them are in the
+//! KV pool, its block table) and runs one step over any set of them, each contributing one token
+//! (decode) or a chunk of its prompt (prefill).
+//!
+//! Rules the engine keeps:
+//! - a sequence writes only blocks it holds alone and has not published
+//!   ([`BlockPool::is_exclusive`]); a step that would break this is refused, never run;
+//! - a block is published for prefix reuse as soon as all its positions are computed;
+//! - prefix reuse covers whole blocks and stops one token short of the known tokens, so the last
+//!   known token is always computed (its logits are what the caller wants) into a private block.
+
+use super::blocks::{BlockId, BlockPool, PoolStats};
+use crate::error::{LlmError, Result};
+use crate::model::{Activations, LayerKv, Model, ModelConfig, Segment, SeqRows};
+use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
+use std::collections::HashMap;
+
+/// Identifies a sequence within one engine.
+pub type SeqId = u64;
+
+/// Size and shape of the KV pool.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchConfig {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Blocks in the pool (each holds `block_size` positions of every layer).
+    pub kv_blocks: usize,
+    pub kv_dtype: KvDtype,
+    /// Most tokens one sequence may hold (capped at the model's maximum positions).
+    pub max_seq_len: usize,
+}
+
+impl BatchConfig {
+    /// Positions per block unless the caller says otherwise (vLLM's and llama.cpp's default).
+    pub const BLOCK_SIZE: usize = 16;
+
+    /// Bytes one block takes over all layers of a model of config `c`.
+    pub fn block_bytes(c: &ModelConfig, block_size: usize, kv_dtype: KvDtype) -> usize {
+        c.num_layers * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
+    }
+
+    /// A pool of as many blocks as `budget_bytes` holds.
+    pub fn from_budget(
+        model: &Model,
+        budget_bytes: usize,
+        kv_dtype: KvDtype,
+        max_seq_len: usize,
+    ) -> BatchConfig {
+        let block_size = Self::BLOCK_SIZE;
+        let per = Self::block_bytes(&model.config, block_size, kv_dtype).max(1);
+        BatchConfig {
+            block_size,
+            kv_blocks: budget_bytes / per,
+            kv_dtype,
+            max_seq_len,
+        }
+    }
+}
+
+/// One sequence's share of a step: run its next `tokens` not yet computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    pub seq: SeqId,
+    pub tokens: usize,
+}
+
+struct Sequence {
+    /// Every token known: prompt, then each generated one.
+    tokens: Vec<u32>,
+    /// Leading tokens whose keys and values are in the pool.
+    computed: usize,
+    table: Vec<BlockId>,
+    /// Chain hash of each full block of `table` that has been published.
+    hashes: Vec<u64>,
+}
+
+pub struct BatchEngine<'m, 'a> {
+    model: &'m Model<'a>,
+    cfg: BatchConfig,
+    layers: Vec<KvBlocks>,
+    pool: BlockPool,
+    seqs: HashMap<SeqId, Sequence>,
+    next_id: SeqId,
+    act: Activations,
+}
+
+impl<'m, 'a> BatchEngine<'m, 'a> {
+    pub fn new(model: &'m Model<'a>, cfg: BatchConfig) -> Result<Self> {
+        let c = &model.config;
+        if model.weights.layers.len() != c.num_layers {
+            return Err(LlmError::Other(format!(
+                "only {} of {} layers are loaded",
+                model.weights.layers.len(),
+                c.num_layers
+            )));
+        }
+        if c.gdn.is_some() {
+            // A GatedDeltaNet layer's recurrent state has no per-sequence slot here yet.
+            return Err(LlmError::Other(format!(
+                "the batched engine does not run hybrid (GatedDeltaNet) models yet: \
+                 {:?} runs one sequence at a time",
+                c.family
+            )));
+        }
+        if cfg.block_size == 0 || cfg.kv_blocks == 0 {
+            return Err(LlmError::Other(format!(
+                "the KV pool needs at least one block of at least one position \
+                 ({} blocks of {} given)",
+                cfg.kv_blocks, cfg.block_size
+            )));
+        }
+        let cfg = BatchConfig {
+            max_seq_len: cfg.max_seq_len.min(c.max_position_embeddings.max(1)),
+            ..cfg
+        };
+        let layers = (0..c.num_layers)
+            .map(|_| {
+                KvBlocks::new(
+                    cfg.kv_dtype,
+                    cfg.kv_blocks,
+                    cfg.block_size,
+                    c.num_kv_heads,
+                    c.head_dim,
+                )
+            })
+            .collect();
+        Ok(BatchEngine {
+            model,
+            cfg,
+            layers,
+            pool: BlockPool::new(cfg.kv_blocks),
+            seqs: HashMap::new(),
+            next_id: 0,
+            act: Activations::default(),
+        })
+    }
+
+    pub fn config(&self) -> &BatchConfig {
+        &self.cfg
+    }
+
+    pub fn model(&self) -> &'m Model<'a> {
+        self.model
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Checks the block pool's bookkeeping against every sequence's table (tests).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.pool.check()?;
+        let mut refs = vec![0u32; self.cfg.kv_blocks];
+        for s in self.seqs.values() {
+            for &b in &s.table {
+                refs[b as usize] += 1;
+            }
+        }
+        for (b, &r) in refs.iter().enumerate() {
+            if self.pool.refs(b as BlockId) != r {
+                return Err(format!(
+                    "block {b}: {} references counted, {r} tables name it",
+                    self.pool.refs(b as BlockId)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A new sequence holding `tokens` (none computed, no blocks yet).
+    pub fn add(&mut self, tokens: Vec<u32>) -> Result<SeqId> {
+        if tokens.is_empty() {
+            return Err(LlmError::Other(
+                "a sequence needs at least one token".into(),
+            ));
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::TokenOutOfRange { id, vocab });
+        }
+        if tokens.len() > self.cfg.max_seq_len {
+            return Err(LlmError::ContextFull {
+                needed: tokens.len(),
+                limit: self.cfg.max_seq_len,
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(
+            id,
+            Sequence {
+                tokens,
+                computed: 0,
+                table: Vec::new(),
+                hashes: Vec::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    fn seq(&self, id: SeqId) -> &Sequence {
+        self.seqs.get(&id).expect("unknown sequence id")
+    }
+
+    pub fn contains(&self, id: SeqId) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    pub fn tokens(&self, id: SeqId) -> &[u32] {
+        &self.seq(id).tokens
+    }
+
+    /// Tokens whose keys and values are in the pool.
+    pub fn computed(&self, id: SeqId) -> usize {
+        self.seq(id).computed
+    }
+
+    /// Known tokens not yet computed.
+    pub fn pending(&self, id: SeqId) -> usize {
+        let s = self.seq(id);
+        s.tokens.len() - s.computed
+    }
+
+    /// Appends a generated token (computed by a later step). Refused past the length limit.
+    pub fn push(&mut self, id: SeqId, token: u32) -> Result<()> {
+        let limit = self.cfg.max_seq_len;
+        let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        if s.tokens.len() >= limit {
+            return Err(LlmError::ContextFull {
+                needed: s.tokens.len() + 1,
+                limit,
+            });
+        }
+        s.tokens.push(token);
+        Ok(())
+    }
+
+    /// Takes cached blocks for the longest run of full blocks at the start of a sequence that
+    /// has none yet; returns the tokens they cover (now computed).
+    pub fn reuse_prefix(&mut self, id: SeqId) -> usize {
+        let bs = self.cfg.block_size;
+        let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        if !s.table.is_empty() {
+            return 0;
+        }
+        // Whole blocks, and never the last known token (see the module note).
+        let reusable = (s.tokens.len() - 1) / bs;
+        let mut parent = 0;
+        for i in 0..reusable {
+            let block = &s.tokens[i * bs..(i + 1) * bs];
+            match self.pool.lookup(parent, block) {
+                Some(b) => {
+                    parent = super::blocks::chain_hash(parent, block);
+                    s.table.push(b);
+                    s.hashes.push(parent);
+                }
+                None => break,
+            }
+        }
+        s.computed = s.table.len() * bs;
+        s.computed
+    }
+
+    /// More blocks `id` needs to compute its next `n` tokens.
+    pub fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
+        let s = self.seq(id);
+        (s.computed + n)
+            .div_ceil(self.cfg.block_size)
+            .saturating_sub(s.table.len())
+    }
+
+    /// Blocks an allocation can take now.
+    pub fn blocks_available(&self) -> usize {
+        self.pool.available()
+    }
+
+    /// Gives `id` the blocks for its next `n` tokens; false, with nothing taken, when the pool
+    /// cannot supply them.
+    pub fn reserve(&mut self, id: SeqId, n: usize) -> bool {
+        let need = self.blocks_needed(id, n);
+        if need > self.pool.available() {
+            return false;
+        }
+        let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        for _ in 0..need {
+            let b = self.pool.allocate().expect("availability was checked");
+            s.table.push(b);
+        }
+        true
+    }
+
+    /// Returns every block of `id` to the pool and forgets its computed state; its tokens stay,
+    /// to be recomputed (a preempted sequence). Published blocks stay cached for reuse.
+    pub fn release(&mut self, id: SeqId) {
+        let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        for b in s.table.drain(..) {
+            self.pool.release(b);
+        }
+        s.hashes.clear();
+        s.computed = 0;
+    }
+
+    /// Releases `id`'s blocks and forgets the sequence.
+    pub fn remove(&mut self, id: SeqId) {
+        if self.seqs.contains_key(&id) {
+            self.release(id);
+            self.seqs.remove(&id);
+        }
+    }
+
+    /// Runs one step: for each item, its sequence's next `tokens` uncomputed tokens. Returns the
+    /// logits (`[m, vocab]`) of the items that reach their sequence's last known token, in the
+    /// items' order. Each sequence may appear once and must have reserved its blocks.
+    pub fn step(&mut self, work: &[Work]) -> Result<&[f32]> {
+        self.check_work(work)?;
+        let bs = self.cfg.block_size;
+        let BatchEngine {
+            model,
+            layers,
+            seqs,
+            act,
+            ..
+        } = self;
+        let mut rows = Vec::with_capacity(work.len());
+        let mut tables = Vec::with_capacity(work.len());
+        for w in work {
+            let s = &seqs[&w.seq];
+            let end = s.computed + w.tokens;
+            rows.push(SeqRows {
+                tokens: &s.tokens[s.computed..end],
+                start: s.computed,
+                logits: end == s.tokens.len(),
+            });
+            tables.push(s.table.as_slice());
+        }
+        let mut pass = PagedPass { layers, tables };
+        let model = *model;
+        let m = cmf_kernels::run_in_pool(|| model.forward_batch(&rows, &mut pass, act).len());
+        drop(rows);
+        for w in work {
+            self.advance(w.seq, w.tokens, bs);
+        }
+        Ok(&self.act.logits()[..m])
+    }
+
+    fn check_work(&self, work: &[Work]) -> Result<()> {
+        let bs = self.cfg.block_size;
+        for (i, w) in work.iter().enumerate() {
+            let s = self
+                .seqs
+                .get(&w.seq)
+                .ok_or_else(|| LlmError::Other(format!("step: unknown sequence {}", w.seq)))?;
+            if work[..i].iter().any(|o| o.seq == w.seq) {
+                return Err(LlmError::Other(format!("step: sequence {} twice", w.seq)));
+            }
+            if w.tokens == 0 || s.computed + w.tokens > s.tokens.len() {
+                return Err(LlmError::Other(format!(
+                    "step: sequence {} has {} tokens to compute, {} asked",
+                    w.seq,
+                    s.tokens.len() - s.computed,
+                    w.tokens
+                )));
+            }
+            let end = s.computed + w.tokens;
+            if end.div_ceil(bs) > s.table.len() {
+                return Err(LlmError::Other(format!(
+                    "step: sequence {} has not reserved blocks for {end} positions",
+                    w.seq
+                )));
+            }
+            for &b in &s.table[s.computed / bs..end.div_ceil(bs)] {
+                if !self.pool.is_exclusive(b) {
+                    return Err(LlmError::Other(format!(
+                        "step: sequence {} would write shared block {b}",
+                        w.seq
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks `n` more tokens of `id` computed and publishes the blocks they filled.
+    fn advance(&mut self, id: SeqId, n: usize, bs: usize) {
+        let s = self.seqs.get_mut(&id).expect("checked");
+        s.computed += n;
+        while s.hashes.len() < s.computed / bs {
+            let i = s.hashes.len();
+            let parent = if i == 0 { 0 } else { s.hashes[i - 1] };
+            let h = self
+                .pool
+                .publish(s.table[i], parent, &s.tokens[i * bs..(i + 1) * bs]);
+            s.hashes.push(h);
+        }
+    }
+}
+
+/// One step's view of the pool: every layer's blocks and each segment's block table.
+struct PagedPass<'p> {
+    layers: &'p mut [KvBlocks],
+    tables: Vec<&'p [BlockId]>,
+}
+
+impl LayerKv for PagedPass<'_> {
+    fn write(&mut self, layer: usize, i: usize, seg: &Segment, k: &[f32], v: &[f32]) {
+        self.layers[layer].write(self.tables[i], seg.start, k, v);
+    }
+
+    fn attend(
+        &self,
+        layer: usize,
+        i: usize,
+        seg: &Segment,
+        q: &[f32],
+        p: &AttnParams,
+        out: &mut [f32],
+    ) {
+        let kv = self.layers[layer].view(self.tables[i], seg.start + seg.n);
+        cmf_kernels::attention_paged(q, kv, p, out);
+    }
+}

@@ -1,0 +1,324 @@
+//! The batched engine gives every sequence what it would have got alone: greedy (and seeded)
+//! outputs token-identical to the single-sequence `Model::prefill` / `decode` loop with an f32
+//! KV cache, with sequences of different lengths joining and leaving, prompts chunked and mixed
+//! with decoding, preemption when the pool runs out, shared prefixes and cancellation. After
+//! every step the pool's bookkeeping must agree with the sequences' block tables.
+
+mod common;
+use cmf_kernels::KvDtype;
+use cmf_llm::batch::{
+    BatchConfig, BatchEngine, Event, Request, RequestId, Scheduler, SchedulerConfig,
+};
+use cmf_llm::generate::FinishReason;
+use cmf_llm::sampling::{Sampler, SamplingParams};
+use cmf_llm::{Model, ModelConfig};
+use common::*;
+use std::collections::HashMap;
+
+struct Fixture {
+    files: Vec<Vec<u8>>,
+    config: ModelConfig,
+}
+
+fn fixture(name: &str) -> Fixture {
+    let dir = fixture_dir(name);
+    Fixture {
+        files: read_weight_files(&dir),
+        config: ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap(),
+    }
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 7919 + seed * 104729 + 13) % 500 + 3)
+        .collect()
+}
+
+/// The single-sequence loop: prefill, then sample and decode one token at a time.
+fn alone(model: &Model, req: &Request) -> Vec<u32> {
+    let mut st = model.new_state_with(1024, KvDtype::F32);
+    let mut sampler = Sampler::new(req.sampling);
+    let mut history = req.prompt.clone();
+    let mut logits = model.prefill(&mut st, &req.prompt).unwrap().to_vec();
+    let mut out = Vec::new();
+    loop {
+        let t = sampler.sample(&mut logits, &history);
+        if req.eos_ids.contains(&t) {
+            break;
+        }
+        out.push(t);
+        history.push(t);
+        if out.len() == req.max_tokens {
+            break;
+        }
+        logits = model.decode(&mut st, t).unwrap().to_vec();
+    }
+    out
+}
+
+struct Run {
+    outputs: HashMap<RequestId, Vec<u32>>,
+    finished: HashMap<RequestId, FinishReason>,
+}
+
+/// Steps `s` until idle, submitting `later[i]` before step `at[i]`; checks the pool after every
+/// step. Returns each request's tokens, in submission order of ids.
+fn drive(
+    s: &mut Scheduler,
+    first: &[Request],
+    later: &[(usize, Request)],
+    mut on_step: impl FnMut(usize, &mut Scheduler),
+) -> (Vec<RequestId>, Run) {
+    let mut ids: Vec<RequestId> = first.iter().map(|r| s.submit(r.clone()).unwrap()).collect();
+    let mut run = Run {
+        outputs: HashMap::new(),
+        finished: HashMap::new(),
+    };
+    for step in 0..10_000 {
+        for (at, r) in later {
+            if *at == step {
+                ids.push(s.submit(r.clone()).unwrap());
+            }
+        }
+        on_step(step, s);
+        if s.is_idle() && later.iter().all(|(at, _)| *at < step) {
+            return (ids, run);
+        }
+        for e in s.step().unwrap() {
+            match e {
+                Event::Token { id, token } => run.outputs.entry(id).or_default().push(token),
+                Event::Finished { id, reason } => {
+                    assert!(
+                        run.finished.insert(id, reason).is_none(),
+                        "{id} finished twice"
+                    );
+                }
+            }
+        }
+        s.engine().check().unwrap();
+    }
+    panic!("the scheduler did not finish within 10000 steps");
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::default(),
+        eos_ids: vec![],
+    }
+}
+
+fn scheduler<'m, 'a>(
+    model: &'m Model<'a>,
+    blocks: usize,
+    block_size: usize,
+    cfg: SchedulerConfig,
+) -> Scheduler<'m, 'a> {
+    let engine = BatchEngine::new(
+        model,
+        BatchConfig {
+            block_size,
+            kv_blocks: blocks,
+            kv_dtype: KvDtype::F32,
+            max_seq_len: 1024,
+        },
+    )
+    .unwrap();
+    Scheduler::new(engine, cfg).unwrap()
+}
+
+fn assert_same(model: &Model, name: &str, reqs: &[Request], ids: &[RequestId], run: &Run) {
+    for (r, id) in reqs.iter().zip(ids) {
+        let want = alone(model, r);
+        let got = run.outputs.get(id).cloned().unwrap_or_default();
+        assert_eq!(
+            got,
+            want,
+            "{name}: request {id} (prompt {})",
+            r.prompt.len()
+        );
+        assert!(run.finished.contains_key(id), "{name}: {id} never finished");
+    }
+}
+
+/// Different lengths, joining mid-run, prompts chunked (a budget of 24 tokens a step) and mixed
+/// with decoding, on all four fixture families (sliding window, biases, q/k norms included).
+#[test]
+fn joining_and_leaving_equals_alone() {
+    for name in FIXTURES {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 24,
+        };
+        let mut s = scheduler(&model, 64, 16, cfg);
+        let first: Vec<Request> = [(1, 5, 12), (2, 37, 4), (3, 70, 9)]
+            .map(|(seed, len, n)| greedy(prompt(seed, len), n))
+            .into();
+        let later: Vec<(usize, Request)> = [(3, 4, 50, 15), (5, 5, 1, 6), (9, 6, 33, 20)]
+            .map(|(at, seed, len, n)| (at, greedy(prompt(seed, len), n)))
+            .into();
+        let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
+        let all: Vec<Request> = first
+            .iter()
+            .cloned()
+            .chain(later.iter().map(|(_, r)| r.clone()))
+            .collect();
+        assert_same(&model, name, &all, &ids, &run);
+        assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+    }
+}
+
+/// A pool of 14 blocks of 4 positions for four sequences that need up to 11 each: the youngest
+/// is preempted and recomputed, and every output is still what it is alone. Seeded sampling
+/// included (the draw depends on the position, which a recomputation keeps).
+#[test]
+fn preemption_keeps_outputs() {
+    let f = fixture("qwen3-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 64,
+    };
+    let mut s = scheduler(&model, 14, 4, cfg);
+    let mut reqs: Vec<Request> = (0..4)
+        .map(|i| greedy(prompt(10 + i, 9 + 3 * i as usize), 30))
+        .collect();
+    reqs[3].sampling = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
+    assert!(s.stats().preemptions > 0, "the pool was never short");
+    assert_same(&model, "qwen3-tiny", &reqs, &ids, &run);
+    assert_eq!(s.engine().pool_stats().held, 0);
+}
+
+/// Requests sharing a 40-token prefix: the later ones take its full blocks from the cache
+/// (never writing them) and still produce their own outputs.
+#[test]
+fn shared_prefix_is_reused() {
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+    let system = prompt(99, 40);
+    let with_tail = |seed: u32, n: usize| {
+        let mut p = system.clone();
+        p.extend(prompt(seed, n));
+        p
+    };
+    let first = vec![greedy(with_tail(1, 5), 8)];
+    // Submitted once the first request's prompt is computed.
+    let later: Vec<(usize, Request)> = vec![
+        (2, greedy(with_tail(2, 9), 8)),
+        (2, greedy(with_tail(3, 1), 8)),
+        (4, greedy(system.clone(), 8)),
+    ];
+    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
+    let all: Vec<Request> = first
+        .iter()
+        .cloned()
+        .chain(later.iter().map(|(_, r)| r.clone()))
+        .collect();
+    assert_same(&model, "llama-tiny", &all, &ids, &run);
+    // Two full blocks (32 tokens) of the prefix for each of the three later requests.
+    assert_eq!(s.stats().prefix_tokens_reused, 3 * 32);
+    let st = s.stats();
+    assert_eq!(st.prefix_hits, 6, "{st:?}");
+    // Blocks looked up: 2 for the first request (a miss), 3, 2 and 2 for the later ones.
+    assert_eq!(st.prefix_queries, 9, "{st:?}");
+    assert_eq!(s.engine().pool_stats().held, 0);
+}
+
+/// Cancelling a request in the middle of its prompt frees its blocks at once; the others go on
+/// unchanged.
+#[test]
+fn cancellation_frees_blocks_mid_prefill() {
+    let f = fixture("mistral-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 16,
+    };
+    let mut s = scheduler(&model, 64, 8, cfg);
+    let reqs = vec![
+        greedy(prompt(1, 12), 10),
+        greedy(prompt(2, 200), 10),
+        greedy(prompt(3, 7), 10),
+    ];
+    let mut victim = None;
+    let (ids, run) = drive(&mut s, &reqs, &[], |step, s| {
+        if step == 4 {
+            let id = 1; // the long prompt: still prefilling 16 tokens a step
+            let before = s.engine().pool_stats().held;
+            assert!(s.engine().computed(id) < 200);
+            assert!(s.cancel(id));
+            let after = s.engine().pool_stats().held;
+            assert!(after < before, "cancel freed nothing ({before} → {after})");
+            victim = Some(id);
+        }
+    });
+    let victim = victim.unwrap();
+    assert!(!run.outputs.contains_key(&victim));
+    let kept: Vec<(Request, RequestId)> = reqs
+        .into_iter()
+        .zip(ids)
+        .filter(|(_, id)| *id != victim)
+        .collect();
+    let (r, i): (Vec<_>, Vec<_>) = kept.into_iter().unzip();
+    assert_same(&model, "mistral-tiny", &r, &i, &run);
+    assert_eq!(s.engine().pool_stats().held, 0);
+    assert!(!s.cancel(victim), "a second cancel finds nothing");
+}
+
+/// Bad requests are refused by name, before anything is queued.
+#[test]
+fn bad_requests_are_refused() {
+    let f = fixture("qwen2-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 4, 4, SchedulerConfig::default());
+    let e = s.submit(greedy(vec![3, 100_000], 4)).unwrap_err();
+    assert!(e.to_string().contains("100000"), "{e}");
+    let e = s.submit(greedy(prompt(1, 16), 4)).unwrap_err();
+    assert!(e.to_string().contains("context full"), "{e}");
+    assert!(s.submit(greedy(prompt(1, 3), 0)).is_err());
+    assert!(s.is_idle());
+}
+
+/// The SmolLM2 demo model (imported from its GGUF with the default codecs) when
+/// `scripts/fetch-demo-model.sh` has fetched it: four requests of different lengths batched
+/// equal each alone, greedy, f32 KV.
+#[test]
+fn demo_model_batched_equals_alone() {
+    let Some(gguf) = demo_gguf() else {
+        println!(
+            "SKIPPED: SmolLM2-135M-Instruct.Q4_1.gguf not found (scripts/fetch-demo-model.sh)"
+        );
+        return;
+    };
+    let out = scratch_dir("batched").join("smollm2.cmf");
+    cmf_convert::import_gguf::import(&gguf, &out, &cmf_convert::Options::default()).unwrap();
+    let file = cmf_format::CmfModel::open(&out).unwrap();
+    let model = Model::load(&file).unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 64,
+    };
+    let mut s = scheduler(&model, 64, 16, cfg);
+    let reqs: Vec<Request> = [(1, 9), (2, 70), (3, 23), (4, 41)]
+        .map(|(seed, len)| greedy(prompt(seed, len), 16))
+        .into();
+    let later = [(2, greedy(prompt(5, 30), 12))];
+    let (ids, run) = drive(&mut s, &reqs, &later, |_, _| {});
+    let all: Vec<Request> = reqs.into_iter().chain([later[0].1.clone()]).collect();
+    assert_same(&model, "smollm2", &all, &ids, &run);
+}

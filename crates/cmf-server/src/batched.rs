@@ -1,0 +1,335 @@
+//! The inference thread with `--parallel N` (N > 1): many requests generated at once on the
+//! batched CPU engine (`cmf_llm::batch`: paged KV pool, prefix reuse, continuous batching).
+//!
+//! The thread takes jobs from the bounded queue only while fewer than N requests are running
+//! or waiting for KV memory, so the queue (and its 503 beyond `--queue`) keeps its meaning.
+//! Between steps it drops the requests whose client went away (their blocks go back at once,
+//! also in the middle of a prompt), then runs one step over all running requests, and turns
+//! each sampled token into text (stop strings held back as in `cmf_llm::generate`).
+//!
+//! Jobs that need per-token logits (log-probabilities, logit bias, a grammar) or several choices
+//! run alone on a single-sequence engine between steps, as the one-at-a-time worker runs them;
+//! the batch waits meanwhile.
+
+use crate::generation::{Event, Job};
+use crate::observe::RequestRecord;
+use crate::worker::{panic_message, Queued, StartError, Worker};
+use cmf_llm::batch::{self, BatchConfig, BatchEngine, Request, RequestId, Scheduler};
+use cmf_llm::chat::TextDecoder;
+use cmf_llm::engine::CpuEngine;
+use cmf_llm::generate::{FinishReason, GenerationStats, StopMatcher};
+use cmf_llm::Model;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// One request on the batched engine.
+struct Active<'t> {
+    job: Job,
+    record: Arc<RequestRecord>,
+    decoder: TextDecoder<'t>,
+    stops: StopMatcher,
+    stats: GenerationStats,
+    admitted: Instant,
+    last_text: Option<Instant>,
+}
+
+/// Bytes of the KV pool: `--kv-pool`, else `parallel` full contexts.
+pub(crate) fn pool_bytes(
+    c: &cmf_llm::ModelConfig,
+    parallel: usize,
+    ctx: usize,
+    kv_pool_bytes: Option<usize>,
+    kv_dtype: cmf_kernels::KvDtype,
+) -> usize {
+    let block = BatchConfig::block_bytes(c, BatchConfig::BLOCK_SIZE, kv_dtype);
+    kv_pool_bytes.unwrap_or(parallel * ctx.div_ceil(BatchConfig::BLOCK_SIZE) * block)
+}
+
+/// Positions a pool of `bytes` holds.
+pub(crate) fn pool_positions(
+    c: &cmf_llm::ModelConfig,
+    bytes: usize,
+    kv_dtype: cmf_kernels::KvDtype,
+) -> usize {
+    let block = BatchConfig::block_bytes(c, BatchConfig::BLOCK_SIZE, kv_dtype).max(1);
+    bytes / block * BatchConfig::BLOCK_SIZE
+}
+
+/// Whether a job needs the single-sequence path (features the batched step does not carry).
+fn needs_alone(job: &Job) -> bool {
+    let o = &job.options;
+    o.n > 1
+        || o.logprobs.is_some()
+        || o.prompt_logprobs.is_some()
+        || !o.logit_bias.0.is_empty()
+        || o.constraint.is_some()
+}
+
+pub(crate) fn run(
+    w: &Worker,
+    model: &Model,
+    ready: std::sync::mpsc::Sender<Result<(), StartError>>,
+    mut rx: mpsc::Receiver<Queued>,
+) {
+    let budget = pool_bytes(
+        &model.config,
+        w.parallel,
+        w.ctx,
+        w.kv_pool_bytes,
+        w.kv_dtype,
+    );
+    let cfg = BatchConfig::from_budget(model, budget, w.kv_dtype, w.ctx);
+    let sched_cfg = batch::SchedulerConfig {
+        max_running: w.parallel,
+        ..Default::default()
+    };
+    let new_scheduler = || BatchEngine::new(model, cfg).and_then(|e| Scheduler::new(e, sched_cfg));
+    let mut sched = match new_scheduler() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(StartError::Other(format!("{}: {e}", w.path))));
+            return;
+        }
+    };
+    w.stats
+        .kv_blocks_total
+        .store(cfg.kv_blocks as u64, Ordering::Relaxed);
+    // For the jobs that run alone.
+    let mut single = CpuEngine::new(model, w.ctx, w.kv_dtype);
+    let _ = ready.send(Ok(()));
+    drop(ready);
+
+    let tokenizer = &w.assets.tokenizer;
+    let mut active: HashMap<RequestId, Active> = HashMap::new();
+    let mut closed = false;
+    loop {
+        // Take jobs while there is a slot.
+        while !closed && sched.stats().running + sched.stats().waiting < w.parallel {
+            let next = if sched.is_idle() {
+                rx.blocking_recv()
+            } else {
+                match rx.try_recv() {
+                    Ok(q) => Some(q),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            };
+            let Some(Queued { job, record }) = next else {
+                closed = true;
+                break;
+            };
+            if job.events.is_closed() {
+                w.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if needs_alone(&job) {
+                w.stats.running.fetch_add(1, Ordering::Relaxed);
+                if w.serve_one(&mut single, job, record) {
+                    single = CpuEngine::new(model, w.ctx, w.kv_dtype);
+                }
+                w.stats.running.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let record = record.unwrap_or_default();
+            record
+                .prompt_tokens
+                .store(job.ids.len() as u64, Ordering::Relaxed);
+            let req = Request {
+                prompt: job.ids.clone(),
+                max_tokens: job.gen.max_tokens,
+                sampling: job.gen.sampling,
+                eos_ids: job.gen.eos_ids.clone(),
+            };
+            match sched.submit(req) {
+                Ok(id) => {
+                    let context = &job.ids[job.ids.len().saturating_sub(4)..];
+                    active.insert(
+                        id,
+                        Active {
+                            decoder: tokenizer.text_decoder(context, true),
+                            stops: StopMatcher::new(&job.gen.stop_strings),
+                            stats: GenerationStats {
+                                prompt_tokens: job.ids.len(),
+                                generated_tokens: 0,
+                                prefill_time: Duration::ZERO,
+                                decode_steps: 0,
+                                decode_time: Duration::ZERO,
+                                time_to_first_token: Duration::ZERO,
+                                finish: FinishReason::Length,
+                            },
+                            job,
+                            record,
+                            admitted: Instant::now(),
+                            last_text: None,
+                        },
+                    );
+                }
+                Err(e) => {
+                    w.stats.finished.fetch_add(1, Ordering::Relaxed);
+                    let _ = job
+                        .events
+                        .send(Event::Failed(format!("generation failed: {e}")));
+                }
+            }
+        }
+        // Clients that went away: their blocks go back now.
+        active.retain(|&id, a| {
+            if a.job.events.is_closed() {
+                sched.cancel(id);
+                w.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                false
+            } else {
+                true
+            }
+        });
+        if sched.is_idle() {
+            publish(w, &sched);
+            if closed {
+                return;
+            }
+            continue;
+        }
+        if let Some(d) = w.pacing {
+            std::thread::sleep(d);
+        }
+        let events = match std::panic::catch_unwind(AssertUnwindSafe(|| sched.step())) {
+            Ok(Ok(events)) => events,
+            failed => {
+                let msg = match failed {
+                    Ok(Err(e)) => format!("generation failed: {e}"),
+                    Err(p) => format!(
+                        "internal error: the inference worker panicked: {}",
+                        panic_message(&p)
+                    ),
+                    Ok(Ok(_)) => unreachable!(),
+                };
+                // Every running request fails; the next ones start on a fresh pool.
+                for (_, a) in active.drain() {
+                    w.stats.finished.fetch_add(1, Ordering::Relaxed);
+                    let _ = a.job.events.send(Event::Failed(msg.clone()));
+                }
+                drop(sched);
+                sched = match new_scheduler() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("cmf serve: {e}; the inference thread stops");
+                        return;
+                    }
+                };
+                continue;
+            }
+        };
+        for e in events {
+            match e {
+                batch::Event::Token { id, token } => {
+                    let Some(a) = active.get_mut(&id) else {
+                        continue;
+                    };
+                    match on_token(w, a, token) {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            sched.cancel(id);
+                            let a = active.remove(&id).expect("present");
+                            finish(w, a, FinishReason::Stop);
+                        }
+                        Err(msg) => {
+                            sched.cancel(id);
+                            let a = active.remove(&id).expect("present");
+                            w.stats.finished.fetch_add(1, Ordering::Relaxed);
+                            let _ = a.job.events.send(Event::Failed(msg));
+                        }
+                    }
+                }
+                batch::Event::Finished { id, reason } => {
+                    if let Some(a) = active.remove(&id) {
+                        finish(w, a, reason);
+                    }
+                }
+            }
+        }
+        publish(w, &sched);
+    }
+}
+
+/// The request's next token: its text (if complete) to the client. True when a stop string
+/// appeared (the request ends).
+fn on_token(w: &Worker, a: &mut Active, token: u32) -> Result<bool, String> {
+    let now = Instant::now();
+    if a.stats.generated_tokens == 0 {
+        a.stats.time_to_first_token = now - a.admitted;
+        a.stats.prefill_time = a.stats.time_to_first_token;
+    } else {
+        a.stats.decode_steps += 1;
+        a.stats.decode_time = now - a.admitted - a.stats.prefill_time;
+    }
+    a.stats.generated_tokens += 1;
+    a.record
+        .generated_tokens
+        .store(a.stats.generated_tokens as u64, Ordering::Relaxed);
+    w.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+    let text = a
+        .decoder
+        .push(token)
+        .map_err(|e| format!("generation failed: {e}"))?;
+    let (out, hit) = a.stops.push(&text);
+    send_text(w, a, out);
+    Ok(hit)
+}
+
+fn send_text(w: &Worker, a: &mut Active, text: String) {
+    if text.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    a.record.first_text.get_or_init(|| now);
+    if let Some(t) = a.last_text.replace(now) {
+        w.stats.inter_token_latency.observe(now - t);
+    }
+    let _ = a.job.events.send(Event::Text {
+        choice: 0,
+        text,
+        logprobs: Vec::new(),
+    });
+}
+
+/// Sends the held-back text and the end of the request.
+fn finish(w: &Worker, mut a: Active, reason: FinishReason) {
+    if reason != FinishReason::Stop {
+        // As `cmf_llm::guided`: a cut character at the length limit is not shown.
+        let mut tail = a.decoder.flush().unwrap_or_default();
+        if matches!(reason, FinishReason::Length | FinishReason::ContextFull) {
+            if let Some(cut) = tail.strip_suffix('\u{FFFD}') {
+                tail.truncate(cut.len());
+            }
+        }
+        let (out, _) = a.stops.push(&tail);
+        let rest = a.stops.flush();
+        send_text(w, &mut a, out + &rest);
+    }
+    a.stats.finish = reason;
+    w.stats.finished.fetch_add(1, Ordering::Relaxed);
+    let _ = a.job.events.send(Event::ChoiceDone {
+        choice: 0,
+        finish: reason,
+        logprobs: Vec::new(),
+    });
+    let _ = a.job.events.send(Event::Done(a.stats));
+}
+
+/// The engine's gauges for `/metrics` and `/health`.
+fn publish(w: &Worker, sched: &Scheduler) {
+    let s = sched.stats();
+    let p = sched.engine().pool_stats();
+    let st = &w.stats;
+    st.running.store(s.running as u64, Ordering::Relaxed);
+    st.busy.store(s.running > 0, Ordering::Relaxed);
+    st.waiting_for_memory
+        .store(s.waiting as u64, Ordering::Relaxed);
+    st.kv_blocks_in_use.store(p.held as u64, Ordering::Relaxed);
+    st.prefix_queries.store(s.prefix_queries, Ordering::Relaxed);
+    st.prefix_hits.store(s.prefix_hits, Ordering::Relaxed);
+}
