@@ -1,8 +1,8 @@
 //! Mixture-of-experts checkpoints through the CLI: `cmf convert` of the Qwen3-MoE and Qwen2-MoE
 //! fixtures writes a header `moe` descriptor and per-expert tensors that the reference crate
 //! `cortiq-core` 0.8.54 reads as it defines them (`MoeConfig`, sparse layers by router
-//! presence), `cmf info` shows the experts, and `cmf run --gpu cuda` runs such a model on the
-//! CPU with a one-line note.
+//! presence), `cmf verify` accepts them, `cmf info` shows the experts, and `cmf run --gpu cuda`
+//! runs such a model on the CPU with a one-line note.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,6 +59,8 @@ fn converted_moe_files_read_in_the_reference_crate() {
             s(&out),
         ]);
         assert_eq!(code, 0, "{o}{e}");
+        let (code, o, e) = cmf(&["verify", s(&out)]);
+        assert_eq!(code, 0, "verify: {o}{e}");
 
         let oracle = cortiq_core::CmfModel::open(&out).unwrap();
         assert!(oracle.verify().is_empty(), "{:?}", oracle.verify());

@@ -1,7 +1,8 @@
 //! The same sequence computed in different splits gives the same logits: one pass of every
 //! position (prefill chunks of 256), versus irregular prefill pieces followed by one-token
 //! decode steps — across chunk boundaries, the cached RoPE table's 256-position spans, the
-//! sliding window (mistral-tiny, window 16) and past the fixtures' trained 256 positions.
+//! sliding window (mistral-tiny, window 16), the MoE blocks' grouped prefill against their
+//! per-token decode, and past the fixtures' trained 256 positions.
 
 mod common;
 use cmf_kernels::KvDtype;
@@ -47,6 +48,17 @@ fn check(name: &str) {
 #[test]
 fn splits_agree_qwen3() {
     check("qwen3-tiny");
+}
+
+/// MoE: prefill runs experts as GEMMs over the rows routed to them, decode as matvecs.
+#[test]
+fn splits_agree_qwen3_moe() {
+    check("qwen3-moe-tiny");
+}
+
+#[test]
+fn splits_agree_qwen2_moe_shared_expert() {
+    check("qwen2-moe-tiny");
 }
 
 #[test]

@@ -29,6 +29,17 @@ pub enum Routing {
     /// Softmax over all experts, the k largest kept; renormalised to sum 1 when
     /// `norm_topk_prob` (Qwen3-MoE checkpoints) or used as they are (Qwen2-MoE).
     SoftmaxTopK { norm_topk_prob: bool },
+    /// DeepSeek-V3's `noaux_tc` (transformers `DeepseekV3TopkRouter`): per-expert sigmoid
+    /// scores; the selection adds the layer's bias (`mlp.gate.e_score_correction_bias`), keeps
+    /// the `topk_group` groups (of `n_group`) whose two best biased scores sum highest, and takes
+    /// the k best biased scores inside them; the weights are the unbiased scores, renormalised
+    /// when `norm_topk_prob`, times `routed_scaling_factor`.
+    SigmoidGroupTopK {
+        n_group: usize,
+        topk_group: usize,
+        norm_topk_prob: bool,
+        routed_scaling_factor: f32,
+    },
 }
 
 /// The routed experts of a MoE model.
@@ -215,11 +226,12 @@ pub struct Expert<'a> {
     pub down: Weight<'a>,
 }
 
-/// Qwen2-MoE's shared expert and its scalar gate (`shared_expert_gate` [1, H]).
+/// An always-on shared expert: Qwen2-MoE's scales its output by `sigmoid(shared_expert_gate · x)`
+/// (`gate` [1, H]); DeepSeek-V3's (`shared_experts`) adds it as it is (`gate` None).
 #[derive(Clone, Debug)]
 pub struct SharedExpert<'a> {
     pub mlp: Expert<'a>,
-    pub gate: Weight<'a>,
+    pub gate: Option<Weight<'a>>,
 }
 
 /// The weights of one MoE block.
@@ -230,6 +242,8 @@ pub struct MoeWeights<'a> {
     /// `mlp.experts.{e}.{gate,up,down}_proj`
     pub experts: Vec<Expert<'a>>,
     pub shared: Option<SharedExpert<'a>>,
+    /// [E] selection bias of `noaux_tc` routing (`mlp.gate.e_score_correction_bias`).
+    pub selection_bias: Option<Vec<f32>>,
 }
 
 /// Binds layer `p`'s MoE block (`{p}.mlp.gate`, `{p}.mlp.experts.{e}.*`, `{p}.mlp.shared_expert.*`).
@@ -253,7 +267,7 @@ pub(super) fn bind<'a>(
     let shared = match cfg.shared_expert_width {
         Some(f) => Some(SharedExpert {
             mlp: expert(&format!("{p}.mlp.shared_expert"), f)?,
-            gate: b.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?,
+            gate: Some(b.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?),
         }),
         None => None,
     };
@@ -261,6 +275,7 @@ pub(super) fn bind<'a>(
         router,
         experts,
         shared,
+        selection_bias: None,
     })
 }
 
@@ -277,27 +292,88 @@ pub struct Mlp<'a> {
     pub down: Linear<'a>,
 }
 
-/// One token's chosen experts and their weights, best first.
-pub fn route(routing: Routing, top_k: usize, logits: &mut [f32], out: &mut Vec<(usize, f32)>) {
-    let Routing::SoftmaxTopK { norm_topk_prob } = routing;
-    let e = logits.len();
-    ops::softmax(logits, e);
+/// One token's chosen experts and their weights, best first. `logits` are the router's scores
+/// (overwritten); `bias` is the layer's selection bias (`noaux_tc` only).
+pub fn route(
+    routing: Routing,
+    top_k: usize,
+    logits: &mut [f32],
+    bias: Option<&[f32]>,
+    out: &mut Vec<(usize, f32)>,
+) {
+    match routing {
+        Routing::SoftmaxTopK { norm_topk_prob } => {
+            let e = logits.len();
+            ops::softmax(logits, e);
+            top_k_of(logits, top_k, |_| true, out);
+            for r in out.iter_mut() {
+                r.1 = logits[r.0];
+            }
+            if norm_topk_prob {
+                let sum: f32 = out.iter().map(|&(_, p)| p).sum();
+                out.iter_mut().for_each(|(_, p)| *p /= sum);
+            }
+        }
+        Routing::SigmoidGroupTopK {
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            routed_scaling_factor,
+        } => {
+            logits
+                .iter_mut()
+                .for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+            let choice: Vec<f32> = match bias {
+                Some(b) => logits.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => logits.to_vec(),
+            };
+            // A group's score: the sum of its two best biased scores.
+            let per = logits.len() / n_group;
+            let group_scores: Vec<f32> = choice
+                .chunks(per)
+                .map(|g| {
+                    let mut best = [f32::NEG_INFINITY; 2];
+                    for &v in g {
+                        if v > best[0] {
+                            best = [v, best[0]];
+                        } else if v > best[1] {
+                            best[1] = v;
+                        }
+                    }
+                    best[0] + if per > 1 { best[1] } else { 0.0 }
+                })
+                .collect();
+            let mut groups = Vec::with_capacity(topk_group);
+            top_k_of(&group_scores, topk_group, |_| true, &mut groups);
+            let kept = |i: usize| groups.iter().any(|&(g, _)| g == i / per);
+            top_k_of(&choice, top_k, kept, out);
+            for r in out.iter_mut() {
+                r.1 = logits[r.0];
+            }
+            let sum: f32 = out.iter().map(|&(_, p)| p).sum();
+            let scale = match norm_topk_prob {
+                true => routed_scaling_factor / (sum + 1e-20),
+                false => routed_scaling_factor,
+            };
+            out.iter_mut().for_each(|(_, p)| *p *= scale);
+        }
+    }
+}
+
+/// The indices of the `k` largest `v[i]` among those `allowed`, best first (weights left 0).
+/// A partial selection sort: k is small (2–8) next to E (8–512). Ties keep the lower index.
+fn top_k_of(v: &[f32], k: usize, allowed: impl Fn(usize) -> bool, out: &mut Vec<(usize, f32)>) {
     out.clear();
-    // Partial selection sort: k is small (2–8) next to E (8–512). Ties keep the lower index.
-    for _ in 0..top_k {
+    for _ in 0..k {
         let mut best: Option<usize> = None;
-        for (i, &p) in logits.iter().enumerate() {
+        for (i, &p) in v.iter().enumerate() {
             let taken = out.iter().any(|&(j, _)| j == i);
-            if !taken && best.is_none_or(|b| p > logits[b]) {
+            if !taken && allowed(i) && best.is_none_or(|b| p > v[b]) {
                 best = Some(i);
             }
         }
-        let b = best.expect("top_k <= num_experts");
-        out.push((b, logits[b]));
-    }
-    if norm_topk_prob {
-        let sum: f32 = out.iter().map(|&(_, p)| p).sum();
-        out.iter_mut().for_each(|(_, p)| *p /= sum);
+        let b = best.expect("k is at most the number of allowed entries");
+        out.push((b, 0.0));
     }
 }
 
@@ -348,7 +424,13 @@ fn decode_row(w: &MoeWeights, cfg: &MoeConfig, xn: &[f32], out: &mut [f32], s: &
     let (h, e, k, f) = (xn.len(), cfg.num_experts, cfg.top_k, cfg.expert_width);
     let logits = grow(&mut s.logits, e);
     cmf_kernels::matvec(&w.router, xn, logits);
-    route(cfg.routing, k, logits, &mut s.routes);
+    route(
+        cfg.routing,
+        k,
+        logits,
+        w.selection_bias.as_deref(),
+        &mut s.routes,
+    );
 
     let fs = w.shared.as_ref().map_or(0, |sh| sh.mlp.gate.rows);
     let gate = grow(&mut s.gate, k * f + fs);
@@ -364,8 +446,12 @@ fn decode_row(w: &MoeWeights, cfg: &MoeConfig, xn: &[f32], out: &mut [f32], s: &
             ys.extend([g, u]);
         }
         if let Some(sh) = &w.shared {
-            ws.extend([&sh.mlp.gate, &sh.mlp.up, &sh.gate]);
-            ys.extend([gs, us, &mut sg[..]]);
+            ws.extend([&sh.mlp.gate, &sh.mlp.up]);
+            ys.extend([gs, us]);
+            if let Some(g) = &sh.gate {
+                ws.push(g);
+                ys.push(&mut sg[..]);
+            }
         }
         cmf_kernels::matvec_multi(&ws, xn, &mut ys);
     }
@@ -379,7 +465,7 @@ fn decode_row(w: &MoeWeights, cfg: &MoeConfig, xn: &[f32], out: &mut [f32], s: &
     }
     if let Some(sh) = &w.shared {
         cmf_kernels::matvec(&sh.mlp.down, &gate[k * f..], y);
-        ops::add_scaled(out, y, sigmoid(sg[0]));
+        ops::add_scaled(out, y, sh.gate.as_ref().map_or(1.0, |_| sigmoid(sg[0])));
     }
 }
 
@@ -400,7 +486,13 @@ fn prefill_rows(
     s.by_expert.resize_with(e, Vec::new);
     s.by_expert.iter_mut().for_each(Vec::clear);
     for (r, row) in logits.chunks_mut(e).enumerate() {
-        route(cfg.routing, k, row, &mut s.routes);
+        route(
+            cfg.routing,
+            k,
+            row,
+            w.selection_bias.as_deref(),
+            &mut s.routes,
+        );
         for &(x, p) in &s.routes {
             s.by_expert[x].push((r, p));
         }
@@ -441,15 +533,17 @@ fn prefill_rows(
         );
         cmf_kernels::matmul(&sh.mlp.gate, xn, n, gate);
         cmf_kernels::matmul(&sh.mlp.up, xn, n, up);
-        cmf_kernels::matmul(&sh.gate, xn, n, sg);
+        match &sh.gate {
+            Some(g) => {
+                cmf_kernels::matmul(g, xn, n, sg);
+                sg.iter_mut().for_each(|v| *v = sigmoid(*v));
+            }
+            None => sg.fill(1.0),
+        }
         ops::swiglu_inplace(gate, up);
         cmf_kernels::matmul(&sh.mlp.down, gate, n, y);
         for r in 0..n {
-            ops::add_scaled(
-                &mut out[r * h..(r + 1) * h],
-                &y[r * h..(r + 1) * h],
-                sigmoid(sg[r]),
-            );
+            ops::add_scaled(&mut out[r * h..(r + 1) * h], &y[r * h..(r + 1) * h], sg[r]);
         }
     }
 }
@@ -470,6 +564,7 @@ mod tests {
             },
             2,
             &mut l,
+            None,
             &mut routes,
         );
         let z: f32 = logits.iter().map(|v| v.exp()).sum();
@@ -483,6 +578,7 @@ mod tests {
             },
             2,
             &mut l,
+            None,
             &mut routes,
         );
         assert!((routes[0].1 + routes[1].1 - 1.0).abs() < 1e-6);
@@ -505,5 +601,92 @@ mod tests {
         let zero = json!({"decoder_sparse_step": 0});
         let e = sparse_plan(&Fields(zero.as_object().unwrap()), 2).unwrap_err();
         assert!(e.to_string().contains("decoder_sparse_step"), "{e}");
+    }
+
+    /// transformers' `DeepseekV3MoE` block (scripts/make_noaux_tc_reference.py: 16 experts in
+    /// 4 groups, 2 kept, top 4, renormalised, ×2.5, one ungated shared expert) on 12 tokens:
+    /// prefill (grouped GEMMs) and per-token decode within 1e-5 of its f32 output (max |Δ| /
+    /// max |y| per row). The reference checks every group and expert cut has a margin ≥ 1e-4.
+    #[test]
+    fn noaux_tc_block_matches_transformers_deepseek_v3() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/noaux_tc_moe.safetensors"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let f32s = |name: &str| -> Vec<f32> {
+            st.tensor(name)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let weight = |name: &str| {
+            let t = st.tensor(name).unwrap();
+            Weight {
+                dtype: cmf_format::Dtype::F32,
+                rows: t.shape()[0],
+                cols: t.shape()[1],
+                data: t.data(),
+            }
+        };
+        let expert = |base: &str| Expert {
+            gate: weight(&format!("{base}.gate_proj.weight")),
+            up: weight(&format!("{base}.up_proj.weight")),
+            down: weight(&format!("{base}.down_proj.weight")),
+        };
+        let (e, h, n) = (16, 32, 12);
+        let w = MoeWeights {
+            router: weight("mlp.gate.weight"),
+            experts: (0..e)
+                .map(|i| expert(&format!("mlp.experts.{i}")))
+                .collect(),
+            shared: Some(SharedExpert {
+                mlp: expert("mlp.shared_experts"),
+                gate: None,
+            }),
+            selection_bias: Some(f32s("mlp.gate.e_score_correction_bias")),
+        };
+        let cfg = MoeConfig {
+            num_experts: e,
+            top_k: 4,
+            expert_width: 16,
+            shared_expert_width: Some(16),
+            routing: Routing::SigmoidGroupTopK {
+                n_group: 4,
+                topk_group: 2,
+                norm_topk_prob: true,
+                routed_scaling_factor: 2.5,
+            },
+            sparse_layers: None,
+        };
+        let (x, want) = (f32s("x"), f32s("y"));
+        let err = |got: &[f32], want: &[f32]| {
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = got
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            d / scale
+        };
+        let mut s = Scratch::default();
+        let mut out = vec![0f32; n * h];
+        forward(&w, &cfg, &x, n, &mut out, &mut s);
+        for r in 0..n {
+            let (got, want) = (&out[r * h..(r + 1) * h], &want[r * h..(r + 1) * h]);
+            assert!(err(got, want) < 1e-5, "prefill row {r}: {}", err(got, want));
+        }
+        let mut one = vec![0f32; h];
+        for r in 0..n {
+            forward(&w, &cfg, &x[r * h..(r + 1) * h], 1, &mut one, &mut s);
+            let want = &want[r * h..(r + 1) * h];
+            assert!(
+                err(&one, want) < 1e-5,
+                "decode row {r}: {}",
+                err(&one, want)
+            );
+        }
     }
 }
