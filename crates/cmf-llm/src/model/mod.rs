@@ -373,7 +373,11 @@ impl<'a> Model<'a> {
             (MixerWeights::GatedDeltaNet(g), Some(st)) => {
                 // A recurrent state belongs to one sequence: the batched engine refuses hybrid
                 // models, so a GDN layer only ever sees a single-sequence pass.
-                assert_eq!(segs.len(), 1, "a GatedDeltaNet layer runs one sequence per pass");
+                assert_eq!(
+                    segs.len(),
+                    1,
+                    "a GatedDeltaNet layer runs one sequence per pass"
+                );
                 let geo = cfg
                     .gdn
                     .as_ref()
