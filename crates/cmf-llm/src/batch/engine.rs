@@ -15,7 +15,7 @@
 use super::blocks::{BlockId, BlockPool, PoolStats};
 use super::recurrent::{RecurrentSlots, SlotId};
 use crate::error::{LlmError, Result};
-use crate::model::{Activations, LayerKv, Model, ModelConfig, Segment, SeqRows};
+use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, Segment, SeqRows};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
 
@@ -38,9 +38,11 @@ impl BatchConfig {
     /// Positions per block unless the caller says otherwise (vLLM's and llama.cpp's default).
     pub const BLOCK_SIZE: usize = 16;
 
-    /// Bytes one block takes over all layers of a model of config `c`.
+    /// Bytes one block takes over all attention layers of a model of config `c` (GatedDeltaNet
+    /// layers keep no keys and values).
     pub fn block_bytes(c: &ModelConfig, block_size: usize, kv_dtype: KvDtype) -> usize {
-        c.num_layers * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
+        let attention = c.mixers.iter().filter(|&&m| m == Mixer::Attention).count();
+        attention * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
     }
 
     /// A pool of as many blocks as `budget_bytes` holds.
@@ -51,7 +53,10 @@ impl BatchConfig {
         max_seq_len: usize,
     ) -> BatchConfig {
         let block_size = Self::BLOCK_SIZE;
-        let per = Self::block_bytes(&model.config, block_size, kv_dtype).max(1);
+        let c = &model.config;
+        // At least one layer's worth, so a model without attention layers gets a sane count.
+        let one = KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype);
+        let per = Self::block_bytes(c, block_size, kv_dtype).max(one).max(1);
         BatchConfig {
             block_size,
             kv_blocks: budget_bytes / per,
@@ -112,11 +117,19 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             max_seq_len: cfg.max_seq_len.min(c.max_position_embeddings.max(1)),
             ..cfg
         };
-        let layers = (0..c.num_layers)
-            .map(|_| {
+        let layers = c
+            .mixers
+            .iter()
+            .map(|&m| {
+                // A GatedDeltaNet layer's state lives in the sequence's recurrent slot.
+                let blocks = if m == Mixer::Attention {
+                    cfg.kv_blocks
+                } else {
+                    0
+                };
                 KvBlocks::new(
                     cfg.kv_dtype,
-                    cfg.kv_blocks,
+                    blocks,
                     cfg.block_size,
                     c.num_kv_heads,
                     c.head_dim,
