@@ -142,6 +142,37 @@ fn bench_and_ppl_json() {
     assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
 }
 
+/// `cmf bench --parallel` on a hybrid (Qwen3-Next) file: one row per sequence count.
+#[test]
+fn bench_parallel_runs_a_hybrid_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("qwen3next-tiny.cmf");
+    let src = root().join("fixtures/llm/qwen3next-tiny");
+    let (f, src) = (file.to_str().unwrap(), src.to_str().unwrap());
+    let o = cmf(&["convert", "--model", src, "--quant", "f32", "-o", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = cmf(&[
+        "bench",
+        f,
+        "-p",
+        "20",
+        "-n",
+        "6",
+        "--parallel",
+        "1,3",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let rows: Vec<(u64, u64)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["pl"].as_u64().unwrap(), r["n_kv"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(rows, [(1, 26), (3, 78)]);
+}
+
 #[test]
 fn bad_input_exit_codes() {
     let tmp = tempfile::tempdir().unwrap();

@@ -17,8 +17,15 @@ fn cmf() -> Command {
 }
 
 fn tiny_model(dir: &Path) -> PathBuf {
-    let out = dir.join("qwen2-tiny.cmf");
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llm/qwen2-tiny");
+    fixture_model(dir, "qwen2-tiny")
+}
+
+/// `fixtures/llm/<name>` converted to an f32 CMF file in `dir`.
+fn fixture_model(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}.cmf"));
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/llm")
+        .join(name);
     let st = cmf()
         .args(["convert", "--model"])
         .arg(&src)
@@ -125,6 +132,49 @@ fn serve_answers_and_stops_on_sigterm() {
         st.is_some_and(|s| s.success()),
         "exit after SIGTERM: {st:?}"
     );
+}
+
+/// The text of a greedy completion of `prompt` from the server at `addr`.
+fn completion(addr: SocketAddr, prompt: &str) -> String {
+    let body = format!(r#"{{"prompt":"{prompt}","max_tokens":10,"temperature":0}}"#);
+    let answer = http(
+        addr,
+        &format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let json = &answer[answer.find("\r\n\r\n").expect("a body") + 4..];
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// A hybrid (Qwen3-Next) model served with `--parallel 3`: three concurrent greedy answers equal
+/// those of `--parallel 1`.
+#[test]
+fn serve_parallel_runs_a_hybrid_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture_model(dir.path(), "qwen3next-tiny");
+    let m = model.to_str().unwrap();
+    let prompts = ["hello there", "the quick brown fox jumps", "one two"];
+    let answers = |parallel: &str| -> Vec<String> {
+        let (mut child, addr) =
+            serve(&[m, "--port", "0", "--threads", "1", "--parallel", parallel]);
+        let got = std::thread::scope(|s| {
+            let hs: Vec<_> = prompts
+                .iter()
+                .map(|p| s.spawn(move || completion(addr, p)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        got
+    };
+    let batched = answers("3");
+    assert_eq!(batched, answers("1"));
+    assert!(batched.iter().all(|t| !t.is_empty()), "{batched:?}");
 }
 
 #[test]

@@ -322,3 +322,149 @@ fn demo_model_batched_equals_alone() {
     let all: Vec<Request> = reqs.into_iter().chain([later[0].1.clone()]).collect();
     assert_same(&model, "smollm2", &all, &ids, &run);
 }
+
+/// The Qwen3-Next hybrids (GatedDeltaNet + gated attention; dense and MoE feed-forward).
+const HYBRID_FIXTURES: [&str; 2] = ["qwen3next-tiny", "qwen3next-dense-tiny"];
+
+/// Hybrid models batched: every sequence advances its own recurrent-state slot, prompts chunked
+/// over steps (24 tokens a step) beside decoding sequences, others joining mid-run; outputs equal
+/// each alone and every slot is back when all are done.
+#[test]
+fn hybrid_joining_and_leaving_equals_alone() {
+    for name in HYBRID_FIXTURES {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 24,
+        };
+        let mut s = scheduler(&model, 64, 16, cfg);
+        let first: Vec<Request> = [(1, 5, 12), (2, 37, 4), (3, 90, 9)]
+            .map(|(seed, len, n)| greedy(prompt(seed, len), n))
+            .into();
+        let later: Vec<(usize, Request)> = [(3, 4, 50, 15), (5, 5, 1, 6), (9, 6, 33, 20)]
+            .map(|(at, seed, len, n)| (at, greedy(prompt(seed, len), n)))
+            .into();
+        let mut most_slots = 0;
+        let (ids, run) = drive(&mut s, &first, &later, |_, s| {
+            most_slots = most_slots.max(s.engine().slots_in_use());
+        });
+        let all: Vec<Request> = first
+            .iter()
+            .cloned()
+            .chain(later.iter().map(|(_, r)| r.clone()))
+            .collect();
+        assert_same(&model, name, &all, &ids, &run);
+        assert!(most_slots > 1, "{name}: never more than one slot in use");
+        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
+        assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+    }
+}
+
+/// A short pool preempts the youngest hybrid sequence: its slot goes back and it recomputes
+/// from its first token; outputs (greedy and seeded) still equal each alone.
+#[test]
+fn hybrid_preemption_recomputes_the_recurrent_state() {
+    for name in HYBRID_FIXTURES {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 64,
+        };
+        let mut s = scheduler(&model, 14, 4, cfg);
+        let mut reqs: Vec<Request> = (0..4)
+            .map(|i| greedy(prompt(10 + i, 9 + 3 * i as usize), 30))
+            .collect();
+        reqs[3].sampling = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: 7,
+            ..SamplingParams::default()
+        };
+        let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
+        assert!(
+            s.stats().preemptions > 0,
+            "{name}: the pool was never short"
+        );
+        assert_same(&model, name, &reqs, &ids, &run);
+        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
+        assert_eq!(s.engine().pool_stats().held, 0);
+    }
+}
+
+/// Cancelling a hybrid request mid-prompt gives its blocks and its slot back at once.
+#[test]
+fn hybrid_cancellation_frees_the_slot() {
+    let f = fixture("qwen3next-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 16,
+    };
+    let mut s = scheduler(&model, 64, 8, cfg);
+    let reqs = vec![
+        greedy(prompt(1, 12), 10),
+        greedy(prompt(2, 200), 10),
+        greedy(prompt(3, 7), 10),
+    ];
+    let victim = 1; // the long prompt: still prefilling 16 tokens a step at step 4
+    let (ids, run) = drive(&mut s, &reqs, &[], |step, s| {
+        if step == 4 {
+            assert!(s.engine().computed(victim) < 200);
+            let (blocks, slots) = (s.engine().pool_stats().held, s.engine().slots_in_use());
+            assert!(s.cancel(victim));
+            assert!(
+                s.engine().pool_stats().held < blocks,
+                "cancel freed no block"
+            );
+            assert_eq!(s.engine().slots_in_use(), slots - 1, "cancel freed no slot");
+        }
+    });
+    assert!(!run.outputs.contains_key(&victim));
+    let (r, i): (Vec<_>, Vec<_>) = reqs
+        .into_iter()
+        .zip(ids)
+        .filter(|(_, id)| *id != victim)
+        .unzip();
+    assert_same(&model, "qwen3next-tiny", &r, &i, &run);
+    assert_eq!(s.engine().slots_in_use(), 0);
+}
+
+/// A hybrid model takes no prefix hits (a cached block carries no recurrent state): requests
+/// sharing a 40-token prefix each compute it, and each output equals the request alone.
+#[test]
+fn hybrid_shared_prefix_is_recomputed() {
+    let f = fixture("qwen3next-dense-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+    assert!(!s.engine().reuses_prefixes());
+    let system = prompt(99, 40);
+    let with_tail = |seed: u32, n: usize| {
+        let mut p = system.clone();
+        p.extend(prompt(seed, n));
+        p
+    };
+    let first = vec![greedy(with_tail(1, 5), 8)];
+    let later: Vec<(usize, Request)> = vec![
+        (2, greedy(with_tail(2, 9), 8)),
+        (4, greedy(system.clone(), 8)),
+    ];
+    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
+    let all: Vec<Request> = first
+        .iter()
+        .cloned()
+        .chain(later.iter().map(|(_, r)| r.clone()))
+        .collect();
+    assert_same(&model, "qwen3next-dense-tiny", &all, &ids, &run);
+    let st = s.stats();
+    assert_eq!(
+        (st.prefix_tokens_reused, st.prefix_queries),
+        (0, 0),
+        "{st:?}"
+    );
+}

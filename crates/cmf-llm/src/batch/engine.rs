@@ -7,11 +7,15 @@
 //!   ([`BlockPool::is_exclusive`]); a step that would break this is refused, never run;
 //! - a block is published for prefix reuse as soon as all its positions are computed;
 //! - prefix reuse covers whole blocks and stops one token short of the known tokens, so the last
-//!   known token is always computed (its logits are what the caller wants) into a private block.
+//!   known token is always computed (its logits are what the caller wants) into a private block;
+//! - a hybrid (GatedDeltaNet) model's sequence holds a recurrent-state slot from its first
+//!   reservation until its blocks go back ([`super::recurrent`]); such models take no prefix
+//!   hits, since a cached block carries no recurrent state.
 
 use super::blocks::{BlockId, BlockPool, PoolStats};
+use super::recurrent::{RecurrentSlots, SlotId};
 use crate::error::{LlmError, Result};
-use crate::model::{Activations, LayerKv, Model, ModelConfig, Segment, SeqRows};
+use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, Segment, SeqRows};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
 
@@ -34,9 +38,11 @@ impl BatchConfig {
     /// Positions per block unless the caller says otherwise (vLLM's and llama.cpp's default).
     pub const BLOCK_SIZE: usize = 16;
 
-    /// Bytes one block takes over all layers of a model of config `c`.
+    /// Bytes one block takes over all attention layers of a model of config `c` (GatedDeltaNet
+    /// layers keep no keys and values).
     pub fn block_bytes(c: &ModelConfig, block_size: usize, kv_dtype: KvDtype) -> usize {
-        c.num_layers * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
+        let attention = c.mixers.iter().filter(|&&m| m == Mixer::Attention).count();
+        attention * KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype)
     }
 
     /// A pool of as many blocks as `budget_bytes` holds.
@@ -47,7 +53,10 @@ impl BatchConfig {
         max_seq_len: usize,
     ) -> BatchConfig {
         let block_size = Self::BLOCK_SIZE;
-        let per = Self::block_bytes(&model.config, block_size, kv_dtype).max(1);
+        let c = &model.config;
+        // At least one layer's worth, so a model without attention layers gets a sane count.
+        let one = KvBlocks::block_bytes(block_size, c.num_kv_heads, c.head_dim, kv_dtype);
+        let per = Self::block_bytes(c, block_size, kv_dtype).max(one).max(1);
         BatchConfig {
             block_size,
             kv_blocks: budget_bytes / per,
@@ -72,6 +81,8 @@ struct Sequence {
     table: Vec<BlockId>,
     /// Chain hash of each full block of `table` that has been published.
     hashes: Vec<u64>,
+    /// Recurrent state (hybrid models), held while `table` is; None ⇒ nothing computed.
+    slot: Option<SlotId>,
 }
 
 pub struct BatchEngine<'m, 'a> {
@@ -80,6 +91,7 @@ pub struct BatchEngine<'m, 'a> {
     layers: Vec<KvBlocks>,
     pool: BlockPool,
     seqs: HashMap<SeqId, Sequence>,
+    slots: RecurrentSlots,
     next_id: SeqId,
     act: Activations,
 }
@@ -94,14 +106,6 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 c.num_layers
             )));
         }
-        if c.gdn.is_some() {
-            // A GatedDeltaNet layer's recurrent state has no per-sequence slot here yet.
-            return Err(LlmError::Other(format!(
-                "the batched engine does not run hybrid (GatedDeltaNet) models yet: \
-                 {:?} runs one sequence at a time",
-                c.family
-            )));
-        }
         if cfg.block_size == 0 || cfg.kv_blocks == 0 {
             return Err(LlmError::Other(format!(
                 "the KV pool needs at least one block of at least one position \
@@ -113,11 +117,19 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             max_seq_len: cfg.max_seq_len.min(c.max_position_embeddings.max(1)),
             ..cfg
         };
-        let layers = (0..c.num_layers)
-            .map(|_| {
+        let layers = c
+            .mixers
+            .iter()
+            .map(|&m| {
+                // A GatedDeltaNet layer's state lives in the sequence's recurrent slot.
+                let blocks = if m == Mixer::Attention {
+                    cfg.kv_blocks
+                } else {
+                    0
+                };
                 KvBlocks::new(
                     cfg.kv_dtype,
-                    cfg.kv_blocks,
+                    blocks,
                     cfg.block_size,
                     c.num_kv_heads,
                     c.head_dim,
@@ -130,6 +142,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             layers,
             pool: BlockPool::new(cfg.kv_blocks),
             seqs: HashMap::new(),
+            slots: RecurrentSlots::new(model),
             next_id: 0,
             act: Activations::default(),
         })
@@ -147,9 +160,46 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.pool.stats()
     }
 
-    /// Checks the block pool's bookkeeping against every sequence's table (tests).
+    /// Recurrent-state slots held by sequences (0 for a model without GatedDeltaNet layers).
+    pub fn slots_in_use(&self) -> usize {
+        self.slots.in_use()
+    }
+
+    /// Bytes of one sequence's recurrent state (0 without GatedDeltaNet layers).
+    pub fn slot_bytes(&self) -> usize {
+        self.slots.slot_bytes()
+    }
+
+    /// Whether sequences may take cached prefix blocks: not for hybrid models, whose cached
+    /// blocks carry no recurrent state.
+    pub fn reuses_prefixes(&self) -> bool {
+        !self.slots.needed()
+    }
+
+    /// Checks the block pool's and the recurrent slots' bookkeeping against every sequence
+    /// (tests).
     pub fn check(&self) -> std::result::Result<(), String> {
         self.pool.check()?;
+        let mut held: Vec<SlotId> = Vec::new();
+        for (id, s) in &self.seqs {
+            match s.slot {
+                Some(slot) if !self.slots.is_held(slot) || held.contains(&slot) => {
+                    return Err(format!("sequence {id}: slot {slot} is free or shared"));
+                }
+                Some(slot) => held.push(slot),
+                None if self.slots.needed() && s.computed > 0 => {
+                    return Err(format!("sequence {id}: computed tokens but no slot"));
+                }
+                None => {}
+            }
+        }
+        if held.len() != self.slots.in_use() {
+            return Err(format!(
+                "{} slots in use, {} held by sequences",
+                self.slots.in_use(),
+                held.len()
+            ));
+        }
         let mut refs = vec![0u32; self.cfg.kv_blocks];
         for s in self.seqs.values() {
             for &b in &s.table {
@@ -193,6 +243,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 computed: 0,
                 table: Vec::new(),
                 hashes: Vec::new(),
+                slot: None,
             },
         );
         Ok(id)
@@ -239,8 +290,9 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     /// has none yet; returns the tokens they cover (now computed).
     pub fn reuse_prefix(&mut self, id: SeqId) -> usize {
         let bs = self.cfg.block_size;
+        let reuse = self.reuses_prefixes();
         let s = self.seqs.get_mut(&id).expect("unknown sequence id");
-        if !s.table.is_empty() {
+        if !s.table.is_empty() || !reuse {
             return 0;
         }
         // Whole blocks, and never the last known token (see the module note).
@@ -274,14 +326,21 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.pool.available()
     }
 
-    /// Gives `id` the blocks for its next `n` tokens; false, with nothing taken, when the pool
-    /// cannot supply them.
+    /// Gives `id` the blocks for its next `n` tokens (and, for a hybrid model, its recurrent
+    /// slot); false, with nothing taken, when the pool cannot supply them.
     pub fn reserve(&mut self, id: SeqId, n: usize) -> bool {
         let need = self.blocks_needed(id, n);
         if need > self.pool.available() {
             return false;
         }
         let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        if self.slots.needed() && s.slot.is_none() {
+            debug_assert_eq!(
+                s.computed, 0,
+                "a sequence without a slot has nothing computed"
+            );
+            s.slot = Some(self.slots.allocate());
+        }
         for _ in 0..need {
             let b = self.pool.allocate().expect("availability was checked");
             s.table.push(b);
@@ -289,12 +348,16 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         true
     }
 
-    /// Returns every block of `id` to the pool and forgets its computed state; its tokens stay,
-    /// to be recomputed (a preempted sequence). Published blocks stay cached for reuse.
+    /// Returns every block of `id` to the pool (and its recurrent slot) and forgets its computed
+    /// state; its tokens stay, to be recomputed (a preempted sequence). Published blocks stay
+    /// cached for reuse.
     pub fn release(&mut self, id: SeqId) {
         let s = self.seqs.get_mut(&id).expect("unknown sequence id");
         for b in s.table.drain(..) {
             self.pool.release(b);
+        }
+        if let Some(slot) = s.slot.take() {
+            self.slots.release(slot);
         }
         s.hashes.clear();
         s.computed = 0;
@@ -318,11 +381,13 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             model,
             layers,
             seqs,
+            slots,
             act,
             ..
         } = self;
         let mut rows = Vec::with_capacity(work.len());
         let mut tables = Vec::with_capacity(work.len());
+        let mut of_segment = Vec::with_capacity(work.len());
         for w in work {
             let s = &seqs[&w.seq];
             let end = s.computed + w.tokens;
@@ -332,10 +397,16 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 logits: end == s.tokens.len(),
             });
             tables.push(s.table.as_slice());
+            of_segment.push(s.slot);
         }
         let mut pass = PagedPass { layers, tables };
+        let mut recurrent = slots.pass(of_segment);
         let model = *model;
-        let m = cmf_kernels::run_in_pool(|| model.forward_batch(&rows, &mut pass, act).len());
+        let m = cmf_kernels::run_in_pool(|| {
+            model
+                .forward_batch(&rows, &mut pass, &mut recurrent, act)
+                .len()
+        });
         drop(rows);
         for w in work {
             self.advance(w.seq, w.tokens, bs);
@@ -359,6 +430,12 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                     w.seq,
                     s.tokens.len() - s.computed,
                     w.tokens
+                )));
+            }
+            if self.slots.needed() && s.slot.is_none() {
+                return Err(LlmError::Other(format!(
+                    "step: sequence {} holds no recurrent-state slot (reserve first)",
+                    w.seq
                 )));
             }
             let end = s.computed + w.tokens;

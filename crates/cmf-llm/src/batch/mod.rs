@@ -7,6 +7,8 @@
 //!   table) and the KV pool (`cmf_kernels::KvBlocks`, one per layer); [`BatchEngine::step`] runs
 //!   one forward pass over any mix of decode tokens and prompt chunks: one GEMM per linear layer
 //!   over all rows, paged attention per sequence.
+//! - `recurrent`: the recurrent-state slots of hybrid (GatedDeltaNet) models, one per
+//!   sequence, taken and given back with its blocks.
 //! - [`scheduler`]: [`Scheduler`] admits requests first come, first served, plans each step
 //!   within a token budget, preempts the youngest sequence when the pool runs out, samples.
 //! - [`bench`]: llama-batched-bench's PP / TG / total table on this engine (`cmf bench --parallel`).
@@ -18,6 +20,7 @@
 pub mod bench;
 pub mod blocks;
 pub mod engine;
+mod recurrent;
 pub mod scheduler;
 
 pub use blocks::{BlockPool, PoolStats};

@@ -228,9 +228,12 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                 self.engine.release(id);
                 break;
             }
-            // Counted once per admission (a head that waits looks up again next step).
+            // Counted once per admission (a head that waits looks up again next step); a model
+            // that takes no prefix hits looks nothing up.
             let bs = self.engine.config().block_size;
-            self.queries += ((self.engine.tokens(id).len() - 1) / bs) as u64;
+            if self.engine.reuses_prefixes() {
+                self.queries += ((self.engine.tokens(id).len() - 1) / bs) as u64;
+            }
             self.reused += reused as u64;
             self.waiting.pop_front();
             self.running.push(id);

@@ -1,11 +1,13 @@
 //! One forward pass over several sequences at once: every sequence's new rows (one for a decode,
 //! a chunk for a prefill) go through each linear layer together — one GEMM over all rows instead
 //! of a matvec per sequence, so each weight is read once per step — while RoPE, the KV write and
-//! attention run per sequence ([`Segment`]) over its own keys and values ([`LayerKv`]).
+//! attention run per sequence ([`Segment`]) over its own keys and values ([`LayerKv`]); a
+//! GatedDeltaNet layer runs per sequence over that sequence's recurrent state
+//! ([`LayerRecurrent`]).
 
 use super::gated_attention::GateScratch;
 use super::gdn::GdnScratch;
-use super::{Activations, LayerKv, MixerState, Model, Segment};
+use super::{Activations, LayerKv, LayerRecurrent, MixerState, Model, Segment};
 use crate::profile::{time, Op};
 use cmf_kernels::RopeTable;
 
@@ -19,13 +21,14 @@ pub(crate) struct SeqRows<'t> {
 
 impl Model<'_> {
     /// Runs every sequence's rows through every layer, its keys and values stored in and read
-    /// from `kv`, and returns the logits (`[m, vocab]`, in `seqs`' order) of the sequences that
+    /// from `kv`, its GatedDeltaNet states (hybrid models) advanced in `recurrent`, and returns the logits (`[m, vocab]`, in `seqs`' order) of the sequences that
     /// want them. Token ids must already be checked against the vocabulary.
     /// (Called inside `cmf_kernels::run_in_pool`.)
     pub(crate) fn forward_batch<'b>(
         &self,
         seqs: &[SeqRows],
         kv: &mut dyn LayerKv,
+        recurrent: &mut dyn LayerRecurrent,
         act: &'b mut Activations,
     ) -> &'b [f32] {
         let cfg = &self.config;
@@ -62,11 +65,10 @@ impl Model<'_> {
             });
             row0 += s.tokens.len();
         }
-        // No recurrent state here: the batched engine refuses hybrid (GatedDeltaNet) models.
         let (mut gdn_scratch, mut gate_scratch) = (GdnScratch::default(), GateScratch::default());
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let mix = MixerState {
-                gdn: None,
+                gdn: &mut *recurrent,
                 gdn_scratch: &mut gdn_scratch,
                 gate_scratch: &mut gate_scratch,
             };

@@ -162,18 +162,25 @@ impl<'a> Model<'a> {
 
     fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> State {
         let c = &self.config;
-        let recurrent = c.mixers[..layers]
-            .iter()
-            .map(|m| match (m, &c.gdn) {
-                (Mixer::GatedDeltaNet, Some(g)) => Some(GdnState::new(g)),
-                _ => None,
-            })
-            .collect();
+        let recurrent = self.recurrent_states(layers);
         State {
             kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype),
             recurrent,
             buf: Buffers::default(),
         }
+    }
+
+    /// Fresh recurrent states of the first `layers` layers: a GatedDeltaNet layer's conv window
+    /// and delta state, None for an attention layer.
+    pub(crate) fn recurrent_states(&self, layers: usize) -> Vec<Option<GdnState>> {
+        let c = &self.config;
+        c.mixers[..layers]
+            .iter()
+            .map(|m| match (m, &c.gdn) {
+                (Mixer::GatedDeltaNet, Some(g)) => Some(GdnState::new(g)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Runs `tokens` after what `st` holds and returns the logits of the last one ([vocab]).
@@ -320,7 +327,7 @@ impl<'a> Model<'a> {
         }];
         for (l, lw) in self.weights.layers[..layers].iter().enumerate() {
             let mix = MixerState {
-                gdn: st.recurrent[l].as_mut(),
+                gdn: &mut st.recurrent,
                 gdn_scratch: &mut b.gdn,
                 gate_scratch: &mut b.gate,
             };
@@ -370,34 +377,29 @@ impl<'a> Model<'a> {
                 self.gated_attention_block(l, a, kv, b, mix.gate_scratch, segs)
             }
             (MixerWeights::Attention(a), _) => self.attention_block(l, a, kv, b, segs),
-            (MixerWeights::GatedDeltaNet(g), Some(st)) => {
-                // A recurrent state belongs to one sequence: the batched engine refuses hybrid
-                // models, so a GDN layer only ever sees a single-sequence pass.
-                assert_eq!(
-                    segs.len(),
-                    1,
-                    "a GatedDeltaNet layer runs one sequence per pass"
-                );
+            (MixerWeights::GatedDeltaNet(g), gdn) => {
                 let geo = cfg
                     .gdn
                     .as_ref()
                     .expect("bound GDN weights imply a GDN config");
+                let h = cfg.hidden_size;
+                // Each segment advances its own sequence's state, so the mixer runs per segment
+                // (a batch of one is exactly the single-sequence pass).
                 time(Op::Attention, || {
-                    gdn::gdn_block(
-                        geo,
-                        g,
-                        &mut b.x,
-                        &mut b.xn,
-                        segs[0].n,
-                        cfg.rms_norm_eps,
-                        cfg.norm_style,
-                        st,
-                        mix.gdn_scratch,
-                    )
+                    for (i, s) in segs.iter().enumerate() {
+                        gdn::gdn_block(
+                            geo,
+                            g,
+                            &mut b.x[s.row0 * h..],
+                            &mut b.xn[s.row0 * h..],
+                            s.n,
+                            cfg.rms_norm_eps,
+                            cfg.norm_style,
+                            gdn.state(l, i),
+                            mix.gdn_scratch,
+                        )
+                    }
                 });
-            }
-            (MixerWeights::GatedDeltaNet(_), None) => {
-                unreachable!("the state of a GDN layer is made with the model's layers")
             }
         }
         self.ffn_block(w, b, rows_of(segs));
@@ -554,7 +556,7 @@ fn linear_shared_input<const N: usize>(
 
 /// The per-sequence mixer state one layer reads besides the KV cache.
 pub(crate) struct MixerState<'s> {
-    pub gdn: Option<&'s mut GdnState>,
+    pub gdn: &'s mut dyn LayerRecurrent,
     pub gdn_scratch: &'s mut GdnScratch,
     pub gate_scratch: &'s mut GateScratch,
 }
@@ -580,6 +582,22 @@ impl Segment<'_> {
 /// Rows of a pass made of `segs` (contiguous, in order).
 fn rows_of(segs: &[Segment]) -> usize {
     segs.last().map_or(0, |s| s.row0 + s.n)
+}
+
+/// Where a pass's recurrent (GatedDeltaNet) states live: one sequence's layers, or a slot per
+/// sequence of a batch (`crate::batch`). Segment `i` of the pass advances its own state.
+pub(crate) trait LayerRecurrent {
+    /// Segment `i`'s state for GDN layer `layer`.
+    fn state(&mut self, layer: usize, i: usize) -> &mut GdnState;
+}
+
+/// One sequence's states, one per layer (None for attention layers).
+impl LayerRecurrent for Vec<Option<GdnState>> {
+    fn state(&mut self, layer: usize, _: usize) -> &mut GdnState {
+        self[layer]
+            .as_mut()
+            .expect("the state of a GDN layer is made with the model's layers")
+    }
 }
 
 /// Where a pass's keys and values live: one sequence's contiguous [`KvCache`], or the block pool

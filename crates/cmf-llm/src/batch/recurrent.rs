@@ -1,0 +1,92 @@
+//! Recurrent-state slots of the batched engine: a hybrid (GatedDeltaNet) model's sequences each
+//! hold one slot — the conv window and delta state of every GDN layer — beside their KV blocks.
+//!
+//! A slot is taken when a sequence first reserves blocks and given back with them (finish,
+//! cancel, preemption). A recurrent state cannot be rewound, so a sequence that gives its slot
+//! back recomputes from its first token; for the same reason the prefix cache serves no hits to
+//! hybrid models (a KV block match says nothing of the recurrent state at its end).
+
+use crate::model::{GdnState, LayerRecurrent, Model};
+
+pub(crate) type SlotId = usize;
+
+/// Every slot made so far; freed ones are cleared and handed out again.
+pub(crate) struct RecurrentSlots {
+    /// A fresh slot's layout: per layer, a state for a GDN layer, None for attention.
+    template: Vec<Option<GdnState>>,
+    slots: Vec<Vec<Option<GdnState>>>,
+    free: Vec<SlotId>,
+}
+
+impl RecurrentSlots {
+    pub fn new(model: &Model) -> RecurrentSlots {
+        RecurrentSlots {
+            template: model.recurrent_states(model.config.num_layers),
+            slots: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// Whether the model has recurrent layers (its sequences need slots).
+    pub fn needed(&self) -> bool {
+        self.template.iter().any(Option::is_some)
+    }
+
+    /// A slot holding the state before any token.
+    pub fn allocate(&mut self) -> SlotId {
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id]
+                    .iter_mut()
+                    .flatten()
+                    .for_each(GdnState::clear);
+                id
+            }
+            None => {
+                self.slots.push(self.template.clone());
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    pub fn release(&mut self, id: SlotId) {
+        debug_assert!(!self.free.contains(&id), "slot {id} freed twice");
+        self.free.push(id);
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    /// Whether `id` is handed out (tests' bookkeeping check).
+    pub fn is_held(&self, id: SlotId) -> bool {
+        id < self.slots.len() && !self.free.contains(&id)
+    }
+
+    /// Bytes one slot occupies (fixed: it does not grow with the context).
+    pub fn slot_bytes(&self) -> usize {
+        self.template.iter().flatten().map(GdnState::bytes).sum()
+    }
+
+    /// One step's view: segment `i` of the pass advances slot `of_segment[i]`.
+    pub fn pass(&mut self, of_segment: Vec<Option<SlotId>>) -> SlotPass<'_> {
+        SlotPass {
+            slots: &mut self.slots,
+            of_segment,
+        }
+    }
+}
+
+pub(crate) struct SlotPass<'p> {
+    slots: &'p mut [Vec<Option<GdnState>>],
+    of_segment: Vec<Option<SlotId>>,
+}
+
+impl LayerRecurrent for SlotPass<'_> {
+    fn state(&mut self, layer: usize, i: usize) -> &mut GdnState {
+        let slot = self.of_segment[i].expect("the engine checks that hybrid sequences hold a slot");
+        self.slots[slot][layer]
+            .as_mut()
+            .expect("a slot holds a state for every GDN layer")
+    }
+}
