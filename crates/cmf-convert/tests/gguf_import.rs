@@ -3,7 +3,8 @@
 //! un-permutation, untied lm_head), with a tokenizer that reproduces the fixture's token ids.
 //! The demo model (SmolLM2 Q4_1) is exercised when `$CMF_CACHE` holds it. A `qwen3moe` GGUF in
 //! llama.cpp's layout (scripts/make_gguf_moe_fixture.py) imports to the same file contents and
-//! the same logits as `cmf convert` of the Hugging Face checkpoint it was made from.
+//! the same logits as `cmf convert` of the Hugging Face checkpoint it was made from; so does a
+//! `qwen3next` GGUF (scripts/make_gguf_qwen3next_fixture.py) of the tiny Qwen3-Next checkpoint.
 
 use std::path::{Path, PathBuf};
 
