@@ -259,13 +259,15 @@ pub(super) fn check_tensors(
                 &name,
                 "missing: no GGUF tensor maps to it (the llama.cpp tensor for this layer's kind)",
             )),
-            Some((_, s)) if *s != shape.as_slice() => return Err(ConvertError::tensor(
-                file,
-                &name,
-                format!(
+            Some((_, s)) if *s != shape.as_slice() => {
+                return Err(ConvertError::tensor(
+                    file,
+                    &name,
+                    format!(
                     "shape {s:?} after import, expected {shape:?} from the GGUF's geometry keys"
                 ),
-            )),
+                ))
+            }
             Some(_) => {}
         }
     }
