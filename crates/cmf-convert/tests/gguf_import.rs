@@ -3,7 +3,8 @@
 //! un-permutation, untied lm_head), with a tokenizer that reproduces the fixture's token ids.
 //! The demo model (SmolLM2 Q4_1) is exercised when `$CMF_CACHE` holds it. A `qwen3moe` GGUF in
 //! llama.cpp's layout (scripts/make_gguf_moe_fixture.py) imports to the same file contents and
-//! the same logits as `cmf convert` of the Hugging Face checkpoint it was made from.
+//! the same logits as `cmf convert` of the Hugging Face checkpoint it was made from; so does a
+//! `qwen3next` GGUF (scripts/make_gguf_qwen3next_fixture.py) of the tiny Qwen3-Next checkpoint.
 
 use std::path::{Path, PathBuf};
 
@@ -481,4 +482,159 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     let (la, lb) = (logits(&a), logits(&b));
     assert_eq!(la.len(), 512);
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+fn qwen3next_gguf() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/qwen3next-tiny-f32.gguf")
+}
+
+/// Sorted tensor names of a CMF model.
+fn tensor_names(m: &cmf_format::CmfModel) -> Vec<String> {
+    let mut v: Vec<String> = m.tensors().map(|t| t.name.to_string()).collect();
+    v.sort();
+    v
+}
+
+fn prefill_logits(m: &cmf_format::CmfModel, prompt: &[u32]) -> Vec<f32> {
+    let model = cmf_llm::Model::load(m).unwrap();
+    let mut st = model.new_state(128);
+    model.prefill(&mut st, prompt).unwrap().to_vec()
+}
+
+/// llama.cpp's `qwen3next` layout (scripts/make_gguf_qwen3next_fixture.py: −exp(A_log), 1 + w
+/// norms, in_proj_qkvz regrouped into attn_qkv + attn_gate, squeezed conv, stacked experts) imports
+/// to the tensors and header of `cmf convert` on the Hugging Face checkpoint, and the two files
+/// compute the same logits bit for bit.
+#[test]
+fn qwen3next_gguf_imports_like_the_hf_conversion() {
+    let (_d, imported, report) = import(&qwen3next_gguf(), None);
+    let dir = tempfile::tempdir().unwrap();
+    let converted = dir.path().join("hf.cmf");
+    let opts = Options {
+        quant: Some(Quant::F32),
+        ..Default::default()
+    };
+    cmf_convert::hf::convert(
+        &repo().join("fixtures/llm/qwen3next-tiny"),
+        &converted,
+        &opts,
+    )
+    .unwrap();
+    let (a, b) = (
+        cmf_format::CmfModel::open(&imported).unwrap(),
+        cmf_format::CmfModel::open(&converted).unwrap(),
+    );
+    let (ha, hb) = (&a.header().arch, &b.header().arch);
+    assert_eq!(ha.arch_name, "qwen3_next");
+    assert_eq!(ha.layer_types, hb.layer_types);
+    assert_eq!(ha.norm_style, hb.norm_style);
+    assert_eq!(ha.moe, hb.moe);
+    assert_eq!(ha.extra, hb.extra);
+    assert_eq!(ha.partial_rotary_factor, hb.partial_rotary_factor);
+    assert_eq!(
+        (ha.hidden_size, ha.head_dim, ha.num_kv_heads, ha.vocab_size),
+        (hb.hidden_size, hb.head_dim, hb.num_kv_heads, hb.vocab_size)
+    );
+    assert_eq!(tensor_names(&a), tensor_names(&b));
+    assert!(report.notes.iter().any(|n| n.contains("qwen3next")));
+
+    // Bit-identical except where llama.cpp's arithmetic rounded: w + 1 loses w's bits below
+    // 2^-24, and −exp(A_log) may have several preimages. There the model's own use of the value,
+    // f32 (1 + w) and exp(A_log), must be exactly the converter's.
+    let (mut exact, mut rounded) = (0, 0);
+    for n in tensor_names(&b) {
+        let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
+        assert_eq!(
+            (x.dtype, x.shape.as_slice()),
+            (y.dtype, y.shape.as_slice()),
+            "{n}"
+        );
+        if x.data == y.data {
+            exact += 1;
+            continue;
+        }
+        rounded += 1;
+        let (xv, yv) = (x.to_f32().unwrap(), y.to_f32().unwrap());
+        let same_use = |f: fn(f32) -> f32| xv.iter().zip(&yv).all(|(p, q)| f(*p) == f(*q));
+        if n.ends_with("A_log") {
+            assert!(same_use(f32::exp), "{n}: exp(A_log) differs");
+        } else {
+            assert!(
+                n.ends_with("norm.weight") && !n.contains("linear_attn"),
+                "{n}: values differ"
+            );
+            assert!(same_use(|w| 1.0 + w), "{n}: 1 + w differs");
+        }
+    }
+    eprintln!("qwen3next import: {exact} tensors bit-identical, {rounded} equal in use");
+    assert!(
+        exact > 50 && exact > 4 * rounded,
+        "{exact} exact, {rounded} rounded"
+    );
+    assert!(names_hold(
+        &a,
+        "model.layers.0.linear_attn.in_proj_qkvz.weight"
+    ));
+    assert!(names_hold(
+        &a,
+        "model.layers.3.mlp.experts.3.down_proj.weight"
+    ));
+
+    let prompt: Vec<u32> = (3..83).collect();
+    let (la, lb) = (prefill_logits(&a, &prompt), prefill_logits(&b, &prompt));
+    assert_eq!(la.len(), 512);
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+fn names_hold(m: &cmf_format::CmfModel, name: &str) -> bool {
+    m.tensor(name).is_some()
+}
+
+/// The fixture really carries llama.cpp's transformations (so the test above can fail): ssm_a is
+/// negative, the norms are offset by one and attn_qkv is not the first rows of in_proj_qkvz.
+#[test]
+fn qwen3next_gguf_holds_llama_cpp_transformations() {
+    let g = cmf_convert::gguf::GgufFile::open(&qwen3next_gguf()).unwrap();
+    let t = |n: &str| g.dequantize(g.gguf.tensor(n).unwrap()).unwrap();
+    assert!(t("blk.0.ssm_a").iter().all(|&a| a < 0.0));
+    let st_bytes =
+        std::fs::read(repo().join("fixtures/llm/qwen3next-tiny/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&st_bytes).unwrap();
+    let hf = |n: &str| -> Vec<f32> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let norm = t("blk.1.attn_norm.weight");
+    let want = hf("model.layers.1.input_layernorm.weight");
+    assert!(norm.iter().zip(&want).all(|(g, w)| *g == 1.0 + *w));
+    let qkv = t("blk.0.attn_qkv.weight");
+    let qkvz = hf("model.layers.0.linear_attn.in_proj_qkvz.weight");
+    assert_ne!(qkv[..], qkvz[..qkv.len()]);
+}
+
+#[test]
+fn qwen3next_gguf_without_its_gate_half_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(qwen3next_gguf()).unwrap();
+    let name = b"blk.2.attn_gate.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the fixture has blk.2.attn_gate");
+    bytes[at + 14] = b'X'; // blk.2.attn_gatX.weight
+    let p = dir.path().join("nogate.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let out = dir.path().join("o.cmf");
+    let e = import_gguf::import(&p, &out, &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nogate.gguf") && e.contains("blk.2.attn_gate.weight is missing"),
+        "{e}"
+    );
+    assert!(!out.exists());
 }

@@ -1,5 +1,5 @@
-//! `cmf import-gguf FILE --output F [--quant …]`: a llama.cpp GGUF model (llama, qwen2, qwen3, qwen3moe)
-//! → one CMF file, with its tokenizer rebuilt as tokenizer.json. See docs/convert.md.
+//! `cmf import-gguf FILE --output F [--quant …]`: a llama.cpp GGUF model (llama, qwen2, qwen3, qwen3moe,
+//! qwen3next) → one CMF file, with its tokenizer rebuilt as tokenizer.json. See docs/convert.md.
 
 use std::path::PathBuf;
 use std::time::Instant;

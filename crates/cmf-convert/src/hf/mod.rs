@@ -38,7 +38,7 @@ pub fn read_config(dir: &Path) -> Result<HfConfig> {
 }
 
 /// Shapes the model needs, from the config: (name, shape).
-fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
+pub(crate) fn required_tensors(c: &HfConfig) -> Vec<(String, Vec<usize>)> {
     let a = &c.arch;
     let (h, hd, q, kv) = (
         a.hidden_size,

@@ -4,7 +4,8 @@
 //!   `Keys.Attention` / `Keys.Rope`, prefixed by `general.architecture`).
 //! - Tensors → Hugging Face names ([`names`]), dequantized to f32 row by row
 //!   ([`crate::gguf::dequant`], bit-exact with gguf-py), Q/K rows of llama-architecture models put
-//!   back in Hugging Face order, then encoded with the chosen codec.
+//!   back in Hugging Face order, llama.cpp's qwen3next changes undone ([`qwen3next`]), then
+//!   encoded with the chosen codec.
 //! - Tokenizer → an equivalent `tokenizer.json` ([`tokenizer`]); chat template from
 //!   `tokenizer.chat_template`.
 //!
@@ -14,6 +15,7 @@
 //! re-quantizing to 4 bits would compound two 4-bit roundings. 1-D tensors are always f32.
 
 pub mod names;
+pub mod qwen3next;
 pub mod tokenizer;
 
 use std::path::Path;
@@ -26,10 +28,12 @@ use serde_json::{json, Map, Value as Json};
 use crate::emit::{rows_cols, write_tensor, TensorStats};
 use crate::error::{ConvertError, Result};
 use crate::gguf::{dequant, GgmlType, Gguf, GgufFile, TensorInfo, Value};
+use crate::hf::qwen3_next::Qwen3Next;
 use crate::quant::Quant;
 use crate::{Options, Report};
+use qwen3next::Fix;
 
-pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
+pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe", "qwen3next"];
 
 struct Meta<'a> {
     g: &'a Gguf,
@@ -87,6 +91,11 @@ impl Meta<'_> {
 
 /// The architecture described by the GGUF metadata and tensor shapes.
 pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
+    Ok(arch_and_hybrid(gf)?.0)
+}
+
+/// The architecture, and for `qwen3next` its GatedDeltaNet geometry.
+fn arch_and_hybrid(gf: &GgufFile) -> Result<(Arch, Option<Qwen3Next>)> {
     let (g, file) = (&gf.gguf, gf.path.as_path());
     let arch = g.architecture().ok_or_else(|| {
         ConvertError::field(file, "general.architecture", "missing or not a string")
@@ -151,12 +160,34 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
     let sliding_window = m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0);
     let moe = match arch {
         "qwen3moe" => Some(moe_from_gguf(&m)?),
+        "qwen3next" => Some(Moe {
+            shared_expert_intermediate_size: Some(
+                m.usize_req("expert_shared_feed_forward_length")?,
+            ),
+            ..moe_from_gguf(&m)?
+        }),
+        _ => None,
+    };
+    let hybrid = match arch {
+        "qwen3next" => {
+            if m.usize_opt("nextn_predict_layers")?.unwrap_or(0) > 0 {
+                return Err(ConvertError::unsupported(
+                    file,
+                    format!(
+                        "{} > 0: multi-token-prediction layers are not supported",
+                        m.key("nextn_predict_layers")
+                    ),
+                ));
+            }
+            Some(qwen3next::parse(&m, num_layers, &mut extra)?)
+        }
         _ => None,
     };
     let arch = Arch {
         // The Hugging Face spelling, as `cmf convert` writes it.
         arch_name: match arch {
             "qwen3moe" => "qwen3_moe".to_owned(),
+            "qwen3next" => "qwen3_next".to_owned(),
             a => a.to_owned(),
         },
         hidden_size: hidden,
@@ -166,18 +197,25 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
         num_kv_heads: kv_heads,
         head_dim,
         vocab_size: vocab,
-        layer_types: vec![
-            if sliding_window.is_some() {
-                LayerType::SlidingAttention
-            } else {
-                LayerType::FullAttention
-            };
-            num_layers
-        ],
+        layer_types: match &hybrid {
+            Some((types, _)) => types.clone(),
+            None => vec![
+                if sliding_window.is_some() {
+                    LayerType::SlidingAttention
+                } else {
+                    LayerType::FullAttention
+                };
+                num_layers
+            ],
+        },
         rms_norm_eps: m
             .f64_opt("attention.layer_norm_rms_epsilon")?
             .unwrap_or(1e-5),
-        norm_style: NormStyle::Qwen,
+        // Qwen3-Next's zero-centred RMSNorms scale by (1 + w).
+        norm_style: match hybrid {
+            Some(_) => NormStyle::Gemma,
+            None => NormStyle::Qwen,
+        },
         rope_theta,
         tie_word_embeddings: g.tensor("output.weight").is_none(),
         partial_rotary_factor: rope_dims as f32 / head_dim as f32,
@@ -207,7 +245,7 @@ pub fn arch_from_gguf(gf: &GgufFile) -> Result<Arch> {
         };
         ConvertError::field(file, key, msg)
     })?;
-    Ok(arch)
+    Ok((arch, hybrid.map(|(_, geo)| geo)))
 }
 
 /// llama.cpp's expert keys → the CMF `moe` descriptor. llama.cpp's `qwen3moe` graph always
@@ -367,7 +405,7 @@ fn header_quant(dtypes: &[Dtype]) -> QuantType {
 pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
     let file = GgufFile::open(path)?;
     let g = &file.gguf;
-    let arch = arch_from_gguf(&file)?;
+    let (arch, hybrid) = arch_and_hybrid(&file)?;
     let tok = tokenizer::rebuild(g).map_err(|cause| ConvertError::GgufTokenizer {
         file: path.into(),
         cause,
@@ -395,6 +433,9 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
         heads: Option<usize>,
         /// First row of this item in the GGUF tensor (an expert's slice of a stacked tensor).
         row0: usize,
+        /// qwen3next: the `attn_gate` half of a regrouped `in_proj_qkvz` (`info` is `attn_qkv`).
+        gate: Option<&'a TensorInfo>,
+        fix: Fix,
     }
     let mut plan = Vec::new();
     for t in &g.tensors {
@@ -431,9 +472,26 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
                     shape: one.clone(),
                     heads: None,
                     row0: e * shape[1],
+                    gate: None,
+                    fix: Fix::None,
                 });
             }
             continue;
+        }
+        if let Some(geo) = &hybrid {
+            if let Some(item) = qwen3next::regrouped_qkvz(path, g, geo, t, opts)? {
+                plan.extend(item.into_iter().map(|(hf, shape, dtype, gate)| Item {
+                    info: t,
+                    hf,
+                    shape,
+                    dtype,
+                    heads: None,
+                    row0: 0,
+                    gate,
+                    fix: Fix::None,
+                }));
+                continue;
+            }
         }
         let hf = names::hf_name(&t.name).ok_or_else(|| {
             ConvertError::tensor(
@@ -452,10 +510,20 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
                 format!("GGUF tensor type {} is not supported", t.ty),
             ));
         }
-        let shape: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
+        let shape = match &hybrid {
+            Some(_) => qwen3next::hf_shape(path, t, &hf)?,
+            None => t.shape().iter().map(|&d| d as usize).collect(),
+        };
         let dtype = match opts.quant {
+            // The same tensors `cmf convert` keeps in f32 whatever the codec.
+            _ if crate::hf::qwen3_next::keeps_f32(&hf) => Dtype::F32,
             Some(q) => q.dtype_for(&shape),
             None => default_dtype(t.ty, &shape),
+        };
+        let fix = match &hybrid {
+            Some(_) if t.name.ends_with(".ssm_a") => Fix::ALog,
+            Some(_) if qwen3next::stores_one_plus(&t.name) => Fix::MinusOne,
+            _ => Fix::None,
         };
         let heads = if permute {
             names::permuted_heads(&t.name, arch.num_attention_heads, arch.num_kv_heads)
@@ -478,9 +546,19 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
             dtype,
             heads,
             row0: 0,
+            gate: None,
+            fix,
         });
     }
     plan.sort_by_key(|it| crate::hf::model_order(&it.hf));
+    if let Some(geo) = &hybrid {
+        let have: Vec<(&str, &[usize])> = plan
+            .iter()
+            .map(|i| (i.hf.as_str(), i.shape.as_slice()))
+            .collect();
+        qwen3next::check_tensors(path, &arch, geo, &have)?;
+        notes.push("qwen3next: ssm_a, the 1 + w norms and attn_qkv/attn_gate converted back to the Hugging Face tensors".to_owned());
+    }
 
     let dtypes: Vec<Dtype> = plan
         .iter()
@@ -535,27 +613,47 @@ pub fn import(path: &Path, output: &Path, opts: &Options) -> Result<Report> {
             .expect("validated by the parser") as usize;
         let ty = it.info.ty;
         let hd = arch.head_dim;
-        let rows_fn = |r0: usize, r1: usize, out: &mut [f32]| -> std::result::Result<(), String> {
-            let (r0, r1) = (it.row0 + r0, it.row0 + r1);
-            match it.heads {
-                None => dequant::dequantize(ty, &data[r0 * row_bytes..r1 * row_bytes], out),
-                // 1-D bias: one "row" of heads·hd elements, permuted element-wise.
-                Some(_) if it.shape.len() == 1 => {
-                    let mut src = vec![0f32; out.len()];
-                    dequant::dequantize(ty, data, &mut src)?;
-                    for (e, o) in out.iter_mut().enumerate() {
-                        *o = src[names::unpermuted_source_row(e, hd)];
-                    }
-                    Ok(())
-                }
-                Some(_) => {
+        let read_rows =
+            |r0: usize, r1: usize, out: &mut [f32]| -> std::result::Result<(), String> {
+                if let (Some(gate), Some(geo)) = (it.gate, &hybrid) {
+                    let gate_data = file.tensor_bytes(gate);
+                    let gate_row =
+                        gate.ty
+                            .nbytes(cols as u64)
+                            .expect("validated by the parser") as usize;
                     for (k, o) in out.chunks_exact_mut(cols).enumerate() {
-                        let s = names::unpermuted_source_row(r0 + k, hd);
-                        dequant::dequantize(ty, &data[s * row_bytes..(s + 1) * row_bytes], o)?;
+                        let (d, t, rb, s) = match qwen3next::qkvz_source_row(geo, r0 + k) {
+                            (false, s) => (data, ty, row_bytes, s),
+                            (true, s) => (gate_data, gate.ty, gate_row, s),
+                        };
+                        dequant::dequantize(t, &d[s * rb..(s + 1) * rb], o)?;
                     }
-                    Ok(())
+                    return Ok(());
                 }
-            }
+                let (r0, r1) = (it.row0 + r0, it.row0 + r1);
+                match it.heads {
+                    None => dequant::dequantize(ty, &data[r0 * row_bytes..r1 * row_bytes], out),
+                    // 1-D bias: one "row" of heads·hd elements, permuted element-wise.
+                    Some(_) if it.shape.len() == 1 => {
+                        let mut src = vec![0f32; out.len()];
+                        dequant::dequantize(ty, data, &mut src)?;
+                        for (e, o) in out.iter_mut().enumerate() {
+                            *o = src[names::unpermuted_source_row(e, hd)];
+                        }
+                        Ok(())
+                    }
+                    Some(_) => {
+                        for (k, o) in out.chunks_exact_mut(cols).enumerate() {
+                            let s = names::unpermuted_source_row(r0 + k, hd);
+                            dequant::dequantize(ty, &data[s * row_bytes..(s + 1) * row_bytes], o)?;
+                        }
+                        Ok(())
+                    }
+                }
+            };
+        let rows_fn = |r0: usize, r1: usize, out: &mut [f32]| -> std::result::Result<(), String> {
+            read_rows(r0, r1, out)?;
+            qwen3next::apply(it.fix, out)
         };
         let s = write_tensor(
             &mut w,

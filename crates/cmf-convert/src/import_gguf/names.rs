@@ -1,6 +1,6 @@
 //! GGUF tensor names → Hugging Face checkpoint names, and the Q/K row permutation.
 //!
-//! Names: llama.cpp's tensor map for the llama, qwen2, qwen3 and qwen3moe architectures
+//! Names: llama.cpp's tensor map for the llama, qwen2, qwen3, qwen3moe and qwen3next architectures
 //! (`gguf-py/gguf/tensor_mapping.py`, `MODEL_TENSOR` ↔ the Hugging Face names that converter
 //! reads), inverted. llama.cpp stacks a MoE layer's experts into one 3-D tensor per projection
 //! (`ffn_{gate,up,down}_exps`, numpy shape [experts, rows, cols]); the importer splits them back
@@ -26,6 +26,12 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    // qwen3next's GatedDeltaNet scalars: `A_log` has no suffix, `dt_bias` became a bias.
+    match tail {
+        "ssm_a" => return Some(format!("model.layers.{layer}.linear_attn.A_log")),
+        "ssm_dt.bias" => return Some(format!("model.layers.{layer}.linear_attn.dt_bias")),
+        _ => {}
+    }
     let (base, suffix) = tail.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -43,6 +49,16 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         "ffn_gate_inp" => "mlp.gate",
+        "post_attention_norm" => "post_attention_layernorm",
+        "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+        "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+        "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
+        "ssm_in" => "linear_attn.in_proj_qkvz",
+        "ssm_ba" => "linear_attn.in_proj_ba",
+        "ssm_conv1d" => "linear_attn.conv1d",
+        "ssm_norm" => "linear_attn.norm",
+        "ssm_out" => "linear_attn.out_proj",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
@@ -116,6 +132,27 @@ mod tests {
             "model.layers.2.mlp.experts.5.down_proj.weight"
         );
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
+        assert_eq!(
+            hf_name("blk.4.ssm_a").as_deref(),
+            Some("model.layers.4.linear_attn.A_log")
+        );
+        assert_eq!(
+            hf_name("blk.4.ssm_dt.bias").as_deref(),
+            Some("model.layers.4.linear_attn.dt_bias")
+        );
+        assert_eq!(
+            hf_name("blk.4.ffn_gate_inp_shexp.weight").as_deref(),
+            Some("model.layers.4.mlp.shared_expert_gate.weight")
+        );
+        assert_eq!(
+            hf_name("blk.4.ssm_in.weight").as_deref(),
+            Some("model.layers.4.linear_attn.in_proj_qkvz.weight")
+        );
+        assert_eq!(
+            hf_name("blk.4.attn_qkv.weight"),
+            None,
+            "regrouped: see qwen3next"
+        );
         assert_eq!(permuted_heads("blk.3.attn_k.weight", 9, 3), Some(3));
         assert_eq!(permuted_heads("blk.3.attn_v.weight", 9, 3), None);
     }
