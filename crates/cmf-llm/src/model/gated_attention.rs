@@ -11,8 +11,7 @@
 use super::weights::AttentionWeights;
 use super::{linear, linear_shared_input, rows_of, Activations, LayerKv, Model, Segment};
 use crate::profile::{time, Op};
-use cmf_kernels::ops::{self, RopeStyle};
-use cmf_kernels::AttnParams;
+use cmf_kernels::ops;
 
 /// Query-and-gate rows of one pass, grown on demand.
 #[derive(Default)]
@@ -59,33 +58,8 @@ impl Model<'_> {
             qh.copy_from_slice(&src[..hd]);
             gh.copy_from_slice(&src[hd..]);
         }
-        time(Op::QkNormRope, || {
-            if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-                ops::rms_norm_inplace(q, hd, Some(qn), eps, style);
-                ops::rms_norm_inplace(k, hd, Some(kn), eps, style);
-            }
-            for sg in segs {
-                let (qs, ks) = (sg.rows(q, qd), sg.rows(k, kvd));
-                ops::rope(qs, sg.n, hd, RopeStyle::RotateHalf, sg.rope, sg.rope_row0);
-                ops::rope(ks, sg.n, hd, RopeStyle::RotateHalf, sg.rope, sg.rope_row0);
-            }
-        });
         let attn = &mut b.attn[..n * qd];
-        time(Op::Attention, || {
-            for (i, sg) in segs.iter().enumerate() {
-                kv.write(l, i, sg, sg.rows(k, kvd), sg.rows(v, kvd));
-                let params = AttnParams {
-                    n_heads: cfg.num_heads,
-                    n_kv_heads: cfg.num_kv_heads,
-                    head_dim: hd,
-                    scale: 1.0 / (hd as f32).sqrt(),
-                    causal: true,
-                    q_pos0: sg.start,
-                    window: cfg.sliding_window[l],
-                };
-                kv.attend(l, i, sg, sg.rows(q, qd), &params, sg.rows(attn, qd));
-            }
-        });
+        self.rope_and_attend(l, w, style, kv, [q, k, v], attn, segs);
         for (a, &g) in attn.iter_mut().zip(gate.iter()) {
             *a *= 1.0 / (1.0 + (-g).exp());
         }

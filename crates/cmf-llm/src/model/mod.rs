@@ -418,7 +418,7 @@ impl<'a> Model<'a> {
     ) {
         let cfg = &self.config;
         let n = rows_of(segs);
-        let (h, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let (x, xn, out) = (&mut b.x[..n * h], &mut b.xn[..n * h], &mut b.out[..n * h]);
         let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
@@ -429,10 +429,35 @@ impl<'a> Model<'a> {
         time(Op::Qkv, || {
             linear_shared_input([&w.q, &w.k, &w.v], xn, n, [q, k, v]);
         });
+        let attn = &mut b.attn[..n * qd];
+        self.rope_and_attend(l, w, NormStyle::Plain, kv, [q, k, v], attn, segs);
+        time(Op::OutProj, || {
+            linear(&w.o, attn, n, out);
+            ops::add(x, out);
+        });
+    }
+
+    /// The part of an attention block after the q|k|v projections: q/k norms, RoPE per segment,
+    /// each segment's keys and values written to its cache, and `attn` = each segment's queries
+    /// attending over its own sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_and_attend(
+        &self,
+        l: usize,
+        w: &AttentionWeights,
+        style: NormStyle,
+        kv: &mut dyn LayerKv,
+        [q, k, v]: [&mut [f32]; 3],
+        attn: &mut [f32],
+        segs: &[Segment],
+    ) {
+        let cfg = &self.config;
+        let (hd, eps) = (cfg.head_dim, cfg.rms_norm_eps);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         time(Op::QkNormRope, || {
             if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-                ops::rms_norm_inplace(q, hd, Some(qn), eps, NormStyle::Plain);
-                ops::rms_norm_inplace(k, hd, Some(kn), eps, NormStyle::Plain);
+                ops::rms_norm_inplace(q, hd, Some(qn), eps, style);
+                ops::rms_norm_inplace(k, hd, Some(kn), eps, style);
             }
             for s in segs {
                 let (qs, ks) = (s.rows(q, qd), s.rows(k, kvd));
@@ -440,7 +465,6 @@ impl<'a> Model<'a> {
                 ops::rope(ks, s.n, hd, RopeStyle::RotateHalf, s.rope, s.rope_row0);
             }
         });
-        let attn = &mut b.attn[..n * qd];
         time(Op::Attention, || {
             for (i, s) in segs.iter().enumerate() {
                 kv.write(l, i, s, s.rows(k, kvd), s.rows(v, kvd));
@@ -455,10 +479,6 @@ impl<'a> Model<'a> {
                 };
                 kv.attend(l, i, s, s.rows(q, qd), &params, s.rows(attn, qd));
             }
-        });
-        time(Op::OutProj, || {
-            linear(&w.o, attn, n, out);
-            ops::add(x, out);
         });
     }
 
