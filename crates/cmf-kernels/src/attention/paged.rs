@@ -144,6 +144,14 @@ fn gather<T: Copy + Default>(src: &[T], kv: &PagedKv, row: usize) -> Vec<T> {
     out
 }
 
+fn sub_slice(s: KvSlice<'_>, at: usize, n: usize) -> KvSlice<'_> {
+    match s {
+        KvSlice::F32(d) => KvSlice::F32(&d[at..at + n]),
+        KvSlice::F16(d) => KvSlice::F16(&d[at..at + n]),
+        KvSlice::Bf16(d) => KvSlice::Bf16(&d[at..at + n]),
+    }
+}
+
 enum Gathered {
     F32(Vec<f32>, Vec<f32>),
     F16(Vec<u16>, Vec<u16>),
@@ -164,6 +172,25 @@ pub fn attention_paged(q: &[f32], kv: PagedKv, p: &AttnParams, out: &mut [f32]) 
     );
     let row = b.row();
     let all = b.num_blocks * b.block_size * row;
+    // Blocks that follow each other in the pool (a sequence that got fresh blocks in order) are
+    // already one token-major run: read them in place instead of copying.
+    let used = &kv.table[..kv.len.div_ceil(b.block_size)];
+    if let Some(&first) = used.first() {
+        if used
+            .iter()
+            .enumerate()
+            .all(|(i, &t)| t as usize == first as usize + i)
+        {
+            let (at, n) = (first as usize * b.block_size * row, kv.len * row);
+            let view = Kv {
+                k: sub_slice(b.k.slice(all), at, n),
+                v: sub_slice(b.v.slice(all), at, n),
+                len: kv.len,
+                layout: KvLayout::TokenMajor,
+            };
+            return attention(q, view, p, None, out);
+        }
+    }
     let g = match (b.k.slice(all), b.v.slice(all)) {
         (KvSlice::F32(k), KvSlice::F32(v)) => {
             Gathered::F32(gather(k, &kv, row), gather(v, &kv, row))
@@ -205,8 +232,11 @@ mod tests {
         let k: Vec<f32> = (0..len * row).map(val).collect();
         let v: Vec<f32> = (0..len * row).map(|i| val(i + 13)).collect();
         let q: Vec<f32> = (0..3 * heads * hd).map(|i| val(i + 101)).collect();
-        let table = [5u32, 0, 7, 2, 3, 9];
-        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+        // Scattered blocks (gathered) and consecutive ones (read in place).
+        for (table, dtype) in [[5u32, 0, 7, 2, 3, 9], [3u32, 4, 5, 6, 7, 8]]
+            .into_iter()
+            .flat_map(|t| [KvDtype::F32, KvDtype::F16, KvDtype::Bf16].map(|d| (t, d)))
+        {
             let mut cache = KvCache::new(dtype, 32, kvh, hd);
             cache.write(0, &k, &v);
             let mut pool = KvBlocks::new(dtype, 10, bs, kvh, hd);
@@ -226,7 +256,7 @@ mod tests {
             attention(&q, cache.view(len), &p, None, &mut want);
             let mut got = vec![0f32; q.len()];
             attention_paged(&q, pool.view(&table, len), &p, &mut got);
-            assert_eq!(got, want, "{dtype:?}");
+            assert_eq!(got, want, "{dtype:?} {table:?}");
         }
     }
 }
