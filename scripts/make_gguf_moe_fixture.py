@@ -73,10 +73,25 @@ def tensors(cfg: dict) -> dict[str, np.ndarray]:
     return out
 
 
+def add_tokenizer(w: gguf.GGUFWriter, tok: gguf.GGUFReader, src: Path) -> None:
+    """The tokenizer metadata of `tok` (a GGUF of the same vocabulary) and `src`'s chat template."""
+    field = lambda k: tok.fields[k]
+    w.add_tokenizer_model(str(field("tokenizer.ggml.model").contents()))
+    w.add_tokenizer_pre(str(field("tokenizer.ggml.pre").contents()))
+    w.add_token_list(field("tokenizer.ggml.tokens").contents())
+    w.add_token_types(field("tokenizer.ggml.token_type").contents())
+    w.add_token_merges(field("tokenizer.ggml.merges").contents())
+    w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id").contents()))
+    w.add_pad_token_id(int(field("tokenizer.ggml.padding_token_id").contents()))
+    w.add_add_bos_token(bool(field("tokenizer.ggml.add_bos_token").contents()))
+    w.add_add_eos_token(bool(field("tokenizer.ggml.add_eos_token").contents()))
+    template = json.loads((src / "tokenizer_config.json").read_text())["chat_template"]
+    w.add_chat_template(template)
+
+
 def main() -> None:
     cfg = json.loads((SRC / "config.json").read_text())
     tok = gguf.GGUFReader(str(TOK_SRC))
-    field = lambda k: tok.fields[k]
 
     w = gguf.GGUFWriter(str(OUT), ARCH)
     w.add_name("qwen3-moe-tiny")
@@ -95,17 +110,7 @@ def main() -> None:
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
-    w.add_tokenizer_model(str(field("tokenizer.ggml.model").contents()))
-    w.add_tokenizer_pre(str(field("tokenizer.ggml.pre").contents()))
-    w.add_token_list(field("tokenizer.ggml.tokens").contents())
-    w.add_token_types(field("tokenizer.ggml.token_type").contents())
-    w.add_token_merges(field("tokenizer.ggml.merges").contents())
-    w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id").contents()))
-    w.add_pad_token_id(int(field("tokenizer.ggml.padding_token_id").contents()))
-    w.add_add_bos_token(bool(field("tokenizer.ggml.add_bos_token").contents()))
-    w.add_add_eos_token(bool(field("tokenizer.ggml.add_eos_token").contents()))
-    template = json.loads((SRC / "tokenizer_config.json").read_text())["chat_template"]
-    w.add_chat_template(template)
+    add_tokenizer(w, tok, SRC)
 
     for name, t in tensors(cfg).items():
         w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))

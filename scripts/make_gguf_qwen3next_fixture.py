@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from make_gguf_moe_fixture import add_tokenizer  # same directory
+
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "fixtures/llm/qwen3next-tiny"
 TOK_SRC = REPO / "crates/cmf-convert/tests/fixtures/gguf/qwen2-tiny-q8_0.gguf"
@@ -99,7 +101,6 @@ def main() -> None:
     cfg = json.loads((SRC / "config.json").read_text())
     rope = cfg["rope_parameters"]
     tok = gguf.GGUFReader(str(TOK_SRC))
-    field = lambda k: tok.fields[k]
 
     w = gguf.GGUFWriter(str(OUT), gguf.MODEL_ARCH_NAMES[ARCH])
     w.add_name("qwen3next-tiny")
@@ -126,17 +127,7 @@ def main() -> None:
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25)))
 
-    w.add_tokenizer_model(str(field("tokenizer.ggml.model").contents()))
-    w.add_tokenizer_pre(str(field("tokenizer.ggml.pre").contents()))
-    w.add_token_list(field("tokenizer.ggml.tokens").contents())
-    w.add_token_types(field("tokenizer.ggml.token_type").contents())
-    w.add_token_merges(field("tokenizer.ggml.merges").contents())
-    w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id").contents()))
-    w.add_pad_token_id(int(field("tokenizer.ggml.padding_token_id").contents()))
-    w.add_add_bos_token(bool(field("tokenizer.ggml.add_bos_token").contents()))
-    w.add_add_eos_token(bool(field("tokenizer.ggml.add_eos_token").contents()))
-    template = json.loads((SRC / "tokenizer_config.json").read_text())["chat_template"]
-    w.add_chat_template(template)
+    add_tokenizer(w, tok, SRC)
 
     for name, t in tensors(cfg).items():
         w.add_tensor(name, np.ascontiguousarray(t.numpy(), dtype=np.float32))
