@@ -181,25 +181,29 @@ fn top_k_of(v: &[f32], k: usize, allowed: impl Fn(usize) -> bool) -> Vec<usize> 
     out
 }
 
+/// Softmax routing: the `k` largest probabilities of `softmax(logits)` (ties: the lower id) and
+/// their values, renormalised to sum 1 when `norm`; best first.
+pub fn softmax_top_k(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = logits.iter().map(|v| (v - mx).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    let p: Vec<f32> = e.iter().map(|v| v / sum).collect();
+    let mut r: Vec<(usize, f32)> = top_k_of(&p, k, |_| true)
+        .into_iter()
+        .map(|i| (i, p[i]))
+        .collect();
+    if norm {
+        let s: f32 = r.iter().map(|x| x.1).sum();
+        r.iter_mut().for_each(|x| x.1 /= s);
+    }
+    r
+}
+
 /// The experts a router's `logits` [E] choose and their weights, best first.
 pub fn route(m: &MoeWeights, logits: &[f32]) -> Vec<(usize, f32)> {
     let k = m.top_k;
     match m.routing {
-        Routing::Softmax => {
-            let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = logits.iter().map(|v| (v - mx).exp()).collect();
-            let sum: f32 = e.iter().sum();
-            let p: Vec<f32> = e.iter().map(|v| v / sum).collect();
-            let mut r: Vec<(usize, f32)> = top_k_of(&p, k, |_| true)
-                .into_iter()
-                .map(|i| (i, p[i]))
-                .collect();
-            if m.norm_topk_prob {
-                let s: f32 = r.iter().map(|x| x.1).sum();
-                r.iter_mut().for_each(|x| x.1 /= s);
-            }
-            r
-        }
+        Routing::Softmax => softmax_top_k(logits, k, m.norm_topk_prob),
         Routing::SigmoidGroup {
             n_group,
             topk_group,

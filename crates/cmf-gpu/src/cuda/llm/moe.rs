@@ -829,3 +829,29 @@ impl CudaLlm {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_layout_matches_the_kernel() {
+        // struct MoeMvArgs in moe.cu: two pointers, four ints, pointer, i64, pointer, float
+        // (+pad), pointer, i64.
+        assert_eq!(std::mem::size_of::<MoeMvArgsC>(), 80);
+        assert_eq!(std::mem::offset_of!(MoeMvArgsC, x), 32);
+        assert_eq!(std::mem::offset_of!(MoeMvArgsC, eps), 56);
+        assert_eq!(std::mem::offset_of!(MoeMvArgsC, y_stride), 72);
+    }
+
+    #[test]
+    fn rows_are_grouped_by_expert_in_row_order() {
+        // Three rows, k = 2: row 0 → (2, 1), row 1 → (1, 2), row 2 → (0, 2).
+        let ids = [2, 1, 1, 2, 0, 2];
+        let w = [0.6, 0.4, 0.7, 0.3, 0.9, 0.1];
+        let g = group_by_expert(&ids, &w, 2, 4);
+        assert_eq!(g.groups, vec![(0, 0, 1), (1, 1, 2), (2, 3, 3)]);
+        assert_eq!(g.rows, vec![2, 0, 1, 0, 1, 2]);
+        assert_eq!(g.weights, vec![0.9, 0.4, 0.7, 0.6, 0.3, 0.1]);
+    }
+}
