@@ -339,7 +339,8 @@ impl DevMoe {
 /// token, every expert's gate and up in one codec and every down in one (the indexed matvec is
 /// compiled per codec), the shared expert's gate and up in one codec.
 pub(super) fn check(m: &MoeWeights, l: usize) -> Result<(), Refusal> {
-    use crate::cuda::runtime::weights::check as codec;
+    // Expert widths need not be multiples of 32 in float codecs (Qwen2-MoE's shared expert).
+    use crate::cuda::runtime::weights::check_narrow as codec;
     let shape = |what: String| {
         Err(Refusal::new(
             "llm.load",
