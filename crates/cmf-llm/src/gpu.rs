@@ -142,6 +142,14 @@ fn describe_bound<'m>(
     })
 }
 
+/// Bytes of weight matrices one decoded token reads (every layer matrix but the experts the
+/// router does not choose, and the lm_head), for models the device graph can express.
+pub fn weight_bytes_per_token(model: &Model) -> Option<u64> {
+    let desc = describe(model, 1).ok()?;
+    let layers: u64 = desc.layers.iter().map(|l| l.bytes_per_token()).sum();
+    Some(layers + desc.lm_head.data.len() as u64)
+}
+
 /// The neutral form of a MoE block (the routing as the model's config says).
 fn describe_moe<'m>(
     model: &'m Model<'_>,

@@ -244,6 +244,8 @@ impl DevMlp {
 }
 
 /// A layer's feed-forward block on the device.
+// One per layer: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum DevFfn {
     Dense(DevMlp),
     Moe(DevMoe),
