@@ -321,6 +321,13 @@ fn layer_weight_bytes(w: &LayerWeights) -> u64 {
         }
 }
 
+/// The bytes of a layer one decode step reads: [`layer_weight_bytes`] less the experts the
+/// router does not choose.
+fn layer_decode_bytes(w: &LayerWeights) -> u64 {
+    let all: u64 = w.matrices().iter().map(weights::device_bytes).sum();
+    layer_weight_bytes(w) - (all - w.bytes_per_token())
+}
+
 /// The MoE blocks of a model's layers.
 fn moe_blocks<'a>(model: &'a LlmModel<'a>) -> impl Iterator<Item = &'a crate::llm::MoeWeights<'a>> {
     model.layers.iter().filter_map(|l| match &l.ffn {
@@ -368,7 +375,7 @@ fn decode_attn_config(model: &LlmModel, p: &Plan, tuning: DecodeTuning) -> Decod
     DecodeAttnConfig {
         min_chunk: tuning.min_chunk,
         one_block: p.one_block,
-        early_wait: decode_early_wait(model.layers.first().map_or(0, |l| l.bytes_per_token())),
+        early_wait: decode_early_wait(model.layers.first().map_or(0, layer_decode_bytes)),
     }
 }
 
