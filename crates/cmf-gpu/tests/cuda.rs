@@ -40,6 +40,9 @@ mod gemm8;
 /// The resident LLM (decode, prefill, sampling, hybrid placement) against the CPU reference.
 #[path = "cuda/llm.rs"]
 mod llm;
+/// The mixture-of-experts kernels (routing, indexed expert matvec) and a MoE model.
+#[path = "cuda/moe.rs"]
+mod moe;
 
 /// One backend per test process (context creation and kernel compilation are not free);
 /// tests share it one at a time.

@@ -16,11 +16,9 @@ use crate::{LlmError, Result};
 use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
 use cmf_gpu::llm::sample::SampleSpec;
 use cmf_gpu::llm::{
-    DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, RopeSpec, Sampler,
+    self as dev, AttentionWeights, DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec,
+    Logits, Mixer, RopeSpec, Sampler,
 };
-
-/// Why a mixture-of-experts model runs on the CPU: the device graph has no expert kernels yet.
-pub const MOE_ON_CPU: &str = "mixture-of-experts layers have no device path yet";
 
 /// Why a hybrid linear-attention model (Qwen3-Next) runs on the CPU: the device graph has no
 /// GatedDeltaNet, gated-attention or `(1 + w)` norm kernels yet.
@@ -34,7 +32,7 @@ pub fn cpu_only(model: &Model) -> Option<&'static str> {
     if c.gdn.is_some() || c.attn_output_gate || c.norm_style != cmf_kernels::NormStyle::Plain {
         return Some(HYBRID_ON_CPU);
     }
-    c.moe.as_ref().map(|_| MOE_ON_CPU)
+    None
 }
 
 /// The neutral description of `model` for a device session of `max_context` positions, or
@@ -84,33 +82,39 @@ fn describe_bound<'m>(
         let MixerWeights::Attention(a) = &l.mixer else {
             return Err(HYBRID_ON_CPU.into());
         };
-        let Some(mlp) = l.ffn.dense() else {
-            return Err(MOE_ON_CPU.into());
-        };
-        if a.o.bias.is_some()
-            || mlp.gate.bias.is_some()
-            || mlp.up.bias.is_some()
-            || mlp.down.bias.is_some()
-        {
-            return Err(format!(
-                "layer {i}: biases on o_proj / MLP projections have no device kernel"
-            ));
+        if a.o.bias.is_some() {
+            return Err(format!("layer {i}: a bias on o_proj has no device kernel"));
         }
+        let ffn = match &l.ffn {
+            crate::model::Ffn::Dense(mlp) => {
+                if mlp.gate.bias.is_some() || mlp.up.bias.is_some() || mlp.down.bias.is_some() {
+                    return Err(format!(
+                        "layer {i}: biases on the MLP projections have no device kernel"
+                    ));
+                }
+                dev::Ffn::Dense(dev::Mlp {
+                    gate: mlp.gate.w,
+                    up: mlp.up.w,
+                    down: mlp.down.w,
+                })
+            }
+            crate::model::Ffn::Moe(m) => dev::Ffn::Moe(describe_moe(model, m)?),
+        };
         layers.push(LayerWeights {
             attn_norm: &a.attn_norm,
-            q: a.q.w,
-            k: a.k.w,
-            v: a.v.w,
-            o: a.o.w,
-            q_bias: a.q.bias.as_deref(),
-            k_bias: a.k.bias.as_deref(),
-            v_bias: a.v.bias.as_deref(),
-            q_norm: a.q_norm.as_deref(),
-            k_norm: a.k_norm.as_deref(),
+            mixer: Mixer::Attention(AttentionWeights {
+                q: a.q.w,
+                k: a.k.w,
+                v: a.v.w,
+                o: a.o.w,
+                q_bias: a.q.bias.as_deref(),
+                k_bias: a.k.bias.as_deref(),
+                v_bias: a.v.bias.as_deref(),
+                q_norm: a.q_norm.as_deref(),
+                k_norm: a.k_norm.as_deref(),
+            }),
             ffn_norm: &l.ffn_norm,
-            gate: mlp.gate.w,
-            up: mlp.up.w,
-            down: mlp.down.w,
+            ffn,
         });
     }
     let spec = LlmSpec {
@@ -138,6 +142,63 @@ fn describe_bound<'m>(
     })
 }
 
+/// Bytes of weight matrices one decoded token reads (every layer matrix but the experts the
+/// router does not choose, and the lm_head), for models the device graph can express.
+pub fn weight_bytes_per_token(model: &Model) -> Option<u64> {
+    let desc = describe(model, 1).ok()?;
+    let layers: u64 = desc.layers.iter().map(|l| l.bytes_per_token()).sum();
+    Some(layers + desc.lm_head.data.len() as u64)
+}
+
+/// The neutral form of a MoE block (the routing as the model's config says).
+fn describe_moe<'m>(
+    model: &'m Model<'_>,
+    m: &'m crate::model::moe::MoeWeights<'_>,
+) -> std::result::Result<dev::MoeWeights<'m>, String> {
+    use crate::model::moe::Routing;
+    let cfg = model
+        .config
+        .moe
+        .as_ref()
+        .ok_or("a MoE block without a moe config")?;
+    let mlp = |e: &crate::model::moe::Expert<'m>| dev::Mlp {
+        gate: e.gate,
+        up: e.up,
+        down: e.down,
+    };
+    let (norm_topk_prob, routing) = match cfg.routing {
+        Routing::SoftmaxTopK { norm_topk_prob } => (norm_topk_prob, dev::Routing::Softmax),
+        Routing::SigmoidGroupTopK {
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            routed_scaling_factor,
+        } => (
+            norm_topk_prob,
+            dev::Routing::SigmoidGroup {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                bias: m
+                    .selection_bias
+                    .as_deref()
+                    .ok_or("noaux_tc routing without e_score_correction_bias")?,
+            },
+        ),
+    };
+    Ok(dev::MoeWeights {
+        router: m.router,
+        experts: m.experts.iter().map(mlp).collect(),
+        top_k: cfg.top_k,
+        norm_topk_prob,
+        routing,
+        shared: m.shared.as_ref().map(|s| dev::SharedExpert {
+            mlp: mlp(&s.mlp),
+            gate: s.gate,
+        }),
+    })
+}
+
 /// A model resident on the device, and the position its KV cache has reached.
 pub struct GpuModel {
     llm: GpuLlm,
@@ -154,20 +215,28 @@ impl GpuModel {
         max_context: usize,
         layers: Option<&LayerSet>,
     ) -> Option<GpuModel> {
+        Self::try_load(gpu, model, max_context, layers)
+            .map_err(|why| cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}")))
+            .ok()
+    }
+
+    /// [`GpuModel::load`], with the reason when the model stays on the CPU.
+    pub fn try_load(
+        gpu: &Gpu,
+        model: &Model,
+        max_context: usize,
+        layers: Option<&LayerSet>,
+    ) -> std::result::Result<GpuModel, String> {
         if let Some(why) = cpu_only(model) {
-            cmf_gpu::facade::log::debug(&format!("llm: runs on the CPU: {why}"));
-            return None;
+            return Err(why.into());
         }
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
-        let desc = describe(model, max_context);
-        let llm = load_described(gpu, "llm", desc, max_context, layers)?;
+        let desc = describe(model, max_context)?;
+        let llm = load_llm(gpu, &desc, max_context, layers)?;
         if !llm.placement().is_whole_model() {
-            cmf_gpu::facade::log::debug(
-                "llm: only part of the model fits: the generation loop runs on the CPU",
-            );
-            return None;
+            return Err(partial_fit(model, &desc, llm.placement()));
         }
-        Some(GpuModel { llm, pos: 0 })
+        Ok(GpuModel { llm, pos: 0 })
     }
 
     /// Positions held in the device KV cache.
@@ -233,27 +302,52 @@ impl GpuModel {
     }
 }
 
-/// Loads a described model for `max_context` positions; None (the reason logged at debug
-/// verbosity under `who`) when there is no description or the device refuses.
-fn load_described(
+/// Loads a described model for `max_context` positions, or the device's refusal as text.
+fn load_llm(
     gpu: &Gpu,
-    who: &str,
-    desc: std::result::Result<LlmModel<'_>, String>,
+    desc: &LlmModel<'_>,
     max_context: usize,
     layers: Option<&LayerSet>,
-) -> Option<GpuLlm> {
-    let desc = match desc {
-        Ok(d) => d,
-        Err(why) => {
-            cmf_gpu::facade::log::debug(&format!("{who}: runs on the CPU: {why}"));
-            return None;
-        }
-    };
+) -> std::result::Result<GpuLlm, String> {
     let opts = LlmOptions {
         max_context,
         ..LlmOptions::default()
     };
-    gpu.load_llm(&desc, &opts, layers).ok()
+    gpu.load_llm(desc, &opts, layers).map_err(|r| r.to_string())
+}
+
+/// Why a model of which only some layers fit stays on the CPU; for a mixture of experts, how
+/// much of it the routed experts are (they must all be resident: any token may choose any).
+fn partial_fit(model: &Model, desc: &LlmModel, placement: &cmf_gpu::Placement) -> String {
+    let (on, n) = (placement.device_layer_count(), desc.layers.len());
+    let experts: u64 = desc
+        .layers
+        .iter()
+        .filter_map(|l| match &l.ffn {
+            dev::Ffn::Moe(m) => Some(m.experts.iter()),
+            dev::Ffn::Dense(_) => None,
+        })
+        .flatten()
+        .flat_map(|e| e.matrices())
+        .map(|w| w.data.len() as u64)
+        .sum();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let total: u64 = desc
+        .layers
+        .iter()
+        .flat_map(|l| l.matrices())
+        .map(|w| w.data.len() as u64)
+        .sum();
+    if model.config.moe.is_some() {
+        format!(
+            "the experts do not fit the VRAM budget: {on} of {n} layers would fit, and the routed \
+             experts take {:.2} of the layers' {:.2} GiB; the CPU runs this mixture-of-experts model",
+            gib(experts),
+            gib(total)
+        )
+    } else {
+        format!("only {on} of {n} layers fit the VRAM budget; the generation loop runs on the CPU")
+    }
 }
 
 /// The bound layers of a model resident on the device for hidden states (a text encoder's
@@ -275,9 +369,11 @@ impl GpuEncoder {
         } else {
             &model.weights.final_norm[..]
         };
-        let desc = describe_bound(model, max_context, norm);
+        let desc = describe_bound(model, max_context, norm)
+            .map_err(|why| cmf_gpu::facade::log::debug(&format!("encoder: runs on the CPU: {why}")))
+            .ok()?;
         let layers = model.weights.layers.len();
-        let llm = load_described(gpu, "encoder", desc, max_context, Some(&LayerSet::All))?;
+        let llm = load_llm(gpu, &desc, max_context, Some(&LayerSet::All)).ok()?;
         if llm.placement().device_layer_count() != layers {
             return None;
         }

@@ -6,8 +6,9 @@
 //! (the device runs test binaries from a copy of the repo root), else relative to this crate.
 //!
 //! Tolerances (max |Δ| / max |logit| per row, the fixtures README's measure):
-//! - f32 fixtures: f32 everywhere on the device (f32 KV cache, SGEMM prefill): 1e-4, greedy
-//!   ids identical — in the default mode and in `precise` mode;
+//! - f32 fixtures (the MoE ones included): f32 everywhere on the device (f32 KV cache, SGEMM
+//!   prefill, f32 router scores): 1e-4, greedy ids identical — in the default mode and in
+//!   `precise` mode;
 //! - qwen3-tiny (bf16 weights): `precise` mode is f32 throughout: 1e-4 and identical ids; the
 //!   default mode (f16 cache, bf16 prefill GEMM operands) is held to 3e-2, its ids reported.
 
@@ -123,6 +124,25 @@ fn qwen3_tiny_on_gpu_matches_transformers() {
     check("qwen3-tiny");
 }
 
+/// Mixture of experts (f32 fixtures, so the same 1e-4 and identical ids): routing on the device
+/// in the decode graph and per prefill chunk; the fixtures' routing margins (README) keep the
+/// choices clear of the f32 rounding.
+#[test]
+fn qwen3_moe_tiny_on_gpu_matches_transformers() {
+    check("qwen3-moe-tiny");
+}
+
+#[test]
+fn qwen3_moe_unnorm_tiny_on_gpu_matches_transformers() {
+    check("qwen3-moe-unnorm-tiny");
+}
+
+/// With the sigmoid-gated shared expert (width 48: a float-codec width the device accepts).
+#[test]
+fn qwen2_moe_tiny_on_gpu_matches_transformers() {
+    check("qwen2-moe-tiny");
+}
+
 /// The generation engine with a refusal injected mid-run: it falls back to the CPU, rebuilds
 /// the cache from the ids it tracked, and the ids equal transformers'.
 #[test]
@@ -188,7 +208,13 @@ fn generation_on_the_device_equals_the_cpu() {
             ..base
         },
     ];
-    for name in ["llama-tiny", "mistral-tiny", "qwen2-tiny"] {
+    for name in [
+        "llama-tiny",
+        "mistral-tiny",
+        "qwen2-tiny",
+        "qwen3-moe-tiny",
+        "qwen2-moe-tiny",
+    ] {
         let dir = fixture_dir(name);
         let files = read_weight_files(&dir);
         let source = SafetensorsSource::new(&files);

@@ -130,6 +130,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
+    if let (false, Some(b)) = (args.json, cmf_llm::gpu::weight_bytes_per_token(&model)) {
+        eprintln!(
+            "weights read per decoded token: {:.2} MiB{}",
+            b as f64 / (1024.0 * 1024.0),
+            match &model.config.moe {
+                Some(m) => format!(" ({} of {} experts a layer)", m.top_k, m.num_experts),
+                None => String::new(),
+            }
+        );
+    }
     if let Some(table) = cmf_llm::profile::report() {
         eprintln!("{table}");
     }

@@ -61,15 +61,15 @@ impl EngineOpts {
             eprintln!("note: {why}: this model runs on the CPU");
             return Ok(None);
         }
-        match cmf_llm::gpu::GpuModel::load(&gpu, model, ctx, None) {
-            Some(g) => Ok(Some(g)),
-            None if mode == GpuMode::Cuda => Err(UsageError(
-                "--gpu cuda: the model cannot run on the device (CMF_LOG=debug says why)".into(),
-            )
+        match cmf_llm::gpu::GpuModel::try_load(&gpu, model, ctx, None) {
+            Ok(g) => Ok(Some(g)),
+            Err(why) if mode == GpuMode::Cuda => Err(UsageError(format!(
+                "--gpu cuda: the model cannot run on the device with a {ctx}-token context: {why}"
+            ))
             .into()),
-            None => {
+            Err(why) => {
                 eprintln!(
-                    "note: the GPU cannot hold this model with a {ctx}-token context; it runs on the CPU (CMF_LOG=debug says why)"
+                    "note: the GPU cannot hold this model with a {ctx}-token context ({why}); it runs on the CPU"
                 );
                 Ok(None)
             }

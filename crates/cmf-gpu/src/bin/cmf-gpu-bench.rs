@@ -170,7 +170,7 @@ fn run(a: &Args) -> Result<(), String> {
         .layers
         .iter()
         .map(|l| {
-            [l.q, l.k, l.v, l.o, l.gate, l.up, l.down]
+            l.matrices()
                 .iter()
                 .map(|w| (w.rows * w.cols) as f64)
                 .sum::<f64>()

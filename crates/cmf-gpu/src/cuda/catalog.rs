@@ -4,6 +4,7 @@
 
 use super::dit::kernels::{ATTENTION_WG, DIT, WS_KEYS};
 use super::llm::kernels::{ATTENTION_DECODE, SAMPLE};
+use super::llm::moe::MOE;
 use super::runtime::kernels::{ATTENTION, FP8, INT8, ROWOPS};
 use super::runtime::matvec::{MatvecConfig, MATVEC};
 use super::vae::kernels::VAE;
@@ -21,6 +22,7 @@ pub fn source_of(name: &str) -> Option<&'static str> {
         "vae" => VAE,
         "fp8" => FP8,
         "int8" => INT8,
+        "moe" => MOE,
         _ => return None,
     })
 }
@@ -88,6 +90,7 @@ pub fn all_sources() -> SourceSet {
         ("vae", VAE, vec![]),
         ("fp8", FP8, vec![]),
         ("int8", INT8, vec![]),
+        ("moe", MOE, MatvecConfig::DEFAULT.defines()),
     ]
 }
 

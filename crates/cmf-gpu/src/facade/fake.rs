@@ -10,7 +10,10 @@ use super::{
 };
 use crate::dit::{pad_rows, CondId, DitGeometry, DitItemSetup, DitModel, DitStepItem, RopeRows};
 use crate::llm::reference::{self, RefCache};
-use crate::llm::{DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler};
+use crate::llm::{
+    AttentionWeights, DecodeOutput, Ffn, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits,
+    Mixer, Mlp, MoeWeights, Routing, Sampler, SharedExpert,
+};
 use crate::vae::VaeModel;
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
@@ -105,7 +108,7 @@ impl Backend for FakeBackend {
             .layers
             .iter()
             .map(|w| {
-                [w.q, w.k, w.v, w.o, w.gate, w.up, w.down]
+                w.matrices()
                     .iter()
                     .map(|m| m.data.len() as u64)
                     .sum::<u64>()
@@ -207,10 +210,29 @@ impl OwnedWeight {
     }
 }
 
+/// An owned copy of a layer: its matrices in the order of [`LayerWeights::matrices`], its
+/// vectors, and what [`OwnedModel::view`] needs to rebuild the description around them.
 #[derive(Debug, Clone)]
 struct OwnedLayer {
-    m: [OwnedWeight; 7],
-    vecs: [Option<Vec<f32>>; 7],
+    m: Vec<OwnedWeight>,
+    /// attn_norm, ffn_norm, q/k/v biases, q/k norms, the routing bias.
+    vecs: [Option<Vec<f32>>; 8],
+    ffn: OwnedFfn,
+}
+
+/// The feed-forward block's shape (the matrices live in `OwnedLayer::m`).
+#[derive(Debug, Clone, Copy)]
+enum OwnedFfn {
+    Dense,
+    Moe {
+        experts: usize,
+        top_k: usize,
+        norm_topk_prob: bool,
+        /// (n_group, topk_group, routed_scaling_factor) of sigmoid group routing.
+        group: Option<(usize, usize, f32)>,
+        /// Whether there is a shared expert, and whether it has a gate.
+        shared: Option<bool>,
+    },
 }
 
 #[derive(Debug)]
@@ -228,18 +250,48 @@ impl OwnedModel {
         let layers: Vec<OwnedLayer> = m
             .layers
             .iter()
-            .map(|w| OwnedLayer {
-                m: [w.q, w.k, w.v, w.o, w.gate, w.up, w.down].map(|x| OwnedWeight::copy(&x)),
-                vecs: [
-                    Some(w.attn_norm),
-                    Some(w.ffn_norm),
-                    w.q_bias,
-                    w.k_bias,
-                    w.v_bias,
-                    w.q_norm,
-                    w.k_norm,
-                ]
-                .map(|v| v.map(|s| s.to_vec())),
+            .map(|w| {
+                let a = w.attention();
+                let (ffn, bias) = match &w.ffn {
+                    Ffn::Dense(_) => (OwnedFfn::Dense, None),
+                    Ffn::Moe(x) => {
+                        let (group, bias) = match x.routing {
+                            Routing::Softmax => (None, None),
+                            Routing::SigmoidGroup {
+                                n_group,
+                                topk_group,
+                                routed_scaling_factor,
+                                bias,
+                            } => (
+                                Some((n_group, topk_group, routed_scaling_factor)),
+                                Some(bias),
+                            ),
+                        };
+                        let ffn = OwnedFfn::Moe {
+                            experts: x.experts.len(),
+                            top_k: x.top_k,
+                            norm_topk_prob: x.norm_topk_prob,
+                            group,
+                            shared: x.shared.as_ref().map(|s| s.gate.is_some()),
+                        };
+                        (ffn, bias)
+                    }
+                };
+                OwnedLayer {
+                    m: w.matrices().iter().map(OwnedWeight::copy).collect(),
+                    vecs: [
+                        Some(w.attn_norm),
+                        Some(w.ffn_norm),
+                        a.q_bias,
+                        a.k_bias,
+                        a.v_bias,
+                        a.q_norm,
+                        a.k_norm,
+                        bias,
+                    ]
+                    .map(|v| v.map(|s| s.to_vec())),
+                    ffn,
+                }
             })
             .collect();
         let bytes = layers
@@ -264,21 +316,59 @@ impl OwnedModel {
             .iter()
             .map(|l| {
                 let v = |i: usize| l.vecs[i].as_deref();
-                LayerWeights {
-                    q: l.m[0].view(),
-                    k: l.m[1].view(),
-                    v: l.m[2].view(),
-                    o: l.m[3].view(),
-                    gate: l.m[4].view(),
-                    up: l.m[5].view(),
-                    down: l.m[6].view(),
-                    attn_norm: v(0).unwrap_or(&[]),
-                    ffn_norm: v(1).unwrap_or(&[]),
+                let mut m = l.m.iter().map(OwnedWeight::view);
+                let mixer = Mixer::Attention(AttentionWeights {
+                    q: next(&mut m),
+                    k: next(&mut m),
+                    v: next(&mut m),
+                    o: next(&mut m),
                     q_bias: v(2),
                     k_bias: v(3),
                     v_bias: v(4),
                     q_norm: v(5),
                     k_norm: v(6),
+                });
+                let ffn = match l.ffn {
+                    OwnedFfn::Dense => Ffn::Dense(mlp(&mut m)),
+                    OwnedFfn::Moe {
+                        experts,
+                        top_k,
+                        norm_topk_prob,
+                        group,
+                        shared,
+                    } => {
+                        let router = next(&mut m);
+                        let experts = (0..experts).map(|_| mlp(&mut m)).collect();
+                        let shared = shared.map(|gated| SharedExpert {
+                            mlp: mlp(&mut m),
+                            gate: gated.then(|| next(&mut m)),
+                        });
+                        let routing = match group {
+                            None => Routing::Softmax,
+                            Some((n_group, topk_group, routed_scaling_factor)) => {
+                                Routing::SigmoidGroup {
+                                    n_group,
+                                    topk_group,
+                                    routed_scaling_factor,
+                                    bias: v(7).unwrap_or(&[]),
+                                }
+                            }
+                        };
+                        Ffn::Moe(MoeWeights {
+                            router,
+                            experts,
+                            top_k,
+                            norm_topk_prob,
+                            routing,
+                            shared,
+                        })
+                    }
+                };
+                LayerWeights {
+                    attn_norm: v(0).unwrap_or(&[]),
+                    mixer,
+                    ffn_norm: v(1).unwrap_or(&[]),
+                    ffn,
                 }
             })
             .collect();
@@ -289,6 +379,19 @@ impl OwnedModel {
             final_norm: &self.final_norm,
             lm_head: self.lm_head.view(),
         }
+    }
+}
+
+/// The next matrix of a layer, in [`LayerWeights::matrices`] order.
+fn next<'a>(m: &mut dyn Iterator<Item = Weight<'a>>) -> Weight<'a> {
+    m.next().expect("matrices in LayerWeights::matrices order")
+}
+
+fn mlp<'a>(m: &mut dyn Iterator<Item = Weight<'a>>) -> Mlp<'a> {
+    Mlp {
+        gate: next(m),
+        up: next(m),
+        down: next(m),
     }
 }
 

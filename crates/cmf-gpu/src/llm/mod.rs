@@ -5,7 +5,8 @@
 //! Shapes (letters used throughout the crate): H hidden, I intermediate, NH query heads,
 //! NKV key/value heads, D head dim, V vocabulary, T tokens in a batch, S positions in the cache.
 //! The graph is the Llama family's: pre-norm RMSNorm, GQA attention with RoPE (rotate-half),
-//! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3), SwiGLU MLP.
+//! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3); the feed-forward block is a
+//! SwiGLU MLP or a mixture of SwiGLU experts (Qwen3-MoE, Qwen2-MoE with its shared expert).
 
 pub mod reference;
 pub mod sample;
@@ -52,12 +53,29 @@ impl LlmSpec {
     }
 }
 
-/// One transformer layer's parameters. Norm vectors and biases are f32 (the model crate
-/// converts them once; they are small).
-#[derive(Debug, Clone, Copy)]
+/// One transformer layer: pre-norm token mixer, then pre-norm feed-forward block, each added
+/// to the residual stream. Norm vectors and biases are f32 (the model crate converts them
+/// once; they are small).
+#[derive(Debug, Clone)]
 pub struct LayerWeights<'a> {
     /// [H] input_layernorm.
     pub attn_norm: &'a [f32],
+    pub mixer: Mixer<'a>,
+    /// [H] post_attention_layernorm.
+    pub ffn_norm: &'a [f32],
+    pub ffn: Ffn<'a>,
+}
+
+/// The token mixer of a layer. Only softmax attention has a device graph; model crates refuse
+/// the other kinds (gated attention, GatedDeltaNet) before describing a model.
+#[derive(Debug, Clone)]
+pub enum Mixer<'a> {
+    Attention(AttentionWeights<'a>),
+}
+
+/// GQA attention with RoPE.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionWeights<'a> {
     /// [NH·D, H], [NKV·D, H], [NKV·D, H], [H, NH·D].
     pub q: Weight<'a>,
     pub k: Weight<'a>,
@@ -70,12 +88,129 @@ pub struct LayerWeights<'a> {
     /// Qwen3: [D] RMSNorm over each head of q and k, before RoPE.
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
-    /// [H] post_attention_layernorm.
-    pub ffn_norm: &'a [f32],
-    /// [I, H], [I, H], [H, I].
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone)]
+pub enum Ffn<'a> {
+    /// One SwiGLU MLP of width I (`spec.intermediate`).
+    Dense(Mlp<'a>),
+    /// A mixture of experts.
+    Moe(MoeWeights<'a>),
+}
+
+/// A SwiGLU MLP without biases: `down(silu(gate·x) ⊙ up·x)`; gate / up [F, H], down [H, F].
+#[derive(Debug, Clone, Copy)]
+pub struct Mlp<'a> {
     pub gate: Weight<'a>,
     pub up: Weight<'a>,
     pub down: Weight<'a>,
+}
+
+impl<'a> Mlp<'a> {
+    /// Intermediate width F.
+    pub fn width(&self) -> usize {
+        self.gate.rows
+    }
+    pub fn matrices(&self) -> [Weight<'a>; 3] {
+        [self.gate, self.up, self.down]
+    }
+}
+
+/// How a router turns its scores into the chosen experts and their weights (the same
+/// algorithms as the CPU model, transformers' Qwen3-MoE / Qwen2-MoE / DeepSeek-V3 routers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Routing<'a> {
+    /// Softmax over all experts; the k largest probabilities (ties: the lower id), renormalised
+    /// to sum 1 when `norm_topk_prob`.
+    Softmax,
+    /// DeepSeek-V3's `noaux_tc`: per-expert sigmoid scores; selection on score + `bias`
+    /// within the `topk_group` best of `n_group` groups (a group's score: its two best); the
+    /// weights are the unbiased scores (renormalised when `norm_topk_prob`) times
+    /// `routed_scaling_factor`. The CUDA backend refuses it.
+    SigmoidGroup {
+        n_group: usize,
+        topk_group: usize,
+        routed_scaling_factor: f32,
+        /// [E]
+        bias: &'a [f32],
+    },
+}
+
+/// An always-on shared expert, scaled by `sigmoid(gate · x)` when it has a gate (Qwen2-MoE).
+#[derive(Debug, Clone, Copy)]
+pub struct SharedExpert<'a> {
+    pub mlp: Mlp<'a>,
+    /// [1, H] `shared_expert_gate`.
+    pub gate: Option<Weight<'a>>,
+}
+
+/// A mixture-of-experts block: `Σ_{e ∈ top_k} w_e · expert_e(x) (+ shared(x))`.
+#[derive(Debug, Clone)]
+pub struct MoeWeights<'a> {
+    /// [E, H] router.
+    pub router: Weight<'a>,
+    /// E routed experts of one width F, each in any codec the dense MLP accepts.
+    pub experts: Vec<Mlp<'a>>,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub routing: Routing<'a>,
+    pub shared: Option<SharedExpert<'a>>,
+}
+
+impl<'a> MoeWeights<'a> {
+    /// Every matrix of the block: router, experts, shared expert (and its gate).
+    pub fn matrices(&self) -> Vec<Weight<'a>> {
+        let mut v = vec![self.router];
+        v.extend(self.experts.iter().flat_map(|e| e.matrices()));
+        if let Some(sh) = &self.shared {
+            v.extend(sh.mlp.matrices());
+            v.extend(sh.gate);
+        }
+        v
+    }
+}
+
+impl<'a> Ffn<'a> {
+    /// Every matrix of the block.
+    pub fn matrices(&self) -> Vec<Weight<'a>> {
+        match self {
+            Ffn::Dense(m) => m.matrices().to_vec(),
+            Ffn::Moe(m) => m.matrices(),
+        }
+    }
+}
+
+impl<'a> LayerWeights<'a> {
+    /// The attention weights (the only mixer with a device graph).
+    pub fn attention(&self) -> &AttentionWeights<'a> {
+        match &self.mixer {
+            Mixer::Attention(a) => a,
+        }
+    }
+
+    /// Every matrix of the layer.
+    pub fn matrices(&self) -> Vec<Weight<'a>> {
+        let a = self.attention();
+        let mut v = vec![a.q, a.k, a.v, a.o];
+        v.extend(self.ffn.matrices());
+        v
+    }
+
+    /// Matrix bytes one decode step reads: everything but the experts not chosen (k of E).
+    pub fn bytes_per_token(&self) -> u64 {
+        let all: u64 = self.matrices().iter().map(|w| w.data.len() as u64).sum();
+        match &self.ffn {
+            Ffn::Dense(_) => all,
+            Ffn::Moe(m) => {
+                let idle = m.experts.len().saturating_sub(m.top_k) as u64;
+                let one: u64 = m.experts.first().map_or(0, |e| {
+                    e.matrices().iter().map(|w| w.data.len() as u64).sum()
+                });
+                all - idle * one
+            }
+        }
+    }
 }
 
 /// A whole model: spec, embedding, layers, final norm, lm_head (the same matrix as the
@@ -237,27 +372,64 @@ impl LlmModel<'_> {
         let (h, i, q, kv) = (s.hidden, s.intermediate, s.q_dim(), s.kv_dim());
         for (l, w) in self.layers.iter().enumerate() {
             let n = |t: &str| format!("layer {l} {t}");
-            check(&n("q"), &w.q, q, h)?;
-            check(&n("k"), &w.k, kv, h)?;
-            check(&n("v"), &w.v, kv, h)?;
-            check(&n("o"), &w.o, h, q)?;
-            check(&n("gate"), &w.gate, i, h)?;
-            check(&n("up"), &w.up, i, h)?;
-            check(&n("down"), &w.down, h, i)?;
+            let a = w.attention();
+            check(&n("q"), &a.q, q, h)?;
+            check(&n("k"), &a.k, kv, h)?;
+            check(&n("v"), &a.v, kv, h)?;
+            check(&n("o"), &a.o, h, q)?;
             vec(&n("attn_norm"), w.attn_norm, h)?;
             vec(&n("ffn_norm"), w.ffn_norm, h)?;
             for (t, b, len) in [
-                ("q_bias", w.q_bias, q),
-                ("k_bias", w.k_bias, kv),
-                ("v_bias", w.v_bias, kv),
+                ("q_bias", a.q_bias, q),
+                ("k_bias", a.k_bias, kv),
+                ("v_bias", a.v_bias, kv),
             ] {
                 if let Some(b) = b {
                     vec(&n(t), b, len)?;
                 }
             }
-            for (t, b) in [("q_norm", w.q_norm), ("k_norm", w.k_norm)] {
+            for (t, b) in [("q_norm", a.q_norm), ("k_norm", a.k_norm)] {
                 if let Some(b) = b {
                     vec(&n(t), b, s.head_dim)?;
+                }
+            }
+            let mlp = |what: &str, m: &Mlp, f: usize| -> Result<(), Refusal> {
+                check(&n(&format!("{what}gate")), &m.gate, f, h)?;
+                check(&n(&format!("{what}up")), &m.up, f, h)?;
+                check(&n(&format!("{what}down")), &m.down, h, f)
+            };
+            match &w.ffn {
+                Ffn::Dense(m) => mlp("", m, i)?,
+                Ffn::Moe(m) => {
+                    let e = m.experts.len();
+                    if e == 0 || m.top_k == 0 || m.top_k > e {
+                        return bad(n(&format!("moe: top {} of {e} experts", m.top_k)));
+                    }
+                    check(&n("router"), &m.router, e, h)?;
+                    let f = m.experts[0].width();
+                    for (x, ex) in m.experts.iter().enumerate() {
+                        mlp(&format!("expert {x} "), ex, f)?;
+                    }
+                    if let Some(sh) = &m.shared {
+                        mlp("shared_expert ", &sh.mlp, sh.mlp.width())?;
+                        if let Some(g) = &sh.gate {
+                            check(&n("shared_expert_gate"), g, 1, h)?;
+                        }
+                    }
+                    if let Routing::SigmoidGroup {
+                        n_group,
+                        topk_group,
+                        bias,
+                        ..
+                    } = m.routing
+                    {
+                        if n_group == 0 || e % n_group != 0 || topk_group > n_group {
+                            return bad(n(&format!(
+                                "moe: {e} experts in {n_group} groups, {topk_group} kept"
+                            )));
+                        }
+                        vec(&n("router bias"), bias, e)?;
+                    }
                 }
             }
         }

@@ -4,9 +4,10 @@
 //! written for obviousness: every matrix product goes through `cmf_kernels::reference::matvec`.
 //! Numerics follow Hugging Face transformers `modeling_qwen3.py` / `modeling_llama.py`:
 //! RMSNorm `x · rsqrt(mean(x²) + eps) · w`, rotate-half RoPE, q/k norm before RoPE, softmax
-//! over scaled scores, SwiGLU `silu(gate) · up`.
+//! over scaled scores, SwiGLU `silu(gate) · up`; mixture-of-experts blocks as cmf-llm's `model::moe`
+//! (transformers `Qwen3MoeSparseMoeBlock` / `Qwen2MoeSparseMoeBlock`).
 
-use super::{LayerWeights, LlmModel, LlmSpec};
+use super::{Ffn, LayerWeights, LlmModel, LlmSpec, Mlp, MoeWeights, Routing};
 use cmf_kernels::reference::{decode_row, matvec};
 
 /// The KV cache of the reference forward: per layer, `[S, NKV·D]` keys and values.
@@ -78,22 +79,23 @@ pub fn embed(model: &LlmModel, token: u32) -> Vec<f32> {
 pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut RefCache) {
     let s = &model.spec;
     let w: &LayerWeights = &model.layers[l];
+    let a = w.attention();
     let (d, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
     let mut xn = vec![0f32; s.hidden];
     rms_norm(x, w.attn_norm, s.rms_eps, &mut xn);
     let mut q = vec![0f32; s.q_dim()];
     let mut k = vec![0f32; s.kv_dim()];
     let mut v = vec![0f32; s.kv_dim()];
-    matvec(&w.q, &xn, &mut q);
-    matvec(&w.k, &xn, &mut k);
-    matvec(&w.v, &xn, &mut v);
-    for (t, b) in [(&mut q, w.q_bias), (&mut k, w.k_bias), (&mut v, w.v_bias)] {
+    matvec(&a.q, &xn, &mut q);
+    matvec(&a.k, &xn, &mut k);
+    matvec(&a.v, &xn, &mut v);
+    for (t, b) in [(&mut q, a.q_bias), (&mut k, a.k_bias), (&mut v, a.v_bias)] {
         if let Some(b) = b {
             t.iter_mut().zip(b).for_each(|(a, b)| *a += b);
         }
     }
     let mut tmp = vec![0f32; d];
-    for (heads, norm) in [(&mut q, w.q_norm), (&mut k, w.k_norm)] {
+    for (heads, norm) in [(&mut q, a.q_norm), (&mut k, a.k_norm)] {
         for h in heads.chunks_mut(d) {
             if let Some(nw) = norm {
                 rms_norm(h, nw, s.rms_eps, &mut tmp);
@@ -137,17 +139,124 @@ pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut 
         }
     }
     let mut o = vec![0f32; s.hidden];
-    matvec(&w.o, &att, &mut o);
+    matvec(&a.o, &att, &mut o);
     x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
 
     rms_norm(x, w.ffn_norm, s.rms_eps, &mut xn);
-    let mut g = vec![0f32; s.intermediate];
-    let mut u = vec![0f32; s.intermediate];
-    matvec(&w.gate, &xn, &mut g);
-    matvec(&w.up, &xn, &mut u);
-    let act: Vec<f32> = g.iter().zip(&u).map(|(a, b)| silu(*a) * b).collect();
-    matvec(&w.down, &act, &mut o);
+    match &w.ffn {
+        Ffn::Dense(m) => mlp(m, &xn, &mut o),
+        Ffn::Moe(m) => moe(m, &xn, &mut o),
+    }
     x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+}
+
+/// out[H] = down(silu(gate·x) ⊙ up·x).
+pub fn mlp(m: &Mlp, x: &[f32], out: &mut [f32]) {
+    let f = m.width();
+    let mut g = vec![0f32; f];
+    let mut u = vec![0f32; f];
+    matvec(&m.gate, x, &mut g);
+    matvec(&m.up, x, &mut u);
+    let act: Vec<f32> = g.iter().zip(&u).map(|(a, b)| silu(*a) * b).collect();
+    matvec(&m.down, &act, out);
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The indices of the `k` largest `v[i]` among those `allowed`, best first; ties keep the lower
+/// index (as the CPU model and `torch.topk` on these inputs).
+fn top_k_of(v: &[f32], k: usize, allowed: impl Fn(usize) -> bool) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::with_capacity(k);
+    for _ in 0..k {
+        let mut best: Option<usize> = None;
+        for (i, &p) in v.iter().enumerate() {
+            if !out.contains(&i) && allowed(i) && best.is_none_or(|b| p > v[b]) {
+                best = Some(i);
+            }
+        }
+        out.extend(best);
+    }
+    out
+}
+
+/// Softmax routing: the `k` largest probabilities of `softmax(logits)` (ties: the lower id) and
+/// their values, renormalised to sum 1 when `norm`; best first.
+pub fn softmax_top_k(logits: &[f32], k: usize, norm: bool) -> Vec<(usize, f32)> {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = logits.iter().map(|v| (v - mx).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    let p: Vec<f32> = e.iter().map(|v| v / sum).collect();
+    let mut r: Vec<(usize, f32)> = top_k_of(&p, k, |_| true)
+        .into_iter()
+        .map(|i| (i, p[i]))
+        .collect();
+    if norm {
+        let s: f32 = r.iter().map(|x| x.1).sum();
+        r.iter_mut().for_each(|x| x.1 /= s);
+    }
+    r
+}
+
+/// The experts a router's `logits` [E] choose and their weights, best first.
+pub fn route(m: &MoeWeights, logits: &[f32]) -> Vec<(usize, f32)> {
+    let k = m.top_k;
+    match m.routing {
+        Routing::Softmax => softmax_top_k(logits, k, m.norm_topk_prob),
+        Routing::SigmoidGroup {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+            bias,
+        } => {
+            let sc: Vec<f32> = logits.iter().map(|&v| sigmoid(v)).collect();
+            let choice: Vec<f32> = sc.iter().zip(bias).map(|(s, b)| s + b).collect();
+            let per = sc.len() / n_group;
+            let groups: Vec<f32> = choice
+                .chunks(per)
+                .map(|g| {
+                    let best = top_k_of(g, 2.min(per), |_| true);
+                    best.iter().map(|&i| g[i]).sum()
+                })
+                .collect();
+            let kept = top_k_of(&groups, topk_group, |_| true);
+            let chosen = top_k_of(&choice, k, |i| kept.contains(&(i / per)));
+            let mut r: Vec<(usize, f32)> = chosen.into_iter().map(|i| (i, sc[i])).collect();
+            let sum: f32 = r.iter().map(|x| x.1).sum();
+            let scale = if m.norm_topk_prob {
+                routed_scaling_factor / (sum + 1e-20)
+            } else {
+                routed_scaling_factor
+            };
+            r.iter_mut().for_each(|x| x.1 *= scale);
+            r
+        }
+    }
+}
+
+/// out[H] = the MoE block of the normed `x[H]`.
+pub fn moe(m: &MoeWeights, x: &[f32], out: &mut [f32]) {
+    let mut logits = vec![0f32; m.router.rows];
+    matvec(&m.router, x, &mut logits);
+    out.fill(0.0);
+    let mut y = vec![0f32; out.len()];
+    for (e, p) in route(m, &logits) {
+        mlp(&m.experts[e], x, &mut y);
+        out.iter_mut().zip(&y).for_each(|(o, v)| *o += p * v);
+    }
+    if let Some(sh) = &m.shared {
+        mlp(&sh.mlp, x, &mut y);
+        let scale = match &sh.gate {
+            Some(g) => {
+                let mut z = [0f32];
+                matvec(g, x, &mut z);
+                sigmoid(z[0])
+            }
+            None => 1.0,
+        };
+        out.iter_mut().zip(&y).for_each(|(o, v)| *o += scale * v);
+    }
 }
 
 /// Final norm and lm_head: logits [V] of the hidden state `x[H]`.

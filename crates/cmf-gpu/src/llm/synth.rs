@@ -5,7 +5,7 @@
 //! Generation is parallel and deterministic in (seed, chunk), so an 8B-geometry model takes
 //! seconds on a many-core host.
 
-use super::{LayerWeights, LlmModel, LlmSpec, RopeSpec};
+use super::{AttentionWeights, Ffn, LayerWeights, LlmModel, LlmSpec, Mixer, Mlp, RopeSpec};
 use cmf_format::Dtype;
 use cmf_kernels::Weight;
 use half::{bf16, f16};
@@ -306,19 +306,23 @@ impl SynthModel {
             .iter()
             .map(|l| LayerWeights {
                 attn_norm: &l.attn_norm,
-                q: w(&l.m[0], q, h),
-                k: w(&l.m[1], kv, h),
-                v: w(&l.m[2], kv, h),
-                o: w(&l.m[3], h, q),
-                q_bias: l.bias.as_ref().map(|b| b[0].as_slice()),
-                k_bias: l.bias.as_ref().map(|b| b[1].as_slice()),
-                v_bias: l.bias.as_ref().map(|b| b[2].as_slice()),
-                q_norm: l.qk_norm.as_ref().map(|b| b[0].as_slice()),
-                k_norm: l.qk_norm.as_ref().map(|b| b[1].as_slice()),
+                mixer: Mixer::Attention(AttentionWeights {
+                    q: w(&l.m[0], q, h),
+                    k: w(&l.m[1], kv, h),
+                    v: w(&l.m[2], kv, h),
+                    o: w(&l.m[3], h, q),
+                    q_bias: l.bias.as_ref().map(|b| b[0].as_slice()),
+                    k_bias: l.bias.as_ref().map(|b| b[1].as_slice()),
+                    v_bias: l.bias.as_ref().map(|b| b[2].as_slice()),
+                    q_norm: l.qk_norm.as_ref().map(|b| b[0].as_slice()),
+                    k_norm: l.qk_norm.as_ref().map(|b| b[1].as_slice()),
+                }),
                 ffn_norm: &l.ffn_norm,
-                gate: w(&l.m[4], i, h),
-                up: w(&l.m[5], i, h),
-                down: w(&l.m[6], h, i),
+                ffn: Ffn::Dense(Mlp {
+                    gate: w(&l.m[4], i, h),
+                    up: w(&l.m[5], i, h),
+                    down: w(&l.m[6], h, i),
+                }),
             })
             .collect();
         let embed = w(&self.embed, s.vocab, h);

@@ -10,7 +10,12 @@
 //! Prefill (T tokens), per layer: rmsnorm → GEMM q,k,v → rope_qk_kv (+biases) → flash
 //! attention → GEMM o (+= residual, beta 1) → rmsnorm → GEMM gate,up → swiglu → GEMM down
 //! (+= residual).
+//!
+//! Mixture-of-experts layers replace the feed-forward launches (moe.rs): decode runs the router,
+//! the routing and the chosen experts' matvecs inside the same graph; prefill groups the rows
+//! by expert.
 
+use super::moe::DevFfn;
 use super::workspace::{PrefillWs, HIST_SLOTS, SAMPLE_BLOCKS, TOPK_MAX};
 use super::{AttnKernel, CudaLlm, DevLayer};
 use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError, Graph};
@@ -38,11 +43,11 @@ impl CudaLlm {
         self.dev.launch_ex(f, grid, block, smem, args, true)
     }
 
-    fn layer(&self, l: usize) -> &DevLayer {
+    pub(super) fn layer(&self, l: usize) -> &DevLayer {
         self.layers[l].as_ref().expect("resident layer")
     }
 
-    fn eps(&self) -> f32 {
+    pub(super) fn eps(&self) -> f32 {
         self.spec.rms_eps
     }
 
@@ -178,8 +183,8 @@ impl CudaLlm {
         "qkv matvec (+norm)",
         "attention (+q/k norm, rope, kv write; split-K)",
         "o matvec (+res)",
-        "gate|up matvec (+norm, swiglu)",
-        "down matvec (+res)",
+        "gate|up matvec (+norm, swiglu; MoE: router, top-k, chosen experts' gate|up)",
+        "down matvec (+res; MoE: chosen experts' down, weighted sum)",
     ];
 
     pub(super) fn decode_stage(&self, l: usize, stage: usize) -> DResult<()> {
@@ -221,32 +226,38 @@ impl CudaLlm {
                 ws.h.ptr(),
                 MvMode::Accumulate,
             ),
-            3 => {
-                let gu = [
-                    MvSeg {
-                        w: &d.gate,
+            3 => match &d.ffn {
+                DevFfn::Dense(m) => {
+                    let gu = [
+                        MvSeg {
+                            w: &m.gate,
+                            bias: 0,
+                        },
+                        MvSeg { w: &m.up, bias: 0 },
+                    ];
+                    mv(
+                        &gu,
+                        ws.h.ptr(),
+                        d.ffn_norm.ptr(),
+                        ws.act.ptr(),
+                        MvMode::SwiGlu,
+                    )
+                }
+                DevFfn::Moe(m) => self.moe_decode_up(d.ffn_norm.ptr(), m),
+            },
+            _ => match &d.ffn {
+                DevFfn::Dense(m) => mv(
+                    &[MvSeg {
+                        w: &m.down,
                         bias: 0,
-                    },
-                    MvSeg { w: &d.up, bias: 0 },
-                ];
-                mv(
-                    &gu,
-                    ws.h.ptr(),
-                    d.ffn_norm.ptr(),
+                    }],
                     ws.act.ptr(),
-                    MvMode::SwiGlu,
-                )
-            }
-            _ => mv(
-                &[MvSeg {
-                    w: &d.down,
-                    bias: 0,
-                }],
-                ws.act.ptr(),
-                0,
-                ws.h.ptr(),
-                MvMode::Accumulate,
-            ),
+                    0,
+                    ws.h.ptr(),
+                    MvMode::Accumulate,
+                ),
+                DevFfn::Moe(m) => self.moe_decode_down(m),
+            },
         }
     }
 
@@ -470,6 +481,9 @@ impl CudaLlm {
         if self.pf.is_none() {
             self.pf = Some(PrefillWs::new(&self.dev, self.pf_sizes)?);
         }
+        if let (None, Some(z)) = (&self.moe_pf, self.moe_pf_sizes) {
+            self.moe_pf = Some(super::moe::MoePrefillWs::new(&self.dev, z)?);
+        }
         Ok(())
     }
 
@@ -487,12 +501,29 @@ impl CudaLlm {
         col0: usize,
         accumulate: bool,
     ) -> DResult<()> {
+        let bf16 = w.codec.gemm_in_bf16() && !self.opts.precise;
+        self.gemm_as(w, x_f32, x_bf16, t, out, ldc, col0, accumulate, bf16)
+    }
+
+    /// [`Self::gemm`] in the precision `bf16` says, whatever the codec would choose.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm_as(
+        &self,
+        w: &DevWeight,
+        x_f32: u64,
+        x_bf16: u64,
+        t: usize,
+        out: u64,
+        ldc: usize,
+        col0: usize,
+        accumulate: bool,
+        bf16: bool,
+    ) -> DResult<()> {
         let pf = self.pf.as_ref().expect("prefill workspace");
         let blas = self
             .blas
             .as_ref()
             .ok_or_else(|| DevError("cuBLAS is not available".into()))?;
-        let bf16 = w.codec.gemm_in_bf16() && !self.opts.precise;
         let x = if bf16 { x_bf16 } else { x_f32 };
         let k = w.cols;
         let out0 = out + 4 * col0 as u64;
@@ -564,7 +595,7 @@ impl CudaLlm {
         "rope + kv write",
         "attention",
         "bf16 + o GEMM (+res)",
-        "rmsnorm + bf16 + gate,up GEMMs",
+        "rmsnorm + bf16 + gate,up GEMMs (MoE: the whole block)",
         "swiglu",
         "down GEMM (+res)",
     ];
@@ -591,7 +622,7 @@ impl CudaLlm {
             self.pf.as_ref().expect("prefill workspace"),
             self.layer(l),
         );
-        let (h, q, kv, i) = (s.hidden, s.q_dim(), s.kv_dim(), s.intermediate);
+        let (h, q, kv) = (s.hidden, s.q_dim(), s.kv_dim());
         let ld = q + 2 * kv;
         match stage {
             0 => {
@@ -611,30 +642,39 @@ impl CudaLlm {
                 self.to_bf16(pf.attn.ptr(), t * q, pf.xb.ptr())?;
                 self.gemm(&d.o, pf.attn.ptr(), pf.xb.ptr(), t, pf.h.ptr(), h, 0, true)
             }
+            5..=7 => match &d.ffn {
+                DevFfn::Dense(m) => self.dense_prefill_stage(d.ffn_norm.ptr(), m, t, stage),
+                // The whole MoE block runs as stage 5.
+                DevFfn::Moe(_) if stage == 5 => self.moe_prefill(d.ffn_norm.ptr(), l, t),
+                DevFfn::Moe(_) => Ok(()),
+            },
+            _ => unreachable!("prefill stage {stage}"),
+        }
+    }
+
+    /// Stages 5–7 of a dense layer: RMSNorm, gate|up GEMMs; SwiGLU; down GEMM (+= residual).
+    fn dense_prefill_stage(
+        &self,
+        norm: u64,
+        m: &super::moe::DevMlp,
+        t: usize,
+        stage: usize,
+    ) -> DResult<()> {
+        let (h, pf) = (
+            self.spec.hidden,
+            self.pf.as_ref().expect("prefill workspace"),
+        );
+        let i = m.gate.rows;
+        match stage {
             5 => {
-                self.rmsnorm_rows(pf.h.ptr(), d.ffn_norm.ptr(), t, h, pf.xn.ptr())?;
+                self.rmsnorm_rows(pf.h.ptr(), norm, t, h, pf.xn.ptr())?;
                 self.to_bf16(pf.xn.ptr(), t * h, pf.xb.ptr())?;
                 // gate and up side by side in the rows of pf.gu, as swiglu_rows reads them.
-                self.gemms_side_by_side(&[(&d.gate, 0), (&d.up, i)], t, pf.gu.ptr(), 2 * i)
+                self.gemms_side_by_side(&[(&m.gate, 0), (&m.up, i)], t, pf.gu.ptr(), 2 * i)
             }
-            6 => {
-                let f32_act = self.opts.precise || !d.down.codec.gemm_in_bf16();
-                self.dev.launch(
-                    &self.mk.swiglu_rows,
-                    grid1(t * i, 256 * 4),
-                    (256, 1, 1),
-                    0,
-                    &[
-                        Arg::Ptr(pf.gu.ptr()),
-                        Arg::I32(i as i32),
-                        Arg::U64(t as u64),
-                        Arg::Ptr(if f32_act { pf.act_f.ptr() } else { 0 }),
-                        Arg::Ptr(if f32_act { 0 } else { pf.xb.ptr() }),
-                    ],
-                )
-            }
+            6 => self.swiglu(t, i, &m.down),
             _ => self.gemm(
-                &d.down,
+                &m.down,
                 pf.act_f.ptr(),
                 pf.xb.ptr(),
                 t,
@@ -644,6 +684,26 @@ impl CudaLlm {
                 true,
             ),
         }
+    }
+
+    /// SwiGLU over pf.gu [t, 2·i] (gate | up) into the input of `down`'s GEMM: pf.act_f (f32)
+    /// where that GEMM runs in f32, else pf.xb (bf16).
+    pub(super) fn swiglu(&self, t: usize, i: usize, down: &DevWeight) -> DResult<()> {
+        let pf = self.pf.as_ref().expect("prefill workspace");
+        let f32_act = self.opts.precise || !down.codec.gemm_in_bf16();
+        self.dev.launch(
+            &self.mk.swiglu_rows,
+            grid1(t * i, 256 * 4),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(pf.gu.ptr()),
+                Arg::I32(i as i32),
+                Arg::U64(t as u64),
+                Arg::Ptr(if f32_act { pf.act_f.ptr() } else { 0 }),
+                Arg::Ptr(if f32_act { 0 } else { pf.xb.ptr() }),
+            ],
+        )
     }
 
     /// One layer over pf.h[t, H] at positions *pf.start + i.

@@ -14,6 +14,7 @@
 mod ahead;
 mod forward;
 pub(crate) mod kernels;
+pub mod moe;
 mod profile;
 mod workspace;
 
@@ -24,11 +25,12 @@ use crate::facade::backend::{Footprint, LlmDevice};
 use crate::facade::placement::Placement;
 use crate::facade::refusal::{Refusal, RefusalReason};
 use crate::llm::{
-    DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
+    DecodeOutput, Ffn, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
 pub use kernels::CommonKernels;
 use kernels::{DecodeAttnConfig, ModelKernels};
+use moe::{DevFfn, MoeDecodeWs, MoeKernels, MoePrefillWs};
 use std::ops::Range;
 use std::sync::Arc;
 use workspace::{DecodeWs, PrefillWs};
@@ -38,9 +40,8 @@ pub(crate) struct DevLayer {
     pub k: DevWeight,
     pub v: DevWeight,
     pub o: DevWeight,
-    pub gate: DevWeight,
-    pub up: DevWeight,
-    pub down: DevWeight,
+    /// The feed-forward block: a dense MLP or a mixture of experts.
+    pub ffn: DevFfn,
     pub attn_norm: DBuf,
     pub ffn_norm: DBuf,
     pub q_bias: Option<DBuf>,
@@ -77,6 +78,11 @@ pub struct CudaLlm {
     pf_sizes: [usize; 12],
     /// Start position of the prefill chunk in flight.
     pf_start: usize,
+    /// The MoE kernels and buffers, when the model has MoE layers (moe.rs).
+    moe: Option<MoeKernels>,
+    moe_ws: Option<MoeDecodeWs>,
+    moe_pf: Option<MoePrefillWs>,
+    moe_pf_sizes: Option<[usize; 9]>,
     blas: Option<Blas>,
     /// Captured whole-token graphs: [split-K attention, short contexts]. Index 1 is used while
     /// the position is below `one_block` (see `ShortDecode`).
@@ -248,25 +254,27 @@ fn plan(
     weights::check(&model.lm_head, "lm_head")?;
     let mut all_float = true;
     for (l, w) in model.layers.iter().enumerate() {
-        let named = [
-            ("q", w.q),
-            ("k", w.k),
-            ("v", w.v),
-            ("o", w.o),
-            ("gate", w.gate),
-            ("up", w.up),
-            ("down", w.down),
-        ];
+        let a = w.attention();
+        let mut named = vec![("q", a.q), ("k", a.k), ("v", a.v), ("o", a.o)];
+        if let Ffn::Dense(m) = &w.ffn {
+            named.extend([("gate", m.gate), ("up", m.up), ("down", m.down)]);
+        }
         let mut codecs = Vec::new();
         for (n, m) in named {
             codecs.push(weights::check(&m, &format!("layer {l} {n}"))?);
-            all_float &= matches!(m.dtype, cmf_format::Dtype::F32 | cmf_format::Dtype::F16);
         }
-        if codecs[0] != codecs[1] || codecs[1] != codecs[2] || codecs[4] != codecs[5] {
+        if codecs[0] != codecs[1] || codecs[1] != codecs[2] || codecs.get(4) != codecs.get(5) {
             return Err(shape(format!(
                 "layer {l}: q/k/v or gate/up in different codecs"
             )));
         }
+        if let Ffn::Moe(m) = &w.ffn {
+            moe::check(m, l)?;
+        }
+        all_float &= w
+            .matrices()
+            .iter()
+            .all(|m| matches!(m.dtype, cmf_format::Dtype::F32 | cmf_format::Dtype::F16));
     }
     let kv_f32 = opts.precise
         || match opts.kv {
@@ -301,13 +309,31 @@ fn plan(
 }
 
 fn layer_weight_bytes(w: &LayerWeights) -> u64 {
-    [w.q, w.k, w.v, w.o, w.gate, w.up, w.down]
-        .iter()
-        .map(weights::device_bytes)
-        .sum::<u64>()
+    let a = w.attention();
+    w.matrices().iter().map(weights::device_bytes).sum::<u64>()
         + 4 * (2 * w.attn_norm.len()
-            + w.q_bias.map_or(0, |b| b.len()) * 3
-            + w.q_norm.map_or(0, |b| b.len()) * 2) as u64
+            + a.q_bias.map_or(0, |b| b.len()) * 3
+            + a.q_norm.map_or(0, |b| b.len()) * 2) as u64
+        + match &w.ffn {
+            // The expert table.
+            Ffn::Moe(m) => 72 * m.experts.len() as u64,
+            Ffn::Dense(_) => 0,
+        }
+}
+
+/// The bytes of a layer one decode step reads: [`layer_weight_bytes`] less the experts the
+/// router does not choose.
+fn layer_decode_bytes(w: &LayerWeights) -> u64 {
+    let all: u64 = w.matrices().iter().map(weights::device_bytes).sum();
+    layer_weight_bytes(w) - (all - w.bytes_per_token())
+}
+
+/// The MoE blocks of a model's layers.
+fn moe_blocks<'a>(model: &'a LlmModel<'a>) -> impl Iterator<Item = &'a crate::llm::MoeWeights<'a>> {
+    model.layers.iter().filter_map(|l| match &l.ffn {
+        Ffn::Moe(m) => Some(m),
+        Ffn::Dense(_) => None,
+    })
 }
 
 pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
@@ -325,7 +351,10 @@ pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footp
         }
         + 4 * model.spec.hidden as u64;
     let fixed_bytes = DecodeWs::bytes(&model.spec, p.splits)
-        + PrefillWs::bytes(model, opts.prefill_chunk, opts.precise);
+        + PrefillWs::bytes(model, opts.prefill_chunk, opts.precise)
+        + MoeDecodeWs::bytes(moe_blocks(model), model.spec.hidden)
+        + MoePrefillWs::sizes(moe_blocks(model), model.spec.hidden, opts.prefill_chunk)
+            .map_or(0, |z| z.iter().sum::<usize>() as u64);
     Ok(Footprint {
         layer_bytes,
         head_bytes,
@@ -346,7 +375,7 @@ fn decode_attn_config(model: &LlmModel, p: &Plan, tuning: DecodeTuning) -> Decod
     DecodeAttnConfig {
         min_chunk: tuning.min_chunk,
         one_block: p.one_block,
-        early_wait: decode_early_wait(model.layers.first().map_or(0, layer_weight_bytes)),
+        early_wait: decode_early_wait(model.layers.first().map_or(0, layer_decode_bytes)),
     }
 }
 
@@ -400,22 +429,21 @@ impl CudaLlm {
         let uploaded = dev
             .each_parallel(&on_device, Dev::LOADER_THREADS, |&l| {
                 let w = &model.layers[l];
+                let a = w.attention();
                 let up = |m| DevWeight::upload(&dev, m);
                 Ok(DevLayer {
-                    q: up(&w.q)?,
-                    k: up(&w.k)?,
-                    v: up(&w.v)?,
-                    o: up(&w.o)?,
-                    gate: up(&w.gate)?,
-                    up: up(&w.up)?,
-                    down: up(&w.down)?,
+                    q: up(&a.q)?,
+                    k: up(&a.k)?,
+                    v: up(&a.v)?,
+                    o: up(&a.o)?,
+                    ffn: DevFfn::upload(&dev, &w.ffn)?,
                     attn_norm: upload_f32(&dev, w.attn_norm)?,
                     ffn_norm: upload_f32(&dev, w.ffn_norm)?,
-                    q_bias: upload_opt(&dev, w.q_bias)?,
-                    k_bias: upload_opt(&dev, w.k_bias)?,
-                    v_bias: upload_opt(&dev, w.v_bias)?,
-                    q_norm: upload_opt(&dev, w.q_norm)?,
-                    k_norm: upload_opt(&dev, w.k_norm)?,
+                    q_bias: upload_opt(&dev, a.q_bias)?,
+                    k_bias: upload_opt(&dev, a.k_bias)?,
+                    v_bias: upload_opt(&dev, a.v_bias)?,
+                    q_norm: upload_opt(&dev, a.q_norm)?,
+                    k_norm: upload_opt(&dev, a.k_norm)?,
                     window: s.sliding_window[l].map_or(0, |w| w.min(i32::MAX as usize) as i32),
                     // Zeroed: prefill attention stages whole tiles, and garbage could be NaN.
                     k_cache: dev.alloc_zeroed(kv_half)?,
@@ -453,6 +481,11 @@ impl CudaLlm {
         )
         .map_err(err)?;
         let ws = DecodeWs::new(&dev, s, p.splits).map_err(err)?;
+        let moe_ws = MoeDecodeWs::new(&dev, moe_blocks(model), s.hidden).map_err(err)?;
+        let moe = match moe_ws {
+            Some(_) => Some(MoeKernels::load(&dev, ck.max_block_smem).map_err(err)?),
+            None => None,
+        };
         let blas = Blas::new(&dev).ok();
         Ok(CudaLlm {
             dev,
@@ -473,6 +506,10 @@ impl CudaLlm {
             pf: None,
             pf_sizes: PrefillWs::sizes_for(model, opts.prefill_chunk, opts.precise),
             pf_start: 0,
+            moe,
+            moe_ws,
+            moe_pf: None,
+            moe_pf_sizes: MoePrefillWs::sizes(moe_blocks(model), s.hidden, opts.prefill_chunk),
             blas,
             graphs: [None, None],
             short,
@@ -770,8 +807,9 @@ pub fn weight_bytes_resident(llm: &CudaLlm) -> u64 {
         .iter()
         .flatten()
         .map(|d| {
-            [&d.q, &d.k, &d.v, &d.o, &d.gate, &d.up, &d.down]
-                .iter()
+            [&d.q, &d.k, &d.v, &d.o]
+                .into_iter()
+                .chain(d.ffn.weights())
                 .map(|w| w.bytes())
                 .sum::<u64>()
         })

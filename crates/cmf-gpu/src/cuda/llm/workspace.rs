@@ -3,7 +3,7 @@
 
 use crate::cuda::runtime::device::{DBuf, DResult, Dev};
 use crate::cuda::runtime::weights::DevCodec;
-use crate::llm::{LlmModel, LlmSpec};
+use crate::llm::{Ffn, LlmModel, LlmSpec, Mlp};
 
 /// Candidates per sampler block (`TOPK_MAX` in sample.cu) and blocks (`SAMPLE_BLOCKS`).
 pub const TOPK_MAX: usize = crate::llm::sample::DEVICE_TOP_K_MAX;
@@ -104,7 +104,7 @@ pub struct PrefillWs {
     /// [cap, NH·D]
     pub qr: DBuf,
     pub attn: DBuf,
-    /// [cap, 2·I] gate | up.
+    /// [cap, 2·I] gate | up (I: the widest MLP, dense or expert).
     pub gu: DBuf,
     /// [cap, I] f32 SwiGLU output (f32-GEMM models only; else 4 bytes).
     pub act_f: DBuf,
@@ -131,7 +131,7 @@ pub fn scratch_bytes(model: &LlmModel, precise: bool) -> usize {
     let layers = model
         .layers
         .iter()
-        .flat_map(|l| [l.q, l.k, l.v, l.o, l.gate, l.up, l.down])
+        .flat_map(|l| l.matrices())
         .map(|w| need(&w))
         .max()
         .unwrap_or(0);
@@ -140,16 +140,40 @@ pub fn scratch_bytes(model: &LlmModel, precise: bool) -> usize {
     layers.max(head).max(4 * model.spec.hidden)
 }
 
+/// Every MLP of the model's feed-forward blocks (dense, routed experts, shared experts).
+fn mlps<'a>(model: &'a LlmModel<'a>) -> impl Iterator<Item = &'a Mlp<'a>> {
+    model.layers.iter().flat_map(|l| -> Vec<&'a Mlp<'a>> {
+        match &l.ffn {
+            Ffn::Dense(m) => vec![m],
+            Ffn::Moe(m) => m
+                .experts
+                .iter()
+                .chain(m.shared.iter().map(|s| &s.mlp))
+                .collect(),
+        }
+    })
+}
+
+fn downs<'a>(model: &'a LlmModel<'a>) -> impl Iterator<Item = &'a cmf_kernels::Weight<'a>> {
+    mlps(model).map(|m| &m.down)
+}
+
+/// The widest intermediate of any MLP (the prefill's gate|up and SwiGLU buffers).
+fn ffn_width(model: &LlmModel) -> usize {
+    mlps(model).map(|m| m.width()).max().unwrap_or(0)
+}
+
 impl PrefillWs {
     fn sizes(model: &LlmModel, cap: usize, precise: bool) -> [usize; 12] {
         let s = &model.spec;
         let f32_act = precise
-            || model.layers.iter().any(|l| {
-                !DevCodec::of(l.down.dtype)
+            || downs(model).any(|d| {
+                !DevCodec::of(d.dtype)
                     .map(|c| c.gemm_in_bf16())
                     .unwrap_or(true)
             });
-        let widest = s.hidden.max(s.q_dim()).max(s.intermediate);
+        let ffn = ffn_width(model);
+        let widest = s.hidden.max(s.q_dim()).max(ffn);
         [
             4 * cap,
             4,
@@ -159,8 +183,8 @@ impl PrefillWs {
             4 * cap * (s.q_dim() + 2 * s.kv_dim()),
             4 * cap * s.q_dim(),
             4 * cap * s.q_dim(),
-            4 * cap * 2 * s.intermediate,
-            if f32_act { 4 * cap * s.intermediate } else { 4 },
+            4 * cap * 2 * ffn,
+            if f32_act { 4 * cap * ffn } else { 4 },
             scratch_bytes(model, precise),
             4 * s.vocab,
         ]

@@ -44,13 +44,28 @@ impl DevCodec {
 
 /// Checks a weight can live on the device; `name` goes into the refusal.
 pub fn check(w: &Weight, name: &str) -> Result<DevCodec, Refusal> {
+    check_cols(w, name, 32)
+}
+
+/// [`check`] that accepts float-codec (bf16, f16, f32) matrices whose columns are a multiple of
+/// 8: the matvec, the dequantisation and the GEMMs read such rows in 16-byte groups. The 8-bit
+/// codecs keep 32 (their quantisation blocks).
+pub fn check_narrow(w: &Weight, name: &str) -> Result<DevCodec, Refusal> {
+    check_cols(w, name, 8)
+}
+
+fn check_cols(w: &Weight, name: &str, float_cols: usize) -> Result<DevCodec, Refusal> {
     let codec = DevCodec::of(w.dtype).map_err(|r| Refusal::new("llm.load", r))?;
-    if w.cols % 32 != 0 || w.rows == 0 {
+    let multiple = match codec {
+        DevCodec::Q8 | DevCodec::Q4 => 32,
+        _ => float_cols,
+    };
+    if w.cols % multiple != 0 || w.rows == 0 {
         return Err(Refusal::new(
             "llm.load",
             RefusalReason::UnsupportedShape(format!(
-                "{name}: [{}, {}] (cols must be a multiple of 32)",
-                w.rows, w.cols
+                "{name}: [{}, {}] in {} (cols must be a multiple of {multiple})",
+                w.rows, w.cols, w.dtype
             )),
         ));
     }
