@@ -558,6 +558,27 @@ impl GpuLlm {
     pub fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
         self.gate.run("llm.head", t, || self.dev.head(x, t, logits))
     }
+
+    /// See [`LlmDevice::kv_pool`].
+    pub fn kv_pool(
+        &mut self,
+        bytes: u64,
+        block_size: usize,
+    ) -> Result<crate::llm::batch::PoolShape, Refusal> {
+        self.gate
+            .run("llm.kv_pool", 1, || self.dev.kv_pool(bytes, block_size))
+    }
+
+    /// See [`LlmDevice::batch_step`].
+    pub fn batch_step(
+        &mut self,
+        seqs: &[crate::llm::batch::BatchSeq],
+        out: crate::llm::batch::BatchOut,
+    ) -> Result<(), Refusal> {
+        let rows = crate::llm::batch::rows(seqs);
+        self.gate
+            .run("llm.batch_step", rows, || self.dev.batch_step(seqs, out))
+    }
 }
 
 #[cfg(test)]

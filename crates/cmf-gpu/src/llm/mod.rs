@@ -7,6 +7,8 @@
 //! The graph is the Llama family's: pre-norm RMSNorm, GQA attention with RoPE (rotate-half),
 //! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3), SwiGLU MLP.
 
+pub mod batch;
+pub mod batch_check;
 pub mod reference;
 pub mod sample;
 pub mod synth;
