@@ -150,6 +150,11 @@ pub trait LlmDevice: Send {
     ) -> Result<(), Refusal>;
     /// Final norm + lm_head of `x[T, H]` into `logits[T, V]`. Needs the head resident.
     fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal>;
+    /// Device bytes one pool block of `block_size` positions takes over every layer (0: no
+    /// batched step on this backend).
+    fn kv_block_bytes(&self, _block_size: usize) -> u64 {
+        0
+    }
     /// Allocates the KV block pool of [`Self::batch_step`] (replacing an earlier one): as many
     /// blocks of `block_size` positions of every layer as `bytes` holds. Needs
     /// `placement().is_whole_model()`. Backends without a batched path refuse.

@@ -444,6 +444,10 @@ impl LlmDevice for FakeLlm {
         Ok(())
     }
 
+    fn kv_block_bytes(&self, block_size: usize) -> u64 {
+        self.block_bytes(block_size)
+    }
+
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         self.need_whole("llm.kv_pool")?;
         self.faults.before("llm.kv_pool")?;

@@ -778,6 +778,10 @@ impl LlmDevice for CudaLlm {
         Ok(())
     }
 
+    fn kv_block_bytes(&self, block_size: usize) -> u64 {
+        self.pool_block_bytes(block_size)
+    }
+
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         const OP: &str = "llm.kv_pool";
         self.need_whole(OP)?;
