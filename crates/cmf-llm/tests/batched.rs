@@ -654,3 +654,28 @@ fn device_batched_equals_alone() {
         }
     }
 }
+
+/// llama-batched-bench's table on the device: one upload, one pool for the largest B, every row.
+#[test]
+fn fake_device_bench_runs_every_row() {
+    use cmf_llm::batch::bench::{run, BatchedBenchConfig};
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = BatchedBenchConfig {
+        prompt_tokens: 9,
+        gen_tokens: 3,
+        parallel: vec![1, 3],
+        kv_dtype: KvDtype::F32,
+    };
+    let rows = run(&model, &cfg, Some(&gpu), &mut |_| {}).unwrap();
+    let got: Vec<(usize, usize)> = rows.iter().map(|r| (r.b, r.n_kv)).collect();
+    assert_eq!(got, [(1, 12), (3, 36)]);
+    // One model upload for the whole table.
+    assert_eq!(gpu.bytes_uploaded(), {
+        let g = fake_gpu();
+        cmf_llm::batch::DeviceBatch::load(&g, &model, 13, 512, 16, PoolSize::Blocks(1)).unwrap();
+        g.bytes_uploaded()
+    });
+}

@@ -163,6 +163,12 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         Ok(e)
     }
 
+    /// The device, for another engine (its pool's contents are left behind: a new engine's
+    /// tables name no block until it computes one).
+    pub fn into_device(self) -> Option<DeviceBatch> {
+        self.device
+    }
+
     /// Whether the steps run on the device (false after a refusal moved the engine to the CPU).
     pub fn is_device(&self) -> bool {
         self.device.is_some()
