@@ -5,11 +5,19 @@
 //!   GEMM o (+= residual) → rmsnorm → GEMM gate,up → swiglu → GEMM down (+= residual)
 //! (the prefill stages, `prefill_stage`, except the two in the middle); then the last row of each
 //! sequence that wants output is gathered, normed and multiplied by lm_head, and each one's
-//! logits or arg-max come back.
+//! logits or arg-max come back. Steps of a few rows (decode of a few sequences) run the linear
+//! layers and the head as the decode matvecs, row by row (`MATVEC_ROWS`).
 
 use super::super::CudaLlm;
 use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError};
+use crate::cuda::runtime::matvec::{self, MvMode, MvSeg};
 use crate::llm::batch::{self, BatchOut, BatchSeq};
+
+/// Steps of at most this many rows run each linear layer as one matvec per row (the decode
+/// kernels, reading the weights in their codec) instead of one GEMM, which dequantises every
+/// quantised matrix into a bf16 scratch first (about five times the matvec's weight traffic for
+/// q8). At one row this is the single-sequence decode's arithmetic. The crossover is not measured.
+const MATVEC_ROWS: usize = 4;
 
 /// Where each section of a step's i32 inputs starts (in elements).
 struct Inputs {
@@ -94,7 +102,12 @@ impl CudaLlm {
         let pf = self.pf.as_ref().expect("ensured");
         let embed = self.embed.as_ref().expect("whole model resident");
         self.embed_rows(embed, i32_at(at.tokens), t, pf.h.ptr())?;
+        let by_rows = t <= MATVEC_ROWS && !self.opts.precise;
         for l in 0..self.layers.len() {
+            if by_rows {
+                self.layer_by_rows(l, t, &|i| i32_at(i), &at)?;
+                continue;
+            }
             for stage in 0..Self::PREFILL_STAGES.len() {
                 match stage {
                     2 => self.rope_paged(l, t, i32_at(at.pos), i32_at(at.slot))?,
@@ -106,9 +119,23 @@ impl CudaLlm {
         if m == 0 {
             return self.dev.sync();
         }
-        // The wanted rows, gathered into pf.xn, normed into pf.h (free once the layers ran).
         let pf = self.pf.as_ref().expect("ensured");
         let pk = &self.pool.as_ref().expect("validated").kernels;
+        if by_rows {
+            // Each wanted row through the decode head (final norm fused).
+            let mut row = 0;
+            let mut j = 0;
+            for s in seqs {
+                row += s.tokens.len();
+                if s.want {
+                    let x = pf.h.ptr() + 4 * ((row - 1) * h) as u64;
+                    self.enqueue_head_decode(x, logits + 4 * (j * vocab) as u64)?;
+                    j += 1;
+                }
+            }
+            return self.read_outputs(out, logits, ids, m);
+        }
+        // The wanted rows, gathered into pf.xn, normed into pf.h (free once the layers ran).
         self.dev.launch(
             &pk.gather_rows,
             (m as u32, 1, 1),
@@ -130,6 +157,13 @@ impl CudaLlm {
         self.rmsnorm_rows(pf.xn.ptr(), norm, m, h, pf.h.ptr())?;
         self.to_bf16(pf.h.ptr(), m * h, pf.xb.ptr())?;
         self.gemm(head, pf.h.ptr(), pf.xb.ptr(), m, logits, vocab, 0, false)?;
+        self.read_outputs(out, logits, ids, m)
+    }
+
+    /// Reads the step's logits `[m, V]` at `logits` back, or their arg-max (through `ids`).
+    fn read_outputs(&self, out: BatchOut, logits: u64, ids: u64, m: usize) -> DResult<()> {
+        let vocab = self.spec.vocab;
+        let pk = &self.pool.as_ref().expect("validated").kernels;
         match out {
             BatchOut::Logits(dst) => self.dev.download_f32(dst, logits),
             BatchOut::Greedy(dst) => {
@@ -156,6 +190,68 @@ impl CudaLlm {
                 Ok(())
             }
         }
+    }
+
+    /// Layer `l` over the `t` rows of pf.h with the decode matvecs, row by row, around the
+    /// paged kernels (which add the q/k/v biases, as in the GEMM path).
+    fn layer_by_rows(
+        &self,
+        l: usize,
+        t: usize,
+        i32_at: &dyn Fn(usize) -> u64,
+        at: &Inputs,
+    ) -> DResult<()> {
+        let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
+        let d = self.layers[l].as_ref().expect("whole model resident");
+        let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);
+        let ld = q + 2 * s.kv_dim();
+        let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
+            matvec::launch(
+                &self.dev,
+                &self.ck.matvec,
+                segs,
+                x,
+                norm,
+                s.rms_eps,
+                y,
+                mode,
+                false,
+            )
+        };
+        let seg = |w| MvSeg { w, bias: 0 };
+        let row = |buf: u64, r: usize, width: usize| buf + 4 * (r * width) as u64;
+        for r in 0..t {
+            mv(
+                &[seg(&d.q), seg(&d.k), seg(&d.v)],
+                row(pf.h.ptr(), r, h),
+                d.attn_norm.ptr(),
+                row(pf.qkv.ptr(), r, ld),
+                MvMode::Store,
+            )?;
+        }
+        self.rope_paged(l, t, i32_at(at.pos), i32_at(at.slot))?;
+        self.attention_paged(l, t, i32_at, at)?;
+        // pf.gu holds each row's SwiGLU output [I] (f32).
+        for r in 0..t {
+            let x = row(pf.h.ptr(), r, h);
+            mv(
+                &[seg(&d.o)],
+                row(pf.attn.ptr(), r, q),
+                0,
+                x,
+                MvMode::Accumulate,
+            )?;
+            let act = row(pf.gu.ptr(), r, i);
+            mv(
+                &[seg(&d.gate), seg(&d.up)],
+                x,
+                d.ffn_norm.ptr(),
+                act,
+                MvMode::SwiGlu,
+            )?;
+            mv(&[seg(&d.down)], act, 0, x, MvMode::Accumulate)?;
+        }
+        Ok(())
     }
 
     /// Bias, q/k norm, RoPE at each row's position; q into pf.qr, k and v into the pool.
