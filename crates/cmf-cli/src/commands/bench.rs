@@ -148,14 +148,22 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
         )
         .into());
     }
+    // As `EngineOpts::batch_device`: the note only where a device would have been used.
     let cpu_only = cmf_llm::gpu::cpu_only(model);
     let gpu = match (mode, cpu_only) {
         (GpuMode::Off, _) => None,
-        (_, Some(why)) => {
+        (GpuMode::Cuda, Some(why)) => {
             eprintln!("note: {why}: the batched engine runs on the CPU");
             None
         }
         _ => Some(Gpu::open(mode)?).filter(|g| g.is_active()),
+    };
+    let gpu = match (gpu, cpu_only) {
+        (Some(_), Some(why)) => {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
+            None
+        }
+        (g, _) => g,
     };
     let len = args.n_prompt + args.n_gen;
     if len > model.config.max_position_embeddings {

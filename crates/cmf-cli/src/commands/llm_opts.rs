@@ -98,12 +98,18 @@ impl EngineOpts {
             )
             .into());
         }
-        if let Some(why) = cmf_llm::gpu::cpu_only(model) {
+        // As `gpu_model`: the note only where a device would have been used.
+        let cpu_only = cmf_llm::gpu::cpu_only(model);
+        if let (Some(why), GpuMode::Cuda) = (cpu_only, mode) {
             eprintln!("note: {why}: the batched engine runs on the CPU");
             return Ok(None);
         }
         let gpu = Gpu::open(mode)?;
         if !gpu.is_active() {
+            return Ok(None);
+        }
+        if let Some(why) = cpu_only {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
             return Ok(None);
         }
         let block = cmf_llm::batch::BatchConfig::BLOCK_SIZE;
