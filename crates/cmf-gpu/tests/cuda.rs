@@ -28,6 +28,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cmf_test_support::gpu as gpu_skip;
 
+/// The batched step (paged attention over the KV block pool) against the CPU reference.
+#[path = "cuda/batched.rs"]
+mod batched;
 /// The DiT's attention kernels against an f64 reference.
 #[path = "cuda/dit_attention.rs"]
 mod dit_attention;

@@ -1,5 +1,6 @@
 //! The inference thread with `--parallel N` (N > 1): many requests generated at once on the
-//! batched CPU engine (`cmf_llm::batch`: paged KV pool, prefix reuse, continuous batching).
+//! batched engine (`cmf_llm::batch`: paged KV pool, prefix reuse, continuous batching), its steps
+//! and pool on the device when `build_batch_device` places them there, else on the CPU.
 //!
 //! The thread takes jobs from the bounded queue only while fewer than N requests are running
 //! or waiting for KV memory, so the queue (and its 503 beyond `--queue`) keeps its meaning.
@@ -14,7 +15,7 @@
 use crate::generation::{Event, Job};
 use crate::observe::RequestRecord;
 use crate::worker::{panic_message, Queued, StartError, Worker};
-use cmf_llm::batch::{self, BatchConfig, BatchEngine, Request, RequestId, Scheduler};
+use cmf_llm::batch::{self, BatchConfig, BatchEngine, PoolSize, Request, RequestId, Scheduler};
 use cmf_llm::chat::TextDecoder;
 use cmf_llm::engine::CpuEngine;
 use cmf_llm::generate::{FinishReason, GenerationStats, StopMatcher};
@@ -87,7 +88,26 @@ pub(crate) fn run(
         max_running: w.parallel,
         ..Default::default()
     };
-    let new_scheduler = || BatchEngine::new(model, cfg).and_then(|e| Scheduler::new(e, sched_cfg));
+    // On the device when the builder places it there (its pool: `--kv-pool` device bytes, else
+    // as many blocks as the CPU pool would have).
+    let new_scheduler = || -> Result<Scheduler, String> {
+        let device = match &w.batch_device {
+            Some(b) => {
+                let pool = match w.kv_pool_bytes {
+                    Some(bytes) => PoolSize::Bytes(bytes as u64),
+                    None => PoolSize::Blocks(cfg.kv_blocks),
+                };
+                b.build(model, w.ctx, sched_cfg.step_tokens, pool)?
+            }
+            None => None,
+        };
+        match device {
+            Some(d) => BatchEngine::on_device(model, cfg, d),
+            None => BatchEngine::new(model, cfg),
+        }
+        .and_then(|e| Scheduler::new(e, sched_cfg))
+        .map_err(|e| e.to_string())
+    };
     let mut sched = match new_scheduler() {
         Ok(s) => s,
         Err(e) => {
@@ -97,7 +117,7 @@ pub(crate) fn run(
     };
     w.stats
         .kv_blocks_total
-        .store(cfg.kv_blocks as u64, Ordering::Relaxed);
+        .store(sched.engine().config().kv_blocks as u64, Ordering::Relaxed);
     // For the jobs that run alone.
     let mut single = CpuEngine::new(model, w.ctx, w.kv_dtype);
     let _ = ready.send(Ok(()));

@@ -36,4 +36,6 @@ pub use conn::ConnLimits;
 pub use error::ApiError;
 pub use observe::{Metrics, RequestLog};
 pub use server::{run_until_ctrl_c, RunningServer, ServerConfig};
-pub use worker::{EngineBuilder, EngineOptions, ModelInfo, StartError, WorkerStats};
+pub use worker::{
+    BatchDeviceBuilder, EngineBuilder, EngineOptions, ModelInfo, StartError, WorkerStats,
+};

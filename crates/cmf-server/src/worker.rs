@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::observe::{current_record, RequestRecord};
 use cmf_format::CmfModel;
 use cmf_kernels::KvDtype;
+use cmf_llm::batch::{DeviceBatch, PoolSize};
 use cmf_llm::chat::TextAssets;
 use cmf_llm::engine::{CpuEngine, Engine as LlmEngine};
 use cmf_llm::generate::{FinishReason, GenerationStats};
@@ -52,6 +53,45 @@ pub struct EngineOptions {
     /// Builds the generation engine once the worker has bound the weights (the CLI's puts the
     /// model on the GPU when `--gpu` allows it). None: the CPU engine.
     pub build_engine: Option<EngineBuilder>,
+    /// Puts the batched engine (`parallel` > 1) on a device when it answers. None: the CPU.
+    pub build_batch_device: Option<BatchDeviceBuilder>,
+}
+
+/// A function from the loaded model, the longest sequence, the rows per step and the pool size
+/// to the device that runs the batched engine's steps, or None (the CPU runs them); called on the
+/// worker thread. An error stops the server from starting.
+#[derive(Clone)]
+pub struct BatchDeviceBuilder(Arc<BatchDeviceFn>);
+
+type BatchDeviceFn =
+    dyn Fn(&Model, usize, usize, PoolSize) -> Result<Option<DeviceBatch>, String> + Send + Sync;
+
+impl BatchDeviceBuilder {
+    pub fn new<F>(f: F) -> BatchDeviceBuilder
+    where
+        F: Fn(&Model, usize, usize, PoolSize) -> Result<Option<DeviceBatch>, String>
+            + Send
+            + Sync
+            + 'static,
+    {
+        BatchDeviceBuilder(Arc::new(f))
+    }
+
+    pub(crate) fn build(
+        &self,
+        model: &Model,
+        ctx: usize,
+        rows: usize,
+        pool: PoolSize,
+    ) -> Result<Option<DeviceBatch>, String> {
+        (self.0)(model, ctx, rows, pool)
+    }
+}
+
+impl std::fmt::Debug for BatchDeviceBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BatchDeviceBuilder(..)")
+    }
 }
 
 /// A function from the loaded model, the context length and the KV-cache type to the engine
@@ -91,6 +131,7 @@ impl Default for EngineOptions {
             kv_pool_bytes: None,
             token_pacing: None,
             build_engine: None,
+            build_batch_device: None,
         }
     }
 }
@@ -219,6 +260,7 @@ impl Engine {
             kv_dtype: opts.kv_dtype,
             pacing: opts.token_pacing,
             build: opts.build_engine.clone(),
+            batch_device: opts.build_batch_device.clone(),
             path: shown.clone(),
             parallel: opts.parallel,
             kv_pool_bytes: opts.kv_pool_bytes,
@@ -301,6 +343,7 @@ pub(crate) struct Worker {
     pub kv_dtype: KvDtype,
     pub pacing: Option<Duration>,
     build: Option<EngineBuilder>,
+    pub batch_device: Option<BatchDeviceBuilder>,
     /// The model file, for messages.
     pub path: String,
     pub parallel: usize,

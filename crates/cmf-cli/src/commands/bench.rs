@@ -146,15 +146,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--parallel`: llama-batched-bench's table on the batched CPU engine.
+/// `--parallel`: llama-batched-bench's table on the batched engine, on the device when `--gpu`
+/// opens one (the whole model and its KV pool there), else the CPU.
 fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> anyhow::Result<()> {
-    use cmf_gpu::facade::GpuMode;
-    if args.engine.gpu_settings()?.0 == GpuMode::Cuda {
+    use cmf_gpu::facade::{Gpu, GpuMode};
+    let (mode, layers) = args.engine.gpu_settings()?;
+    if layers.is_some() {
         return Err(UsageError(
-            "--parallel: the batched engine runs on the CPU (use --gpu off)".into(),
+            "--parallel: the batched engine places the whole model (--gpu-layers is not taken)"
+                .into(),
         )
         .into());
     }
+    // As `EngineOpts::batch_device`: the note only where a device would have been used.
+    let cpu_only = cmf_llm::gpu::cpu_only(model);
+    let gpu = match (mode, cpu_only) {
+        (GpuMode::Off, _) => None,
+        (GpuMode::Cuda, Some(why)) => {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
+            None
+        }
+        _ => Some(Gpu::open(mode)?).filter(|g| g.is_active()),
+    };
+    let gpu = match (gpu, cpu_only) {
+        (Some(_), Some(why)) => {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
+            None
+        }
+        (g, _) => g,
+    };
     let len = args.n_prompt + args.n_gen;
     if len > model.config.max_position_embeddings {
         return Err(UsageError(format!(
@@ -170,7 +190,10 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
         kv_dtype,
     };
     cmf_llm::profile::reset();
-    let rows = batch_bench::run(model, &cfg, &mut |b| eprint!("\rB = {b} done   "))?;
+    let rows = batch_bench::run(model, &cfg, gpu.as_ref(), &mut |b| {
+        eprint!("\rB = {b} done   ")
+    })?;
+    let backend = if gpu.is_some() { "cuda" } else { "cpu" };
     eprint!("\r{:30}\r", "");
     let threads = cmf_kernels::num_threads();
     if args.json {
@@ -178,6 +201,7 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
             .iter()
             .map(|r| {
                 json!({
+                    "backend": backend,
                     "n_threads": threads,
                     "kv_type": kv_dtype.name(),
                     "pp": r.pp, "tg": r.tg, "pl": r.b, "n_kv": r.n_kv,
@@ -189,6 +213,7 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
             .collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
+        println!("batched engine on the {backend}");
         println!("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |");
         println!("|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|");
         for r in &rows {

@@ -76,6 +76,56 @@ impl EngineOpts {
         }
     }
 
+    /// The batched engine's device (`--parallel`): the whole model and a KV pool of `pool` on
+    /// the GPU when `--gpu` opens one, else None (the CPU runs the batch; a note says why when a
+    /// device answered). `--gpu cuda` with a model the device cannot hold is an error.
+    pub fn batch_device(
+        &self,
+        model: &cmf_llm::Model,
+        ctx: usize,
+        rows: usize,
+        pool: cmf_llm::batch::PoolSize,
+    ) -> anyhow::Result<Option<cmf_llm::batch::DeviceBatch>> {
+        use cmf_gpu::facade::{Gpu, GpuMode};
+        let (mode, layers) = self.gpu_settings()?;
+        if mode == GpuMode::Off {
+            return Ok(None);
+        }
+        if layers.is_some() {
+            return Err(UsageError(
+                "--parallel: the batched engine places the whole model (--gpu-layers is not taken)"
+                    .into(),
+            )
+            .into());
+        }
+        // As `gpu_model`: the note only where a device would have been used.
+        let cpu_only = cmf_llm::gpu::cpu_only(model);
+        if let (Some(why), GpuMode::Cuda) = (cpu_only, mode) {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
+            return Ok(None);
+        }
+        let gpu = Gpu::open(mode)?;
+        if !gpu.is_active() {
+            return Ok(None);
+        }
+        if let Some(why) = cpu_only {
+            eprintln!("note: {why}: the batched engine runs on the CPU");
+            return Ok(None);
+        }
+        let block = cmf_llm::batch::BatchConfig::BLOCK_SIZE;
+        match cmf_llm::batch::DeviceBatch::load(&gpu, model, ctx, rows, block, pool) {
+            Ok(d) => Ok(Some(d)),
+            Err(why) if mode == GpuMode::Cuda => Err(UsageError(format!(
+                "--gpu cuda: the batched engine cannot run on the device: {why}"
+            ))
+            .into()),
+            Err(why) => {
+                eprintln!("note: the batched engine runs on the CPU: {why}");
+                Ok(None)
+            }
+        }
+    }
+
     /// `--gpu` and `--gpu-layers` (or their environment defaults) resolved, without opening a
     /// device; a bad value is a usage error.
     pub fn gpu_settings(

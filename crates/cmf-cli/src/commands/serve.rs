@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cmf_server::{ConnLimits, EngineBuilder, EngineOptions, ServerConfig};
+use cmf_server::{BatchDeviceBuilder, ConnLimits, EngineBuilder, EngineOptions, ServerConfig};
 
 use super::llm_opts::EngineOpts;
 use crate::exit::UsageError;
@@ -81,14 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.kv_pool == Some(0) {
         return Err(UsageError("--kv-pool must be at least 1 MiB".into()).into());
     }
-    let mut parallel = args.parallel;
-    if parallel > 1 && args.engine.gpu_settings()?.0 == cmf_gpu::facade::GpuMode::Cuda {
-        eprintln!(
-            "note: the GPU engine serves one request at a time; --parallel {parallel} is ignored \
-             with --gpu cuda (--gpu off runs the batched CPU engine)"
-        );
-        parallel = 1;
-    }
+    let parallel = args.parallel;
     if args.max_body < 1024 {
         return Err(UsageError("--max-body must be at least 1024 bytes".into()).into());
     }
@@ -129,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kv_pool_bytes: args.kv_pool.map(|m| m << 20),
             token_pacing: None,
             build_engine: Some(engine_builder(args.engine.clone())),
+            build_batch_device: Some(batch_device_builder(args.engine.clone())),
         },
         max_tokens_default: args.max_tokens_default,
         api_key: args.api_key.clone(),
@@ -160,6 +154,14 @@ fn seconds(flag: &str, v: f64) -> anyhow::Result<Duration> {
         .into());
     }
     Ok(Duration::from_secs_f64(v))
+}
+
+/// The batched engine (`--parallel` > 1) on the GPU when `--gpu` allows it, else the CPU.
+fn batch_device_builder(opts: EngineOpts) -> BatchDeviceBuilder {
+    BatchDeviceBuilder::new(move |model, ctx, rows, pool| {
+        opts.batch_device(model, ctx, rows, pool)
+            .map_err(|e| format!("{e:#}"))
+    })
 }
 
 /// The model on the GPU when `--gpu` / `--gpu-layers` allow it (as `cmf run`), else the CPU.

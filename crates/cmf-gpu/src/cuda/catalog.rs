@@ -3,7 +3,7 @@
 //! `cmf-prebuild-kernels`) and the compile check look sources up in.
 
 use super::dit::kernels::{ATTENTION_WG, DIT, WS_KEYS};
-use super::llm::kernels::{ATTENTION_DECODE, SAMPLE};
+use super::llm::kernels::{ATTENTION_DECODE, ATTENTION_PAGED, SAMPLE};
 use super::llm::moe::MOE;
 use super::runtime::kernels::{ATTENTION, FP8, INT8, ROWOPS};
 use super::runtime::matvec::{MatvecConfig, MATVEC};
@@ -16,6 +16,7 @@ pub fn source_of(name: &str) -> Option<&'static str> {
         "rowops" => ROWOPS,
         "attention" => ATTENTION,
         "attention_decode" => ATTENTION_DECODE,
+        "attention_paged" => ATTENTION_PAGED,
         "attention_wg" => ATTENTION_WG,
         "sample" => SAMPLE,
         "dit" => DIT,
@@ -68,6 +69,10 @@ pub fn all_sources() -> SourceSet {
         ("attention", ATTENTION, model(16, 2, false)),
         ("attention_decode", ATTENTION_DECODE, model(16, 2, false)),
         ("rowops", ROWOPS, model(16, 2, true)),
+        ("attention_paged", ATTENTION_PAGED, model(128, 4, false)),
+        ("attention_paged", ATTENTION_PAGED, model(64, 2, true)),
+        ("attention_paged", ATTENTION_PAGED, model(16, 2, true)),
+        ("attention_paged", ATTENTION_PAGED, model(256, 8, false)),
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
         ("dit", DIT, plus(model(128, 1, false), "X_BF16")),

@@ -6,6 +6,7 @@ use super::devices::{DeviceInfo, MemStats};
 use super::placement::Placement;
 use super::refusal::{Refusal, RefusalReason};
 use crate::dit::{CondId, DitItemSetup, DitModel, DitStepItem, RopeRows};
+use crate::llm::batch::{BatchOut, BatchSeq, PoolShape};
 use crate::llm::{DecodeOutput, LlmModel, LlmOptions, Logits, Sampler};
 use crate::vae::VaeModel;
 use std::ops::Range;
@@ -149,4 +150,28 @@ pub trait LlmDevice: Send {
     ) -> Result<(), Refusal>;
     /// Final norm + lm_head of `x[T, H]` into `logits[T, V]`. Needs the head resident.
     fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal>;
+    /// Device bytes one pool block of `block_size` positions takes over every layer (0: no
+    /// batched step on this backend).
+    fn kv_block_bytes(&self, _block_size: usize) -> u64 {
+        0
+    }
+    /// Allocates the KV block pool of [`Self::batch_step`] (replacing an earlier one): as many
+    /// blocks of `block_size` positions of every layer as `bytes` holds. Needs
+    /// `placement().is_whole_model()`. Backends without a batched path refuse.
+    fn kv_pool(&mut self, _bytes: u64, _block_size: usize) -> Result<PoolShape, Refusal> {
+        Err(Refusal::new(
+            "llm.kv_pool",
+            RefusalReason::UnsupportedShape("this backend has no batched step".into()),
+        ))
+    }
+    /// One forward pass over the rows of every sequence in `seqs` (decode tokens and prompt
+    /// chunks alike), writing their keys and values into the pool through their block tables
+    /// and attending to the positions those tables hold; `out` receives the last-row output of
+    /// each sequence that wants it. Pool blocks a sequence writes must be its own.
+    fn batch_step(&mut self, _seqs: &[BatchSeq], _out: BatchOut) -> Result<(), Refusal> {
+        Err(Refusal::new(
+            "llm.batch_step",
+            RefusalReason::UnsupportedShape("this backend has no batched step".into()),
+        ))
+    }
 }

@@ -9,6 +9,7 @@ use super::{
     RefusalReason, VaeDevice,
 };
 use crate::dit::{pad_rows, CondId, DitGeometry, DitItemSetup, DitModel, DitStepItem, RopeRows};
+use crate::llm::batch::{self, BatchOut, BatchSeq, PoolShape};
 use crate::llm::reference::{self, RefCache};
 use crate::llm::{
     AttentionWeights, DecodeOutput, Ffn, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits,
@@ -173,6 +174,7 @@ impl Backend for FakeBackend {
         self.stats.add_uploaded(owned.bytes);
         self.stats.add_resident(owned.bytes);
         Ok(Box::new(FakeLlm {
+            pool: None,
             cache: RefCache::new(model.spec.num_layers),
             ids: Vec::new(),
             model: owned,
@@ -395,7 +397,15 @@ fn mlp<'a>(m: &mut dyn Iterator<Item = Weight<'a>>) -> Mlp<'a> {
     }
 }
 
+/// The fake's KV block pool: per layer, `[blocks · B, NKV·D]` keys and values in f32.
+struct FakePool {
+    shape: PoolShape,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
 struct FakeLlm {
+    pool: Option<FakePool>,
     model: OwnedModel,
     cache: RefCache,
     /// The token at each cached position (the penalties' window).
@@ -537,6 +547,46 @@ impl LlmDevice for FakeLlm {
         Ok(())
     }
 
+    fn kv_block_bytes(&self, block_size: usize) -> u64 {
+        self.block_bytes(block_size)
+    }
+
+    fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
+        self.need_whole("llm.kv_pool")?;
+        self.faults.before("llm.kv_pool")?;
+        if block_size == 0 {
+            return Err(fake_refusal("llm.kv_pool", "block size 0"));
+        }
+        let blocks = (bytes / self.block_bytes(block_size)) as usize;
+        if blocks == 0 {
+            return Err(Refusal::new(
+                "llm.kv_pool",
+                RefusalReason::OutOfMemory {
+                    need: self.block_bytes(block_size),
+                    budget: bytes,
+                },
+            ));
+        }
+        let s = &self.model.spec;
+        let n = blocks * block_size * s.kv_dim();
+        let shape = PoolShape { block_size, blocks };
+        self.pool = Some(FakePool {
+            shape,
+            k: vec![vec![0.0; n]; s.num_layers],
+            v: vec![vec![0.0; n]; s.num_layers],
+        });
+        Ok(shape)
+    }
+
+    fn batch_step(&mut self, seqs: &[BatchSeq], out: BatchOut) -> Result<(), Refusal> {
+        self.need_whole("llm.batch_step")?;
+        self.faults.before("llm.batch_step")?;
+        let shape = self.pool.as_ref().map(|p| p.shape);
+        batch::validate(seqs, &out, shape, self.model.spec.vocab, usize::MAX)?;
+        self.run_batch(seqs, out);
+        Ok(())
+    }
+
     fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
         if !self.placement.head_on_device {
             return Err(Refusal::new(
@@ -552,6 +602,59 @@ impl LlmDevice for FakeLlm {
                 .copy_from_slice(&reference::head(&model, &x[i * h..(i + 1) * h]));
         }
         Ok(())
+    }
+}
+
+impl FakeLlm {
+    /// Bytes the fake's pool takes per block (f32 keys and values of every layer).
+    fn block_bytes(&self, block_size: usize) -> u64 {
+        let s = &self.model.spec;
+        (2 * s.num_layers * block_size * s.kv_dim() * 4) as u64
+    }
+
+    /// The reference forward of each sequence's new tokens over the positions its block table
+    /// holds; the new keys and values go back to its blocks.
+    fn run_batch(&mut self, seqs: &[BatchSeq], out: BatchOut) {
+        let pool = self.pool.as_mut().expect("validated");
+        let bs = pool.shape.block_size;
+        let model = self.model.view();
+        let (layers, kv) = (model.spec.num_layers, model.spec.kv_dim());
+        let slot = |s: &BatchSeq, p: usize| s.blocks[p / bs] as usize * bs + p % bs;
+        let mut wanted = Vec::new();
+        for s in seqs {
+            let gather = |pool: &[f32]| -> Vec<f32> {
+                (0..s.start)
+                    .flat_map(|p| pool[slot(s, p) * kv..][..kv].iter().copied())
+                    .collect()
+            };
+            let mut cache = RefCache::from_rows(
+                pool.k.iter().map(|l| gather(l)).collect(),
+                pool.v.iter().map(|l| gather(l)).collect(),
+            );
+            let mut last = Vec::new();
+            for (i, &t) in s.tokens.iter().enumerate() {
+                last = reference::forward_token(&model, t, s.start + i, &mut cache);
+            }
+            for l in 0..layers {
+                let (k, v) = cache.rows(l);
+                for p in s.start..s.start + s.tokens.len() {
+                    let at = slot(s, p) * kv;
+                    pool.k[l][at..at + kv].copy_from_slice(&k[p * kv..][..kv]);
+                    pool.v[l][at..at + kv].copy_from_slice(&v[p * kv..][..kv]);
+                }
+            }
+            if s.want {
+                wanted.push(last);
+            }
+        }
+        match out {
+            BatchOut::Logits(dst) => dst.copy_from_slice(&wanted.concat()),
+            BatchOut::Greedy(dst) => {
+                for (d, l) in dst.iter_mut().zip(&wanted) {
+                    *d = reference::argmax(l);
+                }
+            }
+        }
     }
 }
 

@@ -558,6 +558,38 @@ impl GpuLlm {
     pub fn head(&mut self, x: &[f32], t: usize, logits: &mut [f32]) -> Result<(), Refusal> {
         self.gate.run("llm.head", t, || self.dev.head(x, t, logits))
     }
+
+    /// See [`LlmDevice::kv_block_bytes`].
+    pub fn kv_block_bytes(&self, block_size: usize) -> u64 {
+        self.dev.kv_block_bytes(block_size)
+    }
+
+    /// See [`LlmDevice::kv_pool`].
+    pub fn kv_pool(
+        &mut self,
+        bytes: u64,
+        block_size: usize,
+    ) -> Result<crate::llm::batch::PoolShape, Refusal> {
+        self.gate
+            .run("llm.kv_pool", 1, || self.dev.kv_pool(bytes, block_size))
+    }
+
+    /// See [`LlmDevice::batch_step`].
+    pub fn batch_step(
+        &mut self,
+        seqs: &[crate::llm::batch::BatchSeq],
+        out: crate::llm::batch::BatchOut,
+    ) -> Result<(), Refusal> {
+        // Sized by rows and by the keys they attend to, so that a step at a long context is
+        // not held against the best step of as many rows at a short one.
+        let keys: usize = seqs
+            .iter()
+            .map(|s| s.tokens.len() * (s.start + s.tokens.len()))
+            .sum();
+        let units = crate::llm::batch::rows(seqs) + keys / 64;
+        self.gate
+            .run("llm.batch_step", units, || self.dev.batch_step(seqs, out))
+    }
 }
 
 #[cfg(test)]

@@ -378,3 +378,65 @@ fn a_backend_panic_is_a_refusal_and_retires_the_device() {
         .unwrap_err();
     assert!(matches!(r.reason, RefusalReason::Device(_)), "{r}");
 }
+
+/// The fake's batched step is the reference forward over the positions each block table holds:
+/// staggered joins, prompt chunks beside decode rows, a shared prefix and shuffled blocks all
+/// give each sequence what it would get alone, as logits and as device arg-max ids.
+#[test]
+fn fake_batched_step_matches_the_reference() {
+    let m = SynthModel::new(
+        qwen3_spec(64, 128, 2, 4, 2, 16, 97),
+        Dtype::F32,
+        SynthOptions::QWEN3,
+        5,
+    );
+    let model = m.model();
+    let b = FakeBackend::new(1 << 30);
+    for greedy in [false, true] {
+        let mut dev = b
+            .load_llm(&model, &LlmOptions::default(), &Placement::all(2))
+            .unwrap();
+        let r = crate::llm::batch_check::staggered_run(dev.as_mut(), &model, greedy, 9).unwrap();
+        assert_eq!(r.outputs, 16, "{r:?}");
+        assert_eq!(r.argmax_mismatches, 0, "{r:?}");
+        assert!(r.max_rel_err < 1e-6, "{r:?}");
+    }
+}
+
+/// Batched steps are refused before the pool exists and when a table names a block outside it;
+/// through the facade a refusal is an error like any other entry point's.
+#[test]
+fn batched_step_refusals_name_the_fault() {
+    use crate::llm::batch::{BatchOut, BatchSeq};
+    let _l = lock();
+    let m = tiny();
+    let gpu = fake_gpu(1 << 30);
+    let mut llm = gpu
+        .load_llm(&m.model(), &LlmOptions::default(), None)
+        .unwrap();
+    let v = m.model().spec.vocab;
+    let mut logits = vec![0f32; v];
+    let seq = |blocks: &'static [u32]| BatchSeq {
+        tokens: &[1, 2, 3],
+        start: 0,
+        blocks,
+        want: true,
+    };
+    let e = llm
+        .batch_step(&[seq(&[0])], BatchOut::Logits(&mut logits))
+        .unwrap_err();
+    assert!(e.to_string().contains("kv_pool"), "{e}");
+    let shape = llm.kv_pool(1 << 20, 16).unwrap();
+    assert!(shape.blocks > 0);
+    let far: &'static [u32] = Box::leak(vec![shape.blocks as u32].into_boxed_slice());
+    let e = llm
+        .batch_step(&[seq(far)], BatchOut::Logits(&mut logits))
+        .unwrap_err();
+    assert!(e.to_string().contains("outside the pool"), "{e}");
+    let e = llm
+        .batch_step(&[seq(&[0])], BatchOut::Logits(&mut logits[..1]))
+        .unwrap_err();
+    assert!(e.to_string().contains("output of 1 values"), "{e}");
+    llm.batch_step(&[seq(&[0])], BatchOut::Logits(&mut logits))
+        .unwrap();
+}

@@ -8,6 +8,8 @@
 //! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3); the feed-forward block is a
 //! SwiGLU MLP or a mixture of SwiGLU experts (Qwen3-MoE, Qwen2-MoE with its shared expert).
 
+pub mod batch;
+pub mod batch_check;
 pub mod reference;
 pub mod sample;
 pub mod synth;

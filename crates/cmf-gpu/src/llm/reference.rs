@@ -33,6 +33,16 @@ impl RefCache {
         }
     }
 
+    /// A cache holding per layer `[S, NKV·D]` keys `k[l]` and values `v[l]`.
+    pub fn from_rows(k: Vec<Vec<f32>>, v: Vec<Vec<f32>>) -> RefCache {
+        RefCache { k, v }
+    }
+
+    /// Layer `l`'s keys and values, `[S, NKV·D]` each.
+    pub fn rows(&self, l: usize) -> (&[f32], &[f32]) {
+        (&self.k[l], &self.v[l])
+    }
+
     /// Forgets positions ≥ `len` of one layer.
     pub fn truncate_layer(&mut self, layer: usize, len: usize, kv_dim: usize) {
         self.k[layer].truncate(len * kv_dim);

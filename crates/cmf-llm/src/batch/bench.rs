@@ -8,11 +8,15 @@
 //! - total: `S = B·(PP + TG) / (T_PP + T_TG)`.
 //!
 //! One untimed warm-up step runs first; each B is measured once, as llama-batched-bench does.
+//!
+//! With a device ([`run`]'s `gpu`), the model is uploaded once with a pool for the largest B and
+//! every B runs on it (arg-max on the device: one id per sequence comes back per step).
 
+use super::device::{DeviceBatch, PoolSize};
 use super::engine::{BatchConfig, BatchEngine, Work};
 use crate::error::{LlmError, Result};
 use crate::model::Model;
-use crate::sampling::{argmax, Xoshiro256};
+use crate::sampling::Xoshiro256;
 use cmf_kernels::KvDtype;
 use std::time::Instant;
 
@@ -59,9 +63,12 @@ impl BatchedBenchRow {
     }
 }
 
+/// Runs the table on the CPU, or on `gpu`'s device when given (an error says why the device
+/// cannot run it).
 pub fn run(
     model: &Model,
     cfg: &BatchedBenchConfig,
+    gpu: Option<&cmf_gpu::facade::Gpu>,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Vec<BatchedBenchRow>> {
     if cfg.prompt_tokens == 0 {
@@ -72,22 +79,38 @@ pub fn run(
     let vocab = model.config.vocab_size as u64;
     let mut rng = Xoshiro256::seed(1234);
     let mut rows = Vec::new();
+    let len = cfg.prompt_tokens + cfg.gen_tokens;
+    let per_seq = len.div_ceil(BatchConfig::BLOCK_SIZE) + 1;
+    let most = cfg.parallel.iter().copied().max().unwrap_or(1);
+    let mut device = match gpu {
+        Some(g) => Some(
+            DeviceBatch::load(
+                g,
+                model,
+                len + 1,
+                PP_STEP_TOKENS.max(most),
+                BatchConfig::BLOCK_SIZE,
+                PoolSize::Blocks(most * per_seq),
+            )
+            .map_err(|why| LlmError::Other(format!("GPU: {why}")))?,
+        ),
+        None => None,
+    };
     for &b in &cfg.parallel {
-        let len = cfg.prompt_tokens + cfg.gen_tokens;
-        let per_seq = len.div_ceil(BatchConfig::BLOCK_SIZE) + 1;
-        let mut engine = BatchEngine::new(
-            model,
-            BatchConfig {
-                block_size: BatchConfig::BLOCK_SIZE,
-                kv_blocks: b * per_seq,
-                kv_dtype: cfg.kv_dtype,
-                max_seq_len: len + 1,
-            },
-        )?;
+        let bc = BatchConfig {
+            block_size: BatchConfig::BLOCK_SIZE,
+            kv_blocks: b * per_seq,
+            kv_dtype: cfg.kv_dtype,
+            max_seq_len: len + 1,
+        };
+        let mut engine = match device.take() {
+            Some(d) => BatchEngine::on_device(model, bc, d)?,
+            None => BatchEngine::new(model, bc)?,
+        };
         // Warm-up: one short step, then the sequence is dropped.
         let w = engine.add(vec![1, 2, 3, 4])?;
         engine.reserve(w, 4);
-        engine.step(&[Work { seq: w, tokens: 4 }])?;
+        engine.step_greedy(&[Work { seq: w, tokens: 4 }])?;
         engine.remove(w);
 
         let mut seqs = Vec::with_capacity(b);
@@ -116,9 +139,7 @@ pub fn run(
                     break;
                 }
             }
-            let logits = engine.step(&work)?;
-            let v = vocab as usize;
-            last.extend(logits.chunks(v).map(argmax));
+            last.extend(engine.step_greedy(&work)?);
         }
         let t_pp = t.elapsed().as_secs_f64();
 
@@ -132,10 +153,15 @@ pub fn run(
                     return Err(LlmError::Other("bench: the KV pool is too small".into()));
                 }
             }
-            let logits = engine.step(&work)?;
-            next = logits.chunks(vocab as usize).map(argmax).collect();
+            next = engine.step_greedy(&work)?;
         }
         let t_tg = t.elapsed().as_secs_f64();
+        if gpu.is_some() && !engine.is_device() {
+            return Err(LlmError::Other(
+                "GPU: the device refused a step (CMF_LOG=debug says why)".into(),
+            ));
+        }
+        device = engine.into_device();
         rows.push(BatchedBenchRow {
             pp: cfg.prompt_tokens,
             tg: cfg.gen_tokens,

@@ -13,9 +13,11 @@
 //!   hits, since a cached block carries no recurrent state.
 
 use super::blocks::{BlockId, BlockPool, PoolStats};
+use super::device::DeviceBatch;
 use super::recurrent::{RecurrentSlots, SlotId};
 use crate::error::{LlmError, Result};
 use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, Segment, SeqRows};
+use cmf_gpu::llm::batch::{BatchOut, BatchSeq};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
 
@@ -94,6 +96,10 @@ pub struct BatchEngine<'m, 'a> {
     slots: RecurrentSlots,
     next_id: SeqId,
     act: Activations,
+    /// The device that runs the steps and holds the pool (None: the CPU does, in `layers`).
+    device: Option<DeviceBatch>,
+    /// The last device step's outputs.
+    dev_logits: Vec<f32>,
 }
 
 impl<'m, 'a> BatchEngine<'m, 'a> {
@@ -117,35 +123,55 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             max_seq_len: cfg.max_seq_len.min(c.max_position_embeddings.max(1)),
             ..cfg
         };
-        let layers = c
-            .mixers
-            .iter()
-            .map(|&m| {
-                // A GatedDeltaNet layer's state lives in the sequence's recurrent slot.
-                let blocks = if m == Mixer::Attention {
-                    cfg.kv_blocks
-                } else {
-                    0
-                };
-                KvBlocks::new(
-                    cfg.kv_dtype,
-                    blocks,
-                    cfg.block_size,
-                    c.num_kv_heads,
-                    c.head_dim,
-                )
-            })
-            .collect();
         Ok(BatchEngine {
             model,
             cfg,
-            layers,
+            layers: cpu_layers(model, &cfg),
             pool: BlockPool::new(cfg.kv_blocks),
             seqs: HashMap::new(),
             slots: RecurrentSlots::new(model),
             next_id: 0,
             act: Activations::default(),
+            device: None,
+            dev_logits: Vec::new(),
         })
+    }
+
+    /// An engine whose steps run on `device` and whose pool is the device's (its block count
+    /// and size replace `cfg`'s; `cfg.kv_dtype` is the CPU pool's should the device refuse a
+    /// step, when the engine moves to the CPU for good and recomputes what the device held).
+    pub fn on_device(model: &'m Model<'a>, cfg: BatchConfig, device: DeviceBatch) -> Result<Self> {
+        let cfg = BatchConfig {
+            block_size: device.block_size(),
+            kv_blocks: device.blocks(),
+            ..cfg
+        };
+        // No CPU pool while the device holds it.
+        let mut e = BatchEngine::new(
+            model,
+            BatchConfig {
+                kv_blocks: 1,
+                ..cfg
+            },
+        )?;
+        e.cfg = BatchConfig {
+            max_seq_len: e.cfg.max_seq_len,
+            ..cfg
+        };
+        e.pool = BlockPool::new(cfg.kv_blocks);
+        e.device = Some(device);
+        Ok(e)
+    }
+
+    /// The device, for another engine (its pool's contents are left behind: a new engine's
+    /// tables name no block until it computes one).
+    pub fn into_device(self) -> Option<DeviceBatch> {
+        self.device
+    }
+
+    /// Whether the steps run on the device (false after a refusal moved the engine to the CPU).
+    pub fn is_device(&self) -> bool {
+        self.device.is_some()
     }
 
     pub fn config(&self) -> &BatchConfig {
@@ -376,6 +402,116 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     /// items' order. Each sequence may appear once and must have reserved its blocks.
     pub fn step(&mut self, work: &[Work]) -> Result<&[f32]> {
         self.check_work(work)?;
+        self.check_rows(work)?;
+        if self.device.is_some() {
+            match self.step_device(work, false) {
+                Ok(m) => return Ok(&self.dev_logits[..m * self.model.config.vocab_size]),
+                Err(r) => self.fall_back(r)?,
+            }
+        }
+        self.step_cpu(work)
+    }
+
+    /// [`Self::step`] returning each output's arg-max (ties to the lowest id): on the device,
+    /// one id per sequence comes back instead of its logits.
+    pub fn step_greedy(&mut self, work: &[Work]) -> Result<Vec<u32>> {
+        self.check_work(work)?;
+        self.check_rows(work)?;
+        if self.device.is_some() {
+            match self.step_device(work, true) {
+                Ok(m) => return Ok(self.dev_logits[..m].iter().map(|&x| x.to_bits()).collect()),
+                Err(r) => self.fall_back(r)?,
+            }
+        }
+        let v = self.model.config.vocab_size;
+        Ok(self
+            .step_cpu(work)?
+            .chunks(v)
+            .map(crate::sampling::argmax)
+            .collect())
+    }
+
+    /// A checked step on the device; returns the outputs (in `dev_logits`: logits, or ids as
+    /// f32 bit patterns when `greedy`).
+    fn step_device(
+        &mut self,
+        work: &[Work],
+        greedy: bool,
+    ) -> std::result::Result<usize, cmf_gpu::facade::Refusal> {
+        let bs = self.cfg.block_size;
+        let v = self.model.config.vocab_size;
+        let items: Vec<BatchSeq> = work
+            .iter()
+            .map(|w| {
+                let s = &self.seqs[&w.seq];
+                let end = s.computed + w.tokens;
+                BatchSeq {
+                    tokens: &s.tokens[s.computed..end],
+                    start: s.computed,
+                    blocks: &s.table,
+                    want: end == s.tokens.len(),
+                }
+            })
+            .collect();
+        let m = items.iter().filter(|i| i.want).count();
+        let dev = self.device.as_mut().expect("checked");
+        if greedy {
+            let mut ids = vec![0u32; m];
+            dev.step(&items, BatchOut::Greedy(&mut ids))?;
+            self.dev_logits.clear();
+            self.dev_logits
+                .extend(ids.iter().map(|&i| f32::from_bits(i)));
+        } else {
+            self.dev_logits.resize(m * v, 0.0);
+            dev.step(&items, BatchOut::Logits(&mut self.dev_logits[..m * v]))?;
+        }
+        drop(items);
+        for w in work {
+            self.advance(w.seq, w.tokens, bs);
+        }
+        Ok(m)
+    }
+
+    /// After a device refusal: the CPU takes the pool over for good. Every sequence's blocks are
+    /// given back and its computed tokens recomputed on the CPU into blocks of its own (as many as
+    /// it held, so the step being run finds its reservation), one sequence at a time.
+    fn fall_back(&mut self, why: cmf_gpu::facade::Refusal) -> Result<()> {
+        cmf_gpu::facade::log::debug(&format!(
+            "batch: the device refused a step ({why}); recomputing on the CPU"
+        ));
+        self.device = None;
+        self.dev_logits = Vec::new();
+        self.layers = cpu_layers(self.model, &self.cfg);
+        self.pool = BlockPool::new(self.cfg.kv_blocks);
+        let mut held: Vec<(SeqId, usize, usize)> = self
+            .seqs
+            .iter()
+            .map(|(&id, s)| (id, s.computed, s.table.len()))
+            .collect();
+        held.sort_unstable();
+        for s in self.seqs.values_mut() {
+            s.table.clear();
+            s.hashes.clear();
+            s.computed = 0;
+        }
+        let bs = self.cfg.block_size;
+        for (id, computed, blocks) in held {
+            if !self.reserve(id, blocks * bs) {
+                return Err(LlmError::Other(format!(
+                    "the device refused a step ({why}) and the CPU pool cannot hold what it held"
+                )));
+            }
+            let mut done = 0;
+            while done < computed {
+                let n = (computed - done).min(crate::model::PREFILL_CHUNK);
+                self.step_cpu(&[Work { seq: id, tokens: n }])?;
+                done += n;
+            }
+        }
+        Ok(())
+    }
+
+    fn step_cpu(&mut self, work: &[Work]) -> Result<&[f32]> {
         let bs = self.cfg.block_size;
         let BatchEngine {
             model,
@@ -412,6 +548,22 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             self.advance(w.seq, w.tokens, bs);
         }
         Ok(&self.act.logits()[..m])
+    }
+
+    /// Most rows one step may hold (the device's step size; unbounded on the CPU).
+    pub fn max_step_rows(&self) -> usize {
+        self.device.as_ref().map_or(usize::MAX, |d| d.max_rows())
+    }
+
+    fn check_rows(&self, work: &[Work]) -> Result<()> {
+        let rows: usize = work.iter().map(|w| w.tokens).sum();
+        if rows > self.max_step_rows() {
+            return Err(LlmError::Other(format!(
+                "step: {rows} rows, the device takes at most {} per step",
+                self.max_step_rows()
+            )));
+        }
+        Ok(())
     }
 
     fn check_work(&self, work: &[Work]) -> Result<()> {
@@ -470,6 +622,29 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             s.hashes.push(h);
         }
     }
+}
+
+/// The CPU pool of `cfg`: per layer, its blocks (none for GatedDeltaNet layers, whose state
+/// lives in the sequence's recurrent slot).
+fn cpu_layers(model: &Model, cfg: &BatchConfig) -> Vec<KvBlocks> {
+    let c = &model.config;
+    c.mixers
+        .iter()
+        .map(|&m| {
+            let blocks = if m == Mixer::Attention {
+                cfg.kv_blocks
+            } else {
+                0
+            };
+            KvBlocks::new(
+                cfg.kv_dtype,
+                blocks,
+                cfg.block_size,
+                c.num_kv_heads,
+                c.head_dim,
+            )
+        })
+        .collect()
 }
 
 /// One step's view of the pool: every layer's blocks and each segment's block table.

@@ -19,10 +19,12 @@
 
 pub mod bench;
 pub mod blocks;
+pub mod device;
 pub mod engine;
 mod recurrent;
 pub mod scheduler;
 
 pub use blocks::{BlockPool, PoolStats};
+pub use device::{DeviceBatch, PoolSize};
 pub use engine::{BatchConfig, BatchEngine, SeqId, Work};
 pub use scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, SchedulerStats};

@@ -59,7 +59,7 @@ impl CudaLlm {
         self.embed_rows(e, self.ws.tok(), 1, self.ws.h.ptr())
     }
 
-    fn embed_rows(&self, e: &DevWeight, tokens: u64, t: usize, out: u64) -> DResult<()> {
+    pub(super) fn embed_rows(&self, e: &DevWeight, tokens: u64, t: usize, out: u64) -> DResult<()> {
         self.go(
             &self.mk.embed_rows,
             (t as u32, 1, 1),

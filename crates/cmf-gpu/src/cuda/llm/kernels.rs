@@ -13,6 +13,13 @@ pub const ATTENTION_DECODE: &str = concat!(
     include_str!("../runtime/kernels/rope.cuh"),
     include_str!("kernels/attention_decode.cu")
 );
+/// The batched step's kernels over the KV block pool (per-row RoPE and pool write, paged
+/// attention, last-row gather, per-row arg-max); loaded with the pool.
+pub const ATTENTION_PAGED: &str = concat!(
+    include_str!("../runtime/kernels/kv.cuh"),
+    include_str!("../runtime/kernels/rope.cuh"),
+    include_str!("kernels/attention_paged.cu")
+);
 /// The sampler (penalties, candidates, the draw): the same for every model.
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 
@@ -155,5 +162,35 @@ impl ModelKernels {
             _mods: vec![rows, attn, dec_attn],
         };
         Ok(k)
+    }
+}
+
+/// The batched step's kernels (attention_paged.cu) for one model's geometry.
+pub struct PagedKernels {
+    pub rope_rows_paged: Func,
+    pub attn_paged: Func,
+    pub gather_rows: Func,
+    pub argmax_rows: Func,
+    _module: Module,
+}
+
+impl PagedKernels {
+    pub fn load(dev: &Dev, head_dim: usize, group: usize, kv_f32: bool) -> DResult<PagedKernels> {
+        let defs = vec![
+            ("HD", head_dim.to_string()),
+            ("GQA", group.to_string()),
+            ("KV_F32", (kv_f32 as u8).to_string()),
+        ];
+        let m = Module::load_job(
+            dev,
+            &Job::new("attention_paged", ATTENTION_PAGED, &defs, &dev.arch()),
+        )?;
+        Ok(PagedKernels {
+            rope_rows_paged: m.func("rope_rows_paged")?,
+            attn_paged: m.func("attn_paged")?,
+            gather_rows: m.func("gather_rows")?,
+            argmax_rows: m.func("argmax_rows")?,
+            _module: m,
+        })
     }
 }

@@ -12,6 +12,7 @@
 //! - `forward_layers` / `head`: hybrid placement, the caller runs the other layers on the CPU.
 
 mod ahead;
+mod batched;
 mod forward;
 pub(crate) mod kernels;
 pub mod moe;
@@ -24,10 +25,12 @@ use crate::cuda::runtime::weights::{self, DevCodec, DevWeight};
 use crate::facade::backend::{Footprint, LlmDevice};
 use crate::facade::placement::Placement;
 use crate::facade::refusal::{Refusal, RefusalReason};
+use crate::llm::batch::{self, BatchOut, BatchSeq, PoolShape};
 use crate::llm::{
     DecodeOutput, Ffn, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
+pub use batched::paged_attention_probe;
 pub use kernels::CommonKernels;
 use kernels::{DecodeAttnConfig, ModelKernels};
 use moe::{DevFfn, MoeDecodeWs, MoeKernels, MoePrefillWs};
@@ -98,6 +101,8 @@ pub struct CudaLlm {
     /// The token ring and the graph launched ahead (ahead.rs).
     ahead: DecodeAhead,
     attn: AttnKernel,
+    /// The batched step's KV block pool (`kv_pool`).
+    pool: Option<batched::KvPool>,
 }
 
 /// Which prefill attention kernel runs: `Fa2` where it applies, else `Simple`. The earlier
@@ -522,6 +527,7 @@ impl CudaLlm {
             dev_inputs: None,
             ahead: DecodeAhead::new().map_err(err)?,
             attn: AttnKernel::Fa2,
+            pool: None,
         }
         .with_attention(AttnKernel::Fa2))
     }
@@ -532,6 +538,16 @@ impl CudaLlm {
 
     fn bind(&self, op: &'static str) -> Result<(), Refusal> {
         self.dev.bind_to_thread().map_err(|e| e.refusal(op))
+    }
+
+    fn need_whole(&self, op: &'static str) -> Result<(), Refusal> {
+        if !self.placement.is_whole_model() {
+            return Err(Refusal::new(
+                op,
+                RefusalReason::NotResident("part of the model is on the CPU".into()),
+            ));
+        }
+        Ok(())
     }
 
     fn refuse(op: &'static str, why: String) -> Refusal {
@@ -797,6 +813,32 @@ impl LlmDevice for CudaLlm {
         let y = self.run_head(x, t).map_err(|e| e.refusal(OP))?;
         logits.copy_from_slice(&y);
         Ok(())
+    }
+
+    fn kv_block_bytes(&self, block_size: usize) -> u64 {
+        self.pool_block_bytes(block_size)
+    }
+
+    fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
+        const OP: &str = "llm.kv_pool";
+        self.need_whole(OP)?;
+        self.bind(OP)?;
+        self.alloc_pool(bytes, block_size)
+    }
+
+    fn batch_step(&mut self, seqs: &[BatchSeq], out: BatchOut) -> Result<(), Refusal> {
+        const OP: &str = "llm.batch_step";
+        self.need_whole(OP)?;
+        if self.blas.is_none() {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::Device("cuBLAS is not available".into()),
+            ));
+        }
+        let shape = self.pool.as_ref().map(|p| p.shape);
+        batch::validate(seqs, &out, shape, self.spec.vocab, self.opts.prefill_chunk)?;
+        self.bind(OP)?;
+        self.run_batch_step(seqs, out).map_err(|e| e.refusal(OP))
     }
 }
 

@@ -1,0 +1,182 @@
+//! The batched step on the device: the KV block pool (allocated from a byte budget by
+//! `kv_pool`) and one forward pass over the rows of many sequences (`step.rs`).
+//!
+//! Every linear layer runs as one GEMM over all rows through the prefill path (`gemm`, any
+//! codec); the per-row kernels (attention_paged.cu) put each row's keys and values in its pool
+//! slot and attend each row to its sequence's positions through its block table. Greedy steps
+//! pick each sequence's arg-max on the device (one id comes back per sequence); otherwise its
+//! last-row logits come back and the caller samples.
+
+mod step;
+
+use super::kernels::PagedKernels;
+use super::CudaLlm;
+use crate::cuda::runtime::device::{DBuf, DResult, Dev};
+use crate::facade::refusal::{Refusal, RefusalReason};
+use crate::llm::batch::PoolShape;
+
+/// The pool and the buffers of its steps.
+pub(super) struct KvPool {
+    pub shape: PoolShape,
+    /// Per layer `[NKV, blocks · B, D]` keys and values (f16, or f32 as the single cache).
+    k: Vec<DBuf>,
+    v: Vec<DBuf>,
+    kernels: PagedKernels,
+    /// Step inputs (i32) and outputs, grown on demand.
+    io: Grow,
+    logits: Grow,
+    ids: Grow,
+}
+
+/// A device buffer that grows to the largest size asked for.
+#[derive(Default)]
+struct Grow(Option<DBuf>);
+
+impl Grow {
+    fn at_least(&mut self, dev: &Dev, bytes: usize) -> DResult<u64> {
+        if self.0.as_ref().is_none_or(|b| b.len() < bytes) {
+            self.0 = None;
+            self.0 = Some(dev.alloc(bytes.max(4))?);
+        }
+        Ok(self.0.as_ref().expect("allocated").ptr())
+    }
+}
+
+impl CudaLlm {
+    /// Bytes one block of `block_size` positions takes over every layer.
+    pub(super) fn pool_block_bytes(&self, block_size: usize) -> u64 {
+        let elem = if self.kv_f32 { 4 } else { 2 };
+        (2 * self.spec.num_layers * block_size * self.spec.kv_dim() * elem) as u64
+    }
+
+    /// Allocates the pool (the earlier one freed first): as many blocks as `bytes` holds.
+    pub(super) fn alloc_pool(
+        &mut self,
+        bytes: u64,
+        block_size: usize,
+    ) -> Result<PoolShape, Refusal> {
+        const OP: &str = "llm.kv_pool";
+        let s = self.spec.clone();
+        let group = s.num_heads / s.num_kv_heads;
+        let shape_refusal = |m: String| Refusal::new(OP, RefusalReason::UnsupportedShape(m));
+        if group > 32 {
+            return Err(shape_refusal(format!(
+                "{group} query heads per kv head (paged attention takes at most 32)"
+            )));
+        }
+        if block_size == 0 {
+            return Err(shape_refusal("block size 0".into()));
+        }
+        let per = self.pool_block_bytes(block_size);
+        let blocks = (bytes / per) as usize;
+        // Slots are i32 in the kernels.
+        let blocks = blocks.min(i32::MAX as usize / block_size);
+        if blocks == 0 {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::OutOfMemory {
+                    need: per,
+                    budget: bytes,
+                },
+            ));
+        }
+        self.settle().map_err(|e| e.refusal(OP))?;
+        self.pool = None;
+        let err = |e: crate::cuda::runtime::device::DevError| e.refusal(OP);
+        let kernels = PagedKernels::load(&self.dev, s.head_dim, group, self.kv_f32).map_err(err)?;
+        let layer_bytes = (per / s.num_layers as u64) as usize / 2 * blocks;
+        let mut k = Vec::with_capacity(s.num_layers);
+        let mut v = Vec::with_capacity(s.num_layers);
+        for _ in 0..s.num_layers {
+            // Zeroed: a garbage row could be NaN, and a NaN times a zero weight is NaN.
+            k.push(self.dev.alloc_zeroed(layer_bytes).map_err(err)?);
+            v.push(self.dev.alloc_zeroed(layer_bytes).map_err(err)?);
+        }
+        let shape = PoolShape { block_size, blocks };
+        self.pool = Some(KvPool {
+            shape,
+            k,
+            v,
+            kernels,
+            io: Grow::default(),
+            logits: Grow::default(),
+            ids: Grow::default(),
+        });
+        Ok(shape)
+    }
+}
+
+/// Test hook: `attn_paged` alone over host inputs, in the layouts of
+/// [`crate::llm::batch::paged_attention_reference`] (pools rounded to f16 unless `kv_f32`);
+/// returns `out [T, NH, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_probe(
+    dev: &Dev,
+    geometry: (usize, usize, usize),
+    kv_f32: bool,
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    scale: f32,
+    window: usize,
+    row_pos: &[usize],
+    row_seq: &[usize],
+    tables: &[&[u32]],
+    block_size: usize,
+) -> DResult<Vec<f32>> {
+    use crate::cuda::runtime::device::{bytes_of, Arg};
+    let (nh, nkv, d) = geometry;
+    let k = PagedKernels::load(dev, d, nh / nkv, kv_f32)?;
+    let pool = |p: &[f32]| -> DResult<DBuf> {
+        if kv_f32 {
+            dev.upload_new(bytes_of(p))
+        } else {
+            let h: Vec<u16> = p
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect();
+            dev.upload_new(bytes_of(&h))
+        }
+    };
+    let (kp, vp) = (pool(k_pool)?, pool(v_pool)?);
+    let s_pool = k_pool.len() / (nkv * d);
+    let ints = |v: &mut dyn Iterator<Item = usize>| -> DResult<DBuf> {
+        let v: Vec<i32> = v.map(|x| x as i32).collect();
+        dev.upload_new(bytes_of(&v))
+    };
+    let pos = ints(&mut row_pos.iter().copied())?;
+    let seq = ints(&mut row_seq.iter().copied())?;
+    let flat = ints(&mut tables.iter().flat_map(|t| t.iter().map(|&b| b as usize)))?;
+    let offs = ints(&mut tables.iter().scan(0, |o, t| {
+        let at = *o;
+        *o += t.len();
+        Some(at)
+    }))?;
+    let qd = dev.upload_new(bytes_of(q))?;
+    let t = row_pos.len();
+    let out = dev.alloc(4 * t * nh * d)?;
+    dev.launch(
+        &k.attn_paged,
+        (t as u32, nkv as u32, 1),
+        ((32 * (nh / nkv)) as u32, 1, 1),
+        0,
+        &[
+            Arg::Ptr(qd.ptr()),
+            Arg::Ptr(kp.ptr()),
+            Arg::Ptr(vp.ptr()),
+            Arg::I32(s_pool as i32),
+            Arg::Ptr(pos.ptr()),
+            Arg::Ptr(seq.ptr()),
+            Arg::Ptr(flat.ptr()),
+            Arg::Ptr(offs.ptr()),
+            Arg::I32(block_size as i32),
+            Arg::I32(window as i32),
+            Arg::F32(scale),
+            Arg::I32(nh as i32),
+            Arg::Ptr(out.ptr()),
+        ],
+    )?;
+    let mut o = vec![0f32; t * nh * d];
+    dev.download_f32(&mut o, out.ptr())?;
+    Ok(o)
+}

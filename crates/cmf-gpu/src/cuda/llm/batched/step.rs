@@ -1,0 +1,334 @@
+//! One batched step, as launches on the model's stream. Per layer, over the T rows of every
+//! sequence in pf.h [T, H]:
+//!   rmsnorm → GEMM q,k,v → rope_rows_paged (+biases, q/k norm, RoPE at each row's position, k
+//!   and v into each row's pool slot) → attn_paged (each row over its sequence's blocks) →
+//!   GEMM o (+= residual) → rmsnorm → GEMM gate,up → swiglu → GEMM down (+= residual)
+//! (the prefill stages, `prefill_stage`, except the two in the middle); then the last row of each
+//! sequence that wants output is gathered, normed and multiplied by lm_head, and each one's
+//! logits or arg-max come back. Steps of a few rows (decode of a few sequences) run the linear
+//! layers and the head as the decode matvecs, row by row (`MATVEC_ROWS`).
+
+use super::super::CudaLlm;
+use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError};
+use crate::cuda::runtime::matvec::{self, MvMode, MvSeg};
+use crate::llm::batch::{self, BatchOut, BatchSeq};
+
+/// Steps of at most this many rows run each linear layer as one matvec per row (the decode
+/// kernels, reading the weights in their codec) instead of one GEMM, which dequantises every
+/// quantised matrix into a bf16 scratch first (about five times the matvec's weight traffic for
+/// q8). At one row this is the single-sequence decode's arithmetic. The crossover is not measured.
+const MATVEC_ROWS: usize = 4;
+
+/// Where each section of a step's i32 inputs starts (in elements).
+struct Inputs {
+    tokens: usize,
+    pos: usize,
+    slot: usize,
+    seq: usize,
+    tab_off: usize,
+    last: usize,
+    tables: usize,
+}
+
+/// A step's i32 inputs, one upload: tokens, row positions, row slots, row sequences, each
+/// sequence's table offset, the rows whose output is wanted, the block tables.
+fn pack(seqs: &[BatchSeq], block_size: usize) -> (Vec<i32>, Inputs) {
+    let t = batch::rows(seqs);
+    let (slots, pos) = batch::row_slots(seqs, block_size);
+    let mut v: Vec<i32> = Vec::with_capacity(4 * t + 2 * seqs.len());
+    let tokens = 0;
+    v.extend(seqs.iter().flat_map(|s| s.tokens.iter().map(|&x| x as i32)));
+    let pos_at = v.len();
+    v.extend(pos);
+    let slot_at = v.len();
+    v.extend(slots);
+    let seq_at = v.len();
+    for (i, s) in seqs.iter().enumerate() {
+        v.extend(std::iter::repeat_n(i as i32, s.tokens.len()));
+    }
+    let tab_off = v.len();
+    let mut off = 0;
+    for s in seqs {
+        v.push(off);
+        off += s.blocks.len() as i32;
+    }
+    let last = v.len();
+    let mut row = 0;
+    for s in seqs {
+        row += s.tokens.len();
+        if s.want {
+            v.push(row as i32 - 1);
+        }
+    }
+    let tables = v.len();
+    v.extend(seqs.iter().flat_map(|s| s.blocks.iter().map(|&b| b as i32)));
+    (
+        v,
+        Inputs {
+            tokens,
+            pos: pos_at,
+            slot: slot_at,
+            seq: seq_at,
+            tab_off,
+            last,
+            tables,
+        },
+    )
+}
+
+impl CudaLlm {
+    /// Runs a validated step and writes `out`.
+    pub(in super::super) fn run_batch_step(
+        &mut self,
+        seqs: &[BatchSeq],
+        out: BatchOut,
+    ) -> DResult<()> {
+        self.settle()?;
+        self.ensure_prefill_ws()?;
+        self.dev_inputs = None;
+        let (h, vocab) = (self.spec.hidden, self.spec.vocab);
+        let t = batch::rows(seqs);
+        let m = seqs.iter().filter(|s| s.want).count();
+        let bs = self.pool.as_ref().expect("validated").shape.block_size;
+        let (inputs, at) = pack(seqs, bs);
+        let dev = self.dev.clone();
+        let pool = self.pool.as_mut().expect("validated");
+        let io = pool.io.at_least(&dev, 4 * inputs.len())?;
+        let logits = pool.logits.at_least(&dev, 4 * m.max(1) * vocab)?;
+        let ids = pool.ids.at_least(&dev, 4 * m.max(1))?;
+        dev.upload(io, bytes_of(&inputs))?;
+        let i32_at = |i: usize| io + 4 * i as u64;
+
+        let pf = self.pf.as_ref().expect("ensured");
+        let embed = self.embed.as_ref().expect("whole model resident");
+        self.embed_rows(embed, i32_at(at.tokens), t, pf.h.ptr())?;
+        let by_rows = t <= MATVEC_ROWS && !self.opts.precise;
+        for l in 0..self.layers.len() {
+            if by_rows {
+                self.layer_by_rows(l, t, &|i| i32_at(i), &at)?;
+                continue;
+            }
+            for stage in 0..Self::PREFILL_STAGES.len() {
+                match stage {
+                    2 => self.rope_paged(l, t, i32_at(at.pos), i32_at(at.slot))?,
+                    3 => self.attention_paged(l, t, &|i| i32_at(i), &at)?,
+                    _ => self.prefill_stage(l, t, stage)?,
+                }
+            }
+        }
+        if m == 0 {
+            return self.dev.sync();
+        }
+        let pf = self.pf.as_ref().expect("ensured");
+        let pk = &self.pool.as_ref().expect("validated").kernels;
+        if by_rows {
+            // Each wanted row through the decode head (final norm fused).
+            let mut row = 0;
+            let mut j = 0;
+            for s in seqs {
+                row += s.tokens.len();
+                if s.want {
+                    let x = pf.h.ptr() + 4 * ((row - 1) * h) as u64;
+                    self.enqueue_head_decode(x, logits + 4 * (j * vocab) as u64)?;
+                    j += 1;
+                }
+            }
+            return self.read_outputs(out, logits, ids, m);
+        }
+        // The wanted rows, gathered into pf.xn, normed into pf.h (free once the layers ran).
+        self.dev.launch(
+            &pk.gather_rows,
+            (m as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(pf.h.ptr()),
+                Arg::Ptr(i32_at(at.last)),
+                Arg::I32(h as i32),
+                Arg::Ptr(pf.xn.ptr()),
+            ],
+        )?;
+        let head = self.head_weight().expect("whole model resident");
+        let norm = self
+            .final_norm
+            .as_ref()
+            .expect("whole model resident")
+            .ptr();
+        self.rmsnorm_rows(pf.xn.ptr(), norm, m, h, pf.h.ptr())?;
+        self.to_bf16(pf.h.ptr(), m * h, pf.xb.ptr())?;
+        self.gemm(head, pf.h.ptr(), pf.xb.ptr(), m, logits, vocab, 0, false)?;
+        self.read_outputs(out, logits, ids, m)
+    }
+
+    /// Reads the step's logits `[m, V]` at `logits` back, or their arg-max (through `ids`).
+    fn read_outputs(&self, out: BatchOut, logits: u64, ids: u64, m: usize) -> DResult<()> {
+        let vocab = self.spec.vocab;
+        let pk = &self.pool.as_ref().expect("validated").kernels;
+        match out {
+            BatchOut::Logits(dst) => self.dev.download_f32(dst, logits),
+            BatchOut::Greedy(dst) => {
+                self.dev.launch(
+                    &pk.argmax_rows,
+                    (m as u32, 1, 1),
+                    (1024, 1, 1),
+                    0,
+                    &[Arg::Ptr(logits), Arg::I32(vocab as i32), Arg::Ptr(ids)],
+                )?;
+                let mut raw = vec![0i32; m];
+                // SAFETY: i32 has no invalid bit patterns; the view covers exactly `raw`.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(raw.as_mut_ptr() as *mut u8, 4 * m) };
+                self.dev.download(bytes, ids)?;
+                if let Some(r) = raw.iter().find(|&&r| r < 0 || r as usize >= vocab) {
+                    return Err(DevError(format!(
+                        "device arg-max {r} outside the vocabulary"
+                    )));
+                }
+                for (d, &r) in dst.iter_mut().zip(&raw) {
+                    *d = r as u32;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Layer `l` over the `t` rows of pf.h with the decode matvecs, row by row, around the
+    /// paged kernels (which add the q/k/v biases, as in the GEMM path).
+    fn layer_by_rows(
+        &self,
+        l: usize,
+        t: usize,
+        i32_at: &dyn Fn(usize) -> u64,
+        at: &Inputs,
+    ) -> DResult<()> {
+        let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
+        let d = self.layers[l].as_ref().expect("whole model resident");
+        let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);
+        let ld = q + 2 * s.kv_dim();
+        let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
+            matvec::launch(
+                &self.dev,
+                &self.ck.matvec,
+                segs,
+                x,
+                norm,
+                s.rms_eps,
+                y,
+                mode,
+                false,
+            )
+        };
+        let seg = |w| MvSeg { w, bias: 0 };
+        let row = |buf: u64, r: usize, width: usize| buf + 4 * (r * width) as u64;
+        for r in 0..t {
+            mv(
+                &[seg(&d.q), seg(&d.k), seg(&d.v)],
+                row(pf.h.ptr(), r, h),
+                d.attn_norm.ptr(),
+                row(pf.qkv.ptr(), r, ld),
+                MvMode::Store,
+            )?;
+        }
+        self.rope_paged(l, t, i32_at(at.pos), i32_at(at.slot))?;
+        self.attention_paged(l, t, i32_at, at)?;
+        // pf.gu holds each row's SwiGLU output [I] (f32).
+        for r in 0..t {
+            let x = row(pf.h.ptr(), r, h);
+            mv(
+                &[seg(&d.o)],
+                row(pf.attn.ptr(), r, q),
+                0,
+                x,
+                MvMode::Accumulate,
+            )?;
+            let act = row(pf.gu.ptr(), r, i);
+            mv(
+                &[seg(&d.gate), seg(&d.up)],
+                x,
+                d.ffn_norm.ptr(),
+                act,
+                MvMode::SwiGlu,
+            )?;
+            mv(&[seg(&d.down)], act, 0, x, MvMode::Accumulate)?;
+        }
+        Ok(())
+    }
+
+    /// Bias, q/k norm, RoPE at each row's position; q into pf.qr, k and v into the pool.
+    fn rope_paged(&self, l: usize, t: usize, row_pos: u64, row_slot: u64) -> DResult<()> {
+        let (s, pf, d) = (
+            &self.spec,
+            self.pf.as_ref().expect("prefill workspace"),
+            self.layers[l].as_ref().expect("whole model resident"),
+        );
+        let pool = self.pool.as_ref().expect("validated");
+        let opt =
+            |b: &Option<crate::cuda::runtime::device::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
+        let heads = s.num_heads + 2 * s.num_kv_heads;
+        self.dev.launch(
+            &pool.kernels.rope_rows_paged,
+            (heads.div_ceil(4) as u32, t as u32, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::Ptr(pf.qkv.ptr()),
+                Arg::I32((s.q_dim() + 2 * s.kv_dim()) as i32),
+                Arg::Ptr(opt(&d.q_bias)),
+                Arg::Ptr(opt(&d.k_bias)),
+                Arg::Ptr(opt(&d.v_bias)),
+                Arg::Ptr(opt(&d.q_norm)),
+                Arg::Ptr(opt(&d.k_norm)),
+                Arg::F32(s.rms_eps),
+                Arg::Ptr(self.inv_freq.ptr()),
+                Arg::I32(s.rope.inv_freq.len() as i32),
+                Arg::F32(s.rope.attention_factor),
+                Arg::Ptr(row_pos),
+                Arg::Ptr(row_slot),
+                Arg::I32(s.num_heads as i32),
+                Arg::I32(s.num_kv_heads as i32),
+                Arg::Ptr(pf.qr.ptr()),
+                Arg::Ptr(pool.k[l].ptr()),
+                Arg::Ptr(pool.v[l].ptr()),
+                Arg::I32((pool.shape.blocks * pool.shape.block_size) as i32),
+            ],
+        )
+    }
+
+    /// Each row of pf.qr over its sequence's positions in the pool, into pf.attn.
+    fn attention_paged(
+        &self,
+        l: usize,
+        t: usize,
+        i32_at: &dyn Fn(usize) -> u64,
+        at: &Inputs,
+    ) -> DResult<()> {
+        let (s, pf, d) = (
+            &self.spec,
+            self.pf.as_ref().expect("prefill workspace"),
+            self.layers[l].as_ref().expect("whole model resident"),
+        );
+        let pool = self.pool.as_ref().expect("validated");
+        let group = s.num_heads / s.num_kv_heads;
+        self.dev.launch(
+            &pool.kernels.attn_paged,
+            (t as u32, s.num_kv_heads as u32, 1),
+            ((32 * group) as u32, 1, 1),
+            0,
+            &[
+                Arg::Ptr(pf.qr.ptr()),
+                Arg::Ptr(pool.k[l].ptr()),
+                Arg::Ptr(pool.v[l].ptr()),
+                Arg::I32((pool.shape.blocks * pool.shape.block_size) as i32),
+                Arg::Ptr(i32_at(at.pos)),
+                Arg::Ptr(i32_at(at.seq)),
+                Arg::Ptr(i32_at(at.tables)),
+                Arg::Ptr(i32_at(at.tab_off)),
+                Arg::I32(pool.shape.block_size as i32),
+                Arg::I32(d.window),
+                Arg::F32(s.attn_scale),
+                Arg::I32(s.num_heads as i32),
+                Arg::Ptr(pf.attn.ptr()),
+            ],
+        )
+    }
+}
