@@ -15,6 +15,7 @@ mod ahead;
 mod forward;
 pub(crate) mod kernels;
 mod profile;
+mod sampler;
 mod workspace;
 
 use crate::cuda::runtime::blas::Blas;
