@@ -37,13 +37,20 @@ pub mod sc {
     pub const WORDS: usize = TIES + SAMPLE_BLOCKS;
 }
 
+// sample_draw gives a thread to each slice's partials; a radix plan gives each thread whole bins.
+const _: () = assert!(
+    SAMPLE_BLOCKS <= FIN_THREADS
+        && RADIX_BINS % VOCAB_THREADS == 0
+        && (RADIX_BINS / 2) % VOCAB_THREADS == 0
+);
+
 /// Bytes of the vocabulary passes' scratch.
 pub const SCRATCH_BYTES: usize = 8 * sc::WORDS;
 
 /// Whether a spec draws through the vocabulary passes: every sampled spec but top-k's (whose
 /// survivors are among the merged candidates). Greedy and top-k specs take the merge.
 pub fn takes_vocab_passes(spec: &SampleSpec, vocab: usize) -> bool {
-    !spec.is_greedy() && !(spec.top_k > 0 && spec.top_k < vocab)
+    !spec.is_greedy() && (spec.top_k == 0 || spec.top_k >= vocab)
 }
 
 impl CudaLlm {
@@ -239,10 +246,6 @@ mod tests {
         ] {
             assert_eq!(cu_define(name), off, "{name}");
         }
-        // sample_draw gives a thread to each slice; a radix plan gives each thread whole bins.
-        assert!(SAMPLE_BLOCKS <= FIN_THREADS);
-        assert_eq!(RADIX_BINS % VOCAB_THREADS, 0);
-        assert_eq!((RADIX_BINS / 2) % VOCAB_THREADS, 0);
         assert_eq!(SCRATCH_BYTES, 8 * 6920);
     }
 
@@ -457,7 +460,7 @@ mod tests {
             }
         }
         let cut = st.prefix;
-        let min_p_ok = |e: f32| !(spec.min_p > 0.0 && !(e >= spec.min_p));
+        let min_p_ok = |e: f32| spec.min_p <= 0.0 || e >= spec.min_p;
         // sample_kept
         let (mut kept_b, mut ties_b) = (Vec::new(), Vec::new());
         for s in &slices {
