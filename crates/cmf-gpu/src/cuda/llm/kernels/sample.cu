@@ -22,7 +22,13 @@
 //   Each grid kernel recomputes the previous pass's plan itself (a scan of <= 2048 bins) instead
 //   of a single-block kernel between the passes; block 0 stores it for the next kernel.
 //   A single block walking the vocabulary (the earlier design) took ~0.85 ms a token on a 152k
-//   vocabulary at top-p 0.9 over a flat distribution: one SM's bandwidth and latency.
+//   vocabulary at top-p 0.9 over a flat distribution: one SM's bandwidth and latency. That
+//   design first merged the 64 best and skipped the radix select when they reached top-p; here
+//   top-p always takes the radix passes, whose cost does not depend on where the cut falls,
+//   since the 64-candidate topk_partial alone took 0.055 ms a token (H100, ncu) before its merge.
+//   If the passes show up in a profile: the first histogram's shared-memory atomics (a flat
+//   distribution puts a slice's ~600 tokens in a few bins) and the launches themselves
+//   (5-6 dependent launches) are where the time would be.
 //
 // Weights are 40-bit fixed point in u64, so every sum is an integer sum: parallel sums and
 // global atomics equal the host's sequential loops whatever their order. The top-p cut is the
