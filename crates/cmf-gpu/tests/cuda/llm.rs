@@ -462,6 +462,100 @@ fn device_sampler_matches_the_host_algorithm() {
     assert!(seen.len() > 20, "draws are not spread: {seen:?}");
 }
 
+/// The sampler alone (`CudaLlm::sample_logits`) against the host algorithm on logits no model
+/// gives: flat over a 151,936 vocabulary (random weights' shape: top-p's cut lies far past the
+/// 64 best, so the vocabulary passes' radix select decides it), heavy ties (logits in steps of
+/// 0.25: cuts inside runs of equal logits spread over many slices), NaN / −inf / −0 among
+/// peaked logits, vocabularies not a multiple of the 256 slices; top-k 1 and top-k 40 (the
+/// candidates' merge), top-k = V (off), top-p 1, min-p. As above, the device's `expf` may round
+/// a weight on a cut or a draw boundary differently: at most 1 % of the draws may differ.
+#[test]
+fn device_sampler_matches_the_host_on_flat_tied_and_odd_vocabularies() {
+    use cmf_gpu::llm::sample::{sample, SampleSpec};
+    let Some(b) = backend() else { return };
+    let spec = |temperature: f32, top_k: usize, top_p: f32, min_p: f32| SampleSpec {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        ..SampleSpec::default()
+    };
+    let (mut runs, mut differ) = (0usize, Vec::new());
+    for (v, seed) in [(151_936usize, 1u64), (151_937, 2), (4099, 3), (300, 4)] {
+        let m = SynthModel::new(
+            qwen3_spec(64, 128, 1, 2, 1, 32, v),
+            Dtype::F32,
+            SynthOptions::QWEN3,
+            seed,
+        );
+        let mut dev = load(
+            &b,
+            &m.model(),
+            &LlmOptions {
+                max_context: 64,
+                ..Default::default()
+            },
+        );
+        let mut rng = Rng::new(seed);
+        let flat: Vec<f32> = (0..v).map(|_| 0.05 * rng.uniform()).collect();
+        let tied: Vec<f32> = (0..v)
+            .map(|_| (rng.uniform() * 8.0).round() * 0.25)
+            .collect();
+        let mut odd: Vec<f32> = (0..v).map(|_| 3.0 * rng.uniform()).collect();
+        for i in (0..v).step_by(7) {
+            odd[i] = f32::NAN;
+        }
+        for i in (3..v).step_by(11) {
+            odd[i] = f32::NEG_INFINITY;
+        }
+        for i in (5..v).step_by(13) {
+            odd[i] = if i % 2 == 0 { 0.0 } else { -0.0 };
+        }
+        let specs = [
+            spec(0.7, 0, 0.9, 0.0),
+            spec(1.0, 0, 0.5, 0.0),
+            spec(4.0, 0, 0.95, 0.0),
+            spec(1.0, 0, 0.001, 0.0),
+            spec(0.7, 0, 1.0, 0.0),
+            spec(1.5, 0, 1.0, 0.05),
+            spec(3.0, 0, 0.6, 0.2),
+            spec(1.0, v, 0.9, 0.0),
+            spec(1.0, 1, 0.9, 0.0),
+            spec(2.0, 40, 0.8, 0.01),
+            spec(0.0, 0, 0.9, 0.0),
+        ];
+        for (name, logits) in [("flat", &flat), ("tied", &tied), ("odd", &odd)] {
+            let mut seen = std::collections::HashSet::new();
+            for s in specs {
+                for seed in 0..6u64 {
+                    let s = SampleSpec { seed, ..s };
+                    let pos = (seed as usize * 5 + 2) % 64;
+                    let want = sample(&mut logits.clone(), &[], &s, pos as u64);
+                    let got = dev.sample_logits(logits, 0, pos, &s).unwrap();
+                    runs += 1;
+                    if got != want {
+                        differ.push((v, name, s, got, want));
+                    }
+                    seen.insert(got);
+                }
+            }
+            assert!(
+                seen.len() > 20,
+                "v {v} {name}: draws are not spread: {seen:?}"
+            );
+        }
+    }
+    println!(
+        "sampler alone: {} of {runs} draws differ from the host",
+        differ.len()
+    );
+    assert!(
+        differ.len() * 100 <= runs,
+        "{} of {runs} draws differ: {differ:?}",
+        differ.len()
+    );
+}
+
 /// Greedy decode with a caller that sometimes does not feed the sampled token back (`forced`:
 /// step → token) or wants logits (`logits_at`); returns the fed tokens and the logits asked for.
 fn decode_run(

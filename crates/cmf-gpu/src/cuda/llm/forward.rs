@@ -5,7 +5,7 @@
 //!   matvec(q|k|v, RMSNorm fused, biases) → attn_decode (q/k norm, RoPE, KV write, split-K
 //!   attention, fused merge) → matvec(o, += residual) → matvec(gate|up, RMSNorm fused, SwiGLU)
 //!   → matvec(down, += residual)
-//! then matvec(lm_head, final norm fused) → topk_partial → topk_final (token, position += 1).
+//! then matvec(lm_head, final norm fused) → the sampler (sampler.rs; token, position += 1).
 //!
 //! Prefill (T tokens), per layer: rmsnorm → GEMM q,k,v → rope_qk_kv (+biases) → flash
 //! attention → GEMM o (+= residual, beta 1) → rmsnorm → GEMM gate,up → swiglu → GEMM down
@@ -16,7 +16,7 @@
 //! by expert.
 
 use super::moe::DevFfn;
-use super::workspace::{PrefillWs, HIST_SLOTS, SAMPLE_BLOCKS, TOPK_MAX};
+use super::workspace::{PrefillWs, HIST_SLOTS, SAMPLE_BLOCKS};
 use super::{AttnKernel, CudaLlm, DevLayer};
 use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError, Graph};
 use crate::cuda::runtime::kernels::{self, Func};
@@ -32,7 +32,7 @@ use crate::cuda::runtime::weights::DequantTo;
 impl CudaLlm {
     /// Launches a kernel of the decode chain (each calls pdl_wait before reading its
     /// inputs), with programmatic dependent launch.
-    fn go(
+    pub(super) fn go(
         &self,
         f: &Func,
         grid: (u32, u32, u32),
@@ -281,8 +281,9 @@ impl CudaLlm {
         )
     }
 
-    /// The sampler's launches (sample.cu): penalties when the spec has them, the per-block
-    /// candidates, the merge and draw.
+    /// The sampler's launches (sample.cu): penalties when the spec has them, then for greedy
+    /// and top-k specs the per-block candidates and their merge and draw, for other sampled
+    /// specs the vocabulary passes (sampler.rs).
     pub(super) fn enqueue_sample(&self, sampler: &Sampler) -> DResult<()> {
         let ws = &self.ws;
         let v = self.spec.vocab;
@@ -310,19 +311,14 @@ impl CudaLlm {
                 ],
             )?;
         }
-        // Candidates to merge: one for greedy, top-k's k, else the 64 best (top-p looks there
-        // before it searches the whole vocabulary).
-        let k = if spec.is_greedy() {
-            1
-        } else if spec.top_k > 0 && spec.top_k < v {
-            spec.top_k
+        if super::sampler::takes_vocab_passes(&spec, v) {
+            return self.enqueue_vocab_sample(&spec);
+        }
+        // Candidates to merge: one for greedy, else top-k's k.
+        let (k, temp) = if spec.is_greedy() {
+            (1, 0.0)
         } else {
-            TOPK_MAX.min(v)
-        };
-        let temp = if spec.is_greedy() {
-            0.0
-        } else {
-            spec.temperature
+            (spec.top_k, spec.temperature)
         };
         self.go(
             &self.ck.topk_partial,
@@ -351,9 +347,7 @@ impl CudaLlm {
                 Arg::F32(spec.top_p),
                 Arg::F32(spec.min_p),
                 Arg::U64(spec.seed),
-                Arg::Ptr(ws.logits.ptr()),
                 Arg::I32(v as i32),
-                Arg::Ptr(ws.weights.ptr()),
                 Arg::Ptr(ws.tok()),
                 Arg::Ptr(ws.pos()),
                 Arg::Ptr(self.ahead.ring.dev_ptr()),

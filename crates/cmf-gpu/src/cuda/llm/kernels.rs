@@ -29,6 +29,12 @@ pub struct CommonKernels {
     pub topk_partial: Func,
     pub sample_final: Func,
     pub penalize: Func,
+    /// The vocabulary passes of sampled specs without top-k (sample.cu).
+    pub sample_max: Func,
+    pub sample_weights: Func,
+    pub sample_radix: Func,
+    pub sample_kept: Func,
+    pub sample_draw: Func,
     /// Most shared memory (static + dynamic) a block may opt into on this device
     /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 227 KiB on Hopper; 48 KiB if the query fails).
     pub max_block_smem: usize,
@@ -61,6 +67,11 @@ impl CommonKernels {
         let topk_partial = sample.func("topk_partial")?;
         let sample_final = sample.func("sample_final")?;
         let penalize = sample.func("penalize")?;
+        let sample_max = sample.func("sample_max")?;
+        let sample_weights = sample.func("sample_weights")?;
+        let sample_radix = sample.func("sample_radix")?;
+        let sample_kept = sample.func("sample_kept")?;
+        let sample_draw = sample.func("sample_draw")?;
         let mut mods = vec![mv, sample];
         mods.extend(small);
         Ok(CommonKernels {
@@ -68,6 +79,11 @@ impl CommonKernels {
             topk_partial,
             sample_final,
             penalize,
+            sample_max,
+            sample_weights,
+            sample_radix,
+            sample_kept,
+            sample_draw,
             max_block_smem,
             _mods: mods,
         })

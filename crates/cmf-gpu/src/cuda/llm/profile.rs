@@ -5,6 +5,7 @@
 
 use super::{AttnKernel, CudaLlm};
 use crate::cuda::runtime::device::{DResult, Timer};
+use crate::llm::sample::SampleSpec;
 use crate::llm::Sampler;
 
 impl CudaLlm {
@@ -45,6 +46,17 @@ impl CudaLlm {
         out.push(("decode head: final norm + lm_head matvec".into(), 1e3 * lm));
         let sample = self.time_ms(iters, || self.enqueue_sample(&Sampler::Greedy))?;
         out.push(("decode head: greedy sampler".into(), 1e3 * sample));
+        // The vocabulary passes with top-p's radix select (sampler.rs), on this step's logits.
+        let nucleus = Sampler::Sample(SampleSpec {
+            temperature: 0.7,
+            top_p: 0.9,
+            ..SampleSpec::default()
+        });
+        let sample = self.time_ms(iters, || self.enqueue_sample(&nucleus))?;
+        out.push((
+            "decode head: sampler, temperature 0.7, top-p 0.9".into(),
+            1e3 * sample,
+        ));
         self.enqueue_short.set(false);
         if let Some((_, g)) = &self.graphs[short as usize] {
             // Each replay advances the device position by one: a few only.

@@ -30,6 +30,8 @@ pub struct DecodeWs {
     pub cand_i: DBuf,
     /// f32 [V]: the sampler's weights (scratch).
     pub weights: DBuf,
+    /// u64 words the sampler's vocabulary passes share (sampler.rs: `sc`).
+    pub sample_scratch: DBuf,
     /// i32 [HIST_SLOTS]: the token at each recent position, at `pos % HIST_SLOTS` (the
     /// penalties' window; written by prefill and by every decode step).
     pub hist: DBuf,
@@ -41,7 +43,7 @@ pub struct DecodeWs {
 }
 
 impl DecodeWs {
-    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 12] {
+    fn sizes(s: &LlmSpec, splits: usize) -> [usize; 13] {
         [
             4 * s.hidden,
             4 * (s.q_dim() + 2 * s.kv_dim()),
@@ -55,6 +57,7 @@ impl DecodeWs {
             4 * s.num_kv_heads,
             4 * s.vocab,
             4 * HIST_SLOTS,
+            super::sampler::SCRATCH_BYTES,
         ]
     }
 
@@ -77,6 +80,7 @@ impl DecodeWs {
             count: dev.alloc_zeroed(z[9])?,
             weights: dev.alloc_zeroed(z[10])?,
             hist: dev.alloc_zeroed(z[11])?,
+            sample_scratch: dev.alloc_zeroed(z[12])?,
         })
     }
 

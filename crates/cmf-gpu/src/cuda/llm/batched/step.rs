@@ -8,6 +8,7 @@
 //! logits or arg-max come back. Steps of a few rows (decode of a few sequences) run the linear
 //! layers and the head as the decode matvecs, row by row (`MATVEC_ROWS`).
 
+use super::super::moe::DevFfn;
 use super::super::CudaLlm;
 use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError};
 use crate::cuda::runtime::matvec::{self, MvMode, MvSeg};
@@ -203,6 +204,10 @@ impl CudaLlm {
     ) -> DResult<()> {
         let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
         let d = self.layers[l].as_ref().expect("whole model resident");
+        // The batched step is refused for MoE models before it runs (`kv_pool`).
+        let DevFfn::Dense(mlp) = &d.ffn else {
+            return Err(DevError(format!("layer {l}: the batched step runs dense FFNs only")));
+        };
         let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);
         let ld = q + 2 * s.kv_dim();
         let mv = |segs: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
@@ -243,13 +248,13 @@ impl CudaLlm {
             )?;
             let act = row(pf.gu.ptr(), r, i);
             mv(
-                &[seg(&d.gate), seg(&d.up)],
+                &[seg(&mlp.gate), seg(&mlp.up)],
                 x,
                 d.ffn_norm.ptr(),
                 act,
                 MvMode::SwiGlu,
             )?;
-            mv(&[seg(&d.down)], act, 0, x, MvMode::Accumulate)?;
+            mv(&[seg(&mlp.down)], act, 0, x, MvMode::Accumulate)?;
         }
         Ok(())
     }

@@ -1,23 +1,42 @@
 // sample.cu — choosing the next token on the device, so a decode step ends with a 4-byte
 // readback instead of the V logits. The algorithm is cmf_gpu::llm::sample (the host sampler
 // runs that code; its module notes define every step and the rounding); this file computes the
-// same thing in parallel.
+// same thing in parallel. Ties rank the lower id first (torch.argmax); NaN logits never win.
 //
-// Launches: `penalize` (one block, only for specs with penalties) edits the logits of the
-// window's ids in place; `topk_partial` (SAMPLE_BLOCKS blocks) reduces a contiguous slice each
-// to its k best; `sample_final` (one block of 1024) merges the candidates, finds the top-k /
-// top-p / min-p survivors, draws, writes the token where the next step's embedding reads it and
-// into the token ring, records the input token in the penalty ring, and advances the position.
-// Ties rank the lower id first (torch.argmax); NaN logits never win.
+// `penalize` (one block, only for specs with penalties) edits the logits of the window's ids in
+// place. Then one of two chains (the host picks it from the spec when it captures the graph:
+// cuda/llm/sampler.rs):
 //
-// Weights are 40-bit fixed point in u64, so every sum is an integer sum: the block's parallel
-// reductions equal the host's sequential loops. sample_final's passes over the vocabulary give
-// each warp a contiguous range and walk it in rows of 32 (coalesced loads; a thread-contiguous
-// slice made every warp load touch 32 lines and cost ~1 ms a token on a 152k vocabulary). The
-// draw walks the survivors in vocabulary order: the warps' sums find the warp holding the
-// target, and that warp scans its rows. A top-p cut beyond the 64 merged
-// candidates (flat distributions) is found by a three-pass radix select over the logits' order
-// keys, with per-bin weights summed by 64-bit shared-memory atomics (integers: order-free).
+// - Greedy and top-k specs: `topk_partial` (SAMPLE_BLOCKS blocks) reduces a contiguous slice
+//   each to its k best; `sample_final` (one block) merges them and takes the arg-max, or draws
+//   among the k best after top-p and min-p. Nothing past the merged candidates is read.
+// - Every other sampled spec needs the whole vocabulary (top-p's total, min-p, the draw), so its
+//   passes are spread over SAMPLE_BLOCKS blocks, each owning the same contiguous slice in every
+//   pass, with partial results in a small scratch `sc` (SC_* words below):
+//     sample_max      each slice's arg-max; zeroes the histograms and the total
+//     sample_weights  the weights e = exp((l - M)/T) into wbuf, the total, radix digit 1's histogram
+//     sample_radix    (top-p only; twice) narrows the cut to one digit bin, histograms the next
+//     sample_kept     (narrows to the cut key) each slice's kept weight and its ties of the cut key
+//     sample_draw     one block: how many ties of the cut key survive, the slice holding the
+//                     draw's target, then the token inside that slice, in vocabulary order
+//   Each grid kernel recomputes the previous pass's plan itself (a scan of <= 2048 bins) instead
+//   of a single-block kernel between the passes; block 0 stores it for the next kernel.
+//   A single block walking the vocabulary (the earlier design) took ~0.85 ms a token on a 152k
+//   vocabulary at top-p 0.9 over a flat distribution: one SM's bandwidth and latency. That
+//   design first merged the 64 best and skipped the radix select when they reached top-p; here
+//   top-p always takes the radix passes, whose cost does not depend on where the cut falls,
+//   since the 64-candidate topk_partial alone took 0.055 ms a token (H100, ncu) before its merge.
+//   If the passes show up in a profile: the first histogram's shared-memory atomics (a flat
+//   distribution puts a slice's ~600 tokens in a few bins) and the launches themselves
+//   (5-6 dependent launches) are where the time would be.
+//
+// Weights are 40-bit fixed point in u64, so every sum is an integer sum: parallel sums and
+// global atomics equal the host's sequential loops whatever their order. The top-p cut is the
+// first token, in rank order, whose cumulative weight reaches top_p of the total: a radix
+// select over the logits' order keys (digits of 11, 11 and 10 bits; each pass's histogram holds
+// the weight per digit among the keys matching the digits chosen so far) finds its key; the
+// tokens of that key (exact ties, all of the same weight) survive in id order up to the count
+// that reaches top_p, which the per-slice tie counts place without another pass.
 
 #define SAMPLE_BLOCKS 256
 #define SAMPLE_THREADS 256
@@ -111,8 +130,10 @@ __device__ __forceinline__ u64 draw_target(u64 u24, u64 total) {
 }
 
 // Order key of a logit: ascending key = descending logit (NaN is skipped by every caller).
+// -0 takes +0's key: equal logits must tie (and rank by id) as on the host.
 __device__ __forceinline__ u32 order_key(float l) {
     u32 u = __float_as_uint(l);
+    if ((u & 0x7fffffffu) == 0) u = 0;
     u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
     return ~u;
 }
@@ -120,35 +141,6 @@ __device__ __forceinline__ float key_value(u32 key) {
     u32 u = ~key;
     u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
     return __uint_as_float(u);
-}
-
-// Exclusive prefix sum of one u64 per thread in thread order (FIN_THREADS threads); `total`
-// gets the block's sum. Integer adds: the result does not depend on the reduction's shape.
-__device__ u64 block_scan_u64(u64 x, u64* total) {
-    __shared__ u64 warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u64 incl = x;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        u64 y = __shfl_up_sync(FULL_MASK, incl, o);
-        if (lane >= o) incl += y;
-    }
-    __syncthreads();
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        u64 w = warp_sums[lane];
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            u64 y = __shfl_up_sync(FULL_MASK, w, o);
-            if (lane >= o) w += y;
-        }
-        warp_sums[lane] = w;  // inclusive over warps
-    }
-    __syncthreads();
-    *total = warp_sums[31];
-    const u64 before_warp = warp == 0 ? 0 : warp_sums[warp - 1];
-    return before_warp + incl - x;
 }
 
 // One block of 1024 with one entry per thread; edits the logits of the ids in the penalty window
@@ -188,17 +180,6 @@ penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const i
     if (threadIdx.x == 0) hist[p & hist_mask] = tok[0];
 }
 
-// The range of the vocabulary this thread's warp owns in sample_final's passes: contiguous,
-// a multiple of 32 long, walked as rows of 32 (lane l takes lo + 32·r + l).
-struct Span {
-    int lo, hi;
-};
-__device__ __forceinline__ Span warp_span(int V) {
-    const int span = ((V + 31) / 32 + 31) & ~31;
-    const int lo = min(V, (int)(threadIdx.x >> 5) * span);
-    return {lo, min(V, lo + span)};
-}
-
 __device__ __forceinline__ u64 warp_sum_u64(u64 x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL_MASK, x, o);
@@ -215,159 +196,45 @@ __device__ __forceinline__ u64 warp_incl_scan_u64(u64 x) {
     return x;
 }
 
-// Every thread passes its warp's sum (the same value across the warp); returns the sum of the
-// warps before this one, and the block's total in *total.
-__device__ u64 warps_before_u64(u64 warp_total, u64* total) {
-    __shared__ u64 sums[32];
+// Exclusive prefix sum of one u64 per thread in thread order (blockDim a multiple of 32, at most
+// 1024); every thread gets the block's sum in *total. Integer adds: the result does not depend on
+// the reduction's shape. All threads must call it.
+__device__ u64 block_excl_scan_u64(u64 x, u64* total) {
+    __shared__ u64 warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u64 incl = warp_incl_scan_u64(x);
+    __syncthreads();  // warp_sums may still be read by a previous call
+    if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
-    if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = warp_total;
-    __syncthreads();
-    const int warp = threadIdx.x >> 5;
-    u64 before = 0, all = 0;
-    for (int w = 0; w < 32; w++) {
-        if (w < warp) before += sums[w];
-        all += sums[w];
+    if (warp == 0) {
+        const u64 w = warp_incl_scan_u64(lane < nw ? warp_sums[lane] : 0);
+        warp_sums[lane] = w;  // inclusive over warps
     }
-    *total = all;
-    return before;
+    __syncthreads();
+    *total = warp_sums[nw - 1];
+    return (warp == 0 ? 0 : warp_sums[warp - 1]) + incl - x;
 }
 
-// The survivors' rank cut for top-p over the whole vocabulary, when the 64 best did not reach
-// it: a radix select over order keys (11, 11, 10 bits) finds the key of the token whose
-// cumulative weight first reaches top_p · total, then the ties of that key are counted in id
-// order. Writes (value, id) of the last survivor to *cut_v, *cut_i. All threads call it.
-__device__ void radix_top_p(const float* logits, const float* wbuf, int V, float top_p, u64 total,
-                            float* cut_v, int* cut_i) {
-    __shared__ u64 bins[RADIX_BINS];
-    __shared__ u64 s_before;
-    __shared__ u32 s_bin;
-    __shared__ int s_cut;
-    const int lane = threadIdx.x & 31;
-    const Span sp = warp_span(V);
-    u64 before = 0;
-    u32 prefix = 0, pmask = 0;
-    const int shifts[3] = {21, 10, 0};
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = shifts[pass];
-        const u32 nb = pass == 2 ? 1024u : 2048u;
-        for (int b = threadIdx.x; b < RADIX_BINS; b += blockDim.x) bins[b] = 0;
-        if (threadIdx.x == 0) {
-            s_bin = nb - 1;  // overwritten by the one thread whose bins cross the target
-            s_before = before;
-        }
-        __syncthreads();
-        for (int i = sp.lo + lane; i < sp.hi; i += 32) {
-            const float l = logits[i];
-            if (l != l) continue;
-            const u32 key = order_key(l);
-            if ((key & pmask) != prefix) continue;
-            const u64 w = fixed_weight(wbuf[i]);
-            if (w) atomicAdd(&bins[(key >> shift) & (nb - 1)], w);
-        }
-        __syncthreads();
-        const int b0 = 2 * threadIdx.x;  // each thread owns two bins, in key order
-        const u64 a = b0 < (int)nb ? bins[b0] : 0, c = b0 + 1 < (int)nb ? bins[b0 + 1] : 0;
-        u64 all;
-        const u64 excl = before + block_scan_u64(a + c, &all);
-        if (b0 < (int)nb) {
-            if (!reaches(excl, top_p, total) && reaches(excl + a, top_p, total)) {
-                s_bin = b0;
-                s_before = excl;
-            } else if (!reaches(excl + a, top_p, total) && reaches(excl + a + c, top_p, total)) {
-                s_bin = b0 + 1;
-                s_before = excl + a;
-            }
-        }
-        __syncthreads();
-        prefix |= s_bin << shift;
-        pmask |= (nb - 1) << shift;
-        before = s_before;
-        __syncthreads();
-    }
-    // Ties of the cut key (all of the same weight), in id order: the smallest count c with
-    // before + c·w reaching top_p; the c-th of them is the last survivor.
-    const float cv = key_value(prefix);
-    u32 ties = 0;
-    for (int i = sp.lo + lane; i < sp.hi; i += 32) {
-        const float l = logits[i];
-        ties += (l == l && order_key(l) == prefix);
-    }
-    const u64 warp_ties = warp_sum_u64(ties);
-    u64 all_ties;
-    const u64 ties_before = warps_before_u64(warp_ties, &all_ties);
-    __shared__ u64 s_wtie;
-    __shared__ int s_need;
-    if (threadIdx.x == 0) s_wtie = 0;
-    __syncthreads();
-    if (warp_ties > 0 && ties_before == 0) {
-        // The first warp holding ties: the weight of its first one.
-        for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
-            const int i = r0 + lane;
-            const float l = i < sp.hi ? logits[i] : NEG_INF;
-            const unsigned m = __ballot_sync(FULL_MASK, l == l && i < sp.hi && order_key(l) == prefix);
-            if (m) {
-                if (lane == __ffs(m) - 1) s_wtie = fixed_weight(wbuf[i]);
-                break;
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const u64 wt = s_wtie;
-        u64 c = 1;
-        if (wt > 0) {
-            const double need = (double)top_p * (double)total - (double)before;
-            c = need > 0 ? (u64)ceil(need / (double)wt) : 1;
-            if (c < 1) c = 1;
-            while (c > 1 && reaches(before + (c - 1) * wt, top_p, total)) c--;
-            while (c < all_ties && !reaches(before + c * wt, top_p, total)) c++;
-        }
-        if (c > all_ties) c = all_ties;
-        s_need = (int)c;
-        s_cut = -1;
-    }
-    __syncthreads();
-    const u64 need = (u64)s_need;
-    if (warp_ties > 0 && ties_before < need && need <= ties_before + warp_ties) {
-        u64 seen = ties_before;
-        for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
-            const int i = r0 + lane;
-            const float l = i < sp.hi ? logits[i] : NEG_INF;
-            const bool tie = l == l && i < sp.hi && order_key(l) == prefix;
-            const unsigned m = __ballot_sync(FULL_MASK, tie);
-            const u64 n = __popc(m);
-            if (seen + n >= need) {
-                const int rank = (int)(need - seen - 1);  // among this row's ties
-                if (tie && __popc(m & ((1u << lane) - 1)) == rank) s_cut = i;
-                break;
-            }
-            seen += n;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0 && s_cut >= 0) {
-        *cut_v = cv;
-        *cut_i = s_cut;
-    }
-    __syncthreads();
+__device__ __forceinline__ u64 block_sum_u64(u64 x) {
+    u64 total;
+    block_excl_scan_u64(x, &total);
+    return total;
 }
 
-// One block of 1024. Merges SAMPLE_BLOCKS·k candidates (the k best in rank order; k = 1 for
-// greedy specs), then, unless greedy, the draw of sample.rs over the survivors. Writes the
-// token to tok[0] (the next step's input), the pair (position, token) to slot
-// position & ring_mask of `ring` (pinned host memory the host reads after the graph:
-// llm/ahead.rs), this step's input token to the penalty ring `hist`, and advances pos[0].
-// `wbuf` is V floats of scratch (the weights).
+// One block of 1024, for greedy and top-k specs (the host sends every other sampled spec to
+// the vocabulary passes below). Merges SAMPLE_BLOCKS·k candidates (the k best in rank order;
+// k = 1 for greedy specs), then, unless greedy, the draw of sample.rs among the k best: top-p
+// over their weight, min-p, the survivors walked in id order. Writes the token to tok[0] (the
+// next step's input), the pair (position, token) to slot position & ring_mask of `ring` (pinned
+// host memory the host reads after the graph: llm/ahead.rs), this step's input token to the
+// penalty ring `hist`, and advances pos[0].
 extern "C" __global__ void __launch_bounds__(FIN_THREADS)
 sample_final(const float* cv, const int* ci, int k, float temperature, int top_k, float top_p, float min_p,
-             u64 seed, const float* logits, int V, float* wbuf, int* tok, int* pos, int* ring, int ring_mask,
-             int* hist, int hist_mask) {
+             u64 seed, int V, int* tok, int* pos, int* ring, int ring_mask, int* hist, int hist_mask) {
     pdl_trigger();
     pdl_wait();
     __shared__ float best_v[TOPK_MAX];
     __shared__ int best_i[TOPK_MAX];
-    __shared__ float s_cut_v;
-    __shared__ int s_cut_i, s_has_cut, s_chosen, s_last;
     const int n = SAMPLE_BLOCKS * k;
     float v[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
     int id[(SAMPLE_BLOCKS * TOPK_MAX) / 1024];
@@ -393,133 +260,380 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
         if (threadIdx.x == 0) { best_v[r] = bv; best_i[r] = bi < V ? bi : 0; }
     }
     __syncthreads();
+    if (threadIdx.x != 0) return;
     const int p = pos[0];
     int chosen = best_i[0];
     const float M = best_v[0];
     const bool greedy = temperature <= 0.f || top_k == 1 || !(M > NEG_INF && M < -NEG_INF);
     if (!greedy) {
+        // The survivors: the k best up to the first reaching top_p of their weight, passing min-p;
+        // drawn in id order.
         const float inv_t = 1.f / temperature;
-        const bool topk_on = top_k > 0 && top_k < V;
-        const Span sp = warp_span(V);
-        const int lane = threadIdx.x & 31;
-        // Without top-k, top-p needs the whole vocabulary's weight: one pass (kept in wbuf).
-        u64 total_all = 0;
-        if (!topk_on) {
-            u64 mine = 0;
-            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
-                const float l = logits[i];
-                const float e = l == l ? expf((l - M) * inv_t) : 0.f;
-                wbuf[i] = e;
-                mine += fixed_weight(e);
-            }
-            block_scan_u64(mine, &total_all);
-        }
-        // Where the survivors end: 1 = at merged candidate s_last (the draw needs only the
-        // candidates), 2 = past them (radix select), 0 = no rank cut (the whole vocabulary).
-        if (threadIdx.x == 0) {
-            s_has_cut = 0;
-            if (topk_on || top_p < 1.f) {
-                const int kk = topk_on ? top_k : k;  // survivors of top-k, or the merged best
-                u64 total = total_all;
-                if (topk_on) {
-                    total = 0;
-                    for (int r = 0; r < kk; r++) total += fixed_weight(expf((best_v[r] - M) * inv_t));
-                }
-                int last = topk_on ? kk - 1 : -1;
-                if (top_p < 1.f) {
-                    u64 cum = 0;
-                    for (int r = 0; r < kk; r++) {
-                        cum += fixed_weight(expf((best_v[r] - M) * inv_t));
-                        if (reaches(cum, top_p, total)) { last = r; break; }
-                    }
-                }
-                s_has_cut = last >= 0 ? 1 : 2;
-                s_last = last;
-            } else if (min_p > 0.f && !(expf((best_v[k - 1] - M) * inv_t) >= min_p)) {
-                // Min-p cuts inside the merged candidates: nothing past them survives.
-                s_has_cut = 1;
-                s_last = k - 1;
-            }
-            s_chosen = chosen;
-        }
-        __syncthreads();
-        if (s_has_cut == 1) {
-            // The survivors are candidates 0..=s_last passing min-p: draw among them in id order.
-            if (threadIdx.x == 0) {
-                int ids[TOPK_MAX];
-                u64 ws[TOPK_MAX];
-                int n = 0;
-                u64 sum = 0;
-                for (int r = 0; r <= s_last; r++) {
-                    const float e = expf((best_v[r] - M) * inv_t);
-                    const u64 w = fixed_weight(e);
-                    if ((min_p > 0.f && !(e >= min_p)) || w == 0) continue;
-                    int j = n++;
-                    for (; j > 0 && ids[j - 1] > best_i[r]; j--) {
-                        ids[j] = ids[j - 1];
-                        ws[j] = ws[j - 1];
-                    }
-                    ids[j] = best_i[r];
-                    ws[j] = w;
-                    sum += w;
-                }
-                if (sum > 0) {
-                    const u64 target = draw_target(uniform24(seed, (u64)p), sum);
-                    u64 acc = 0;
-                    for (int j = 0; j < n; j++) {
-                        acc += ws[j];
-                        if (target < acc) { s_chosen = ids[j]; break; }
-                    }
-                }
-            }
-        } else {
-            if (s_has_cut == 2) {
-                radix_top_p(logits, wbuf, V, top_p, total_all, &s_cut_v, &s_cut_i);
-                if (threadIdx.x == 0) s_has_cut = 3;
-                __syncthreads();
-            }
-            const bool has_cut = s_has_cut == 3;
-            const float cut_v = s_cut_v;
-            const int cut_i = s_cut_i;
-            // The survivors' weights of this warp's range, then the warp holding the target
-            // walks its rows.
-            u64 mine = 0;
-            for (int i = sp.lo + lane; i < sp.hi; i += 32) {
-                const float l = logits[i];
-                if (l != l || (min_p > 0.f && !(wbuf[i] >= min_p)) || (has_cut && better(cut_v, cut_i, l, i)))
-                    continue;
-                mine += fixed_weight(wbuf[i]);
-            }
-            const u64 wsum = warp_sum_u64(mine);
-            u64 kept;
-            const u64 wbefore = warps_before_u64(wsum, &kept);
-            if (kept > 0) {
-                const u64 target = draw_target(uniform24(seed, (u64)p), kept);
-                if (wbefore <= target && target < wbefore + wsum) {
-                    u64 base = wbefore;
-                    for (int r0 = sp.lo; r0 < sp.hi; r0 += 32) {
-                        const int i = r0 + lane;
-                        u64 w = 0;
-                        if (i < sp.hi) {
-                            const float l = logits[i];
-                            if (l == l && !(min_p > 0.f && !(wbuf[i] >= min_p)) && !(has_cut && better(cut_v, cut_i, l, i)))
-                                w = fixed_weight(wbuf[i]);
-                        }
-                        const u64 incl = warp_incl_scan_u64(w);
-                        const u64 row = __shfl_sync(FULL_MASK, incl, 31);
-                        if (target < base + row) {
-                            if (w > 0 && target < base + incl && target >= base + incl - w) s_chosen = i;
-                            break;
-                        }
-                        base += row;
-                    }
-                }
+        u64 total = 0;
+        for (int r = 0; r < k; r++) total += fixed_weight(expf((best_v[r] - M) * inv_t));
+        int last = k - 1;
+        if (top_p < 1.f) {
+            u64 cum = 0;
+            for (int r = 0; r < k; r++) {
+                cum += fixed_weight(expf((best_v[r] - M) * inv_t));
+                if (reaches(cum, top_p, total)) { last = r; break; }
             }
         }
-        __syncthreads();
-        chosen = s_chosen;
+        int ids[TOPK_MAX];
+        u64 ws[TOPK_MAX];
+        int m = 0;
+        u64 sum = 0;
+        for (int r = 0; r <= last; r++) {
+            const float e = expf((best_v[r] - M) * inv_t);
+            const u64 w = fixed_weight(e);
+            if ((min_p > 0.f && !(e >= min_p)) || w == 0) continue;
+            int j = m++;
+            for (; j > 0 && ids[j - 1] > best_i[r]; j--) {
+                ids[j] = ids[j - 1];
+                ws[j] = ws[j - 1];
+            }
+            ids[j] = best_i[r];
+            ws[j] = w;
+            sum += w;
+        }
+        if (sum > 0) {
+            const u64 target = draw_target(uniform24(seed, (u64)p), sum);
+            u64 acc = 0;
+            for (int j = 0; j < m; j++) {
+                acc += ws[j];
+                if (target < acc) { chosen = ids[j]; break; }
+            }
+        }
     }
+    hist[p & hist_mask] = tok[0];
+    tok[0] = chosen;
+    pos[0] = p + 1;
+    ring[2 * (p & ring_mask)] = p;
+    ring[2 * (p & ring_mask) + 1] = chosen;
+}
+
+// ---- The vocabulary passes (sampled specs without top-k) ---------------------------------------
+
+#define VOCAB_THREADS 256
+#define RADIX_PASSES 3
+// The scratch `sc`, in u64 words (cuda/llm/sampler.rs mirrors this layout and sizes the buffer):
+#define SC_HIST 0                                   // RADIX_PASSES histograms of RADIX_BINS weights
+#define SC_TOTAL (RADIX_PASSES * RADIX_BINS)        // the weight of every token
+#define SC_MAX (SC_TOTAL + 1)                       // float bits of the best logit M
+#define SC_PLAN (SC_MAX + 1)                        // per pass: prefix | mask << 32, weight before
+#define SC_ARG (SC_PLAN + 2 * RADIX_PASSES)         // per slice: arg-max, value bits << 32 | id
+#define SC_KEPT (SC_ARG + SAMPLE_BLOCKS)            // per slice: kept weight (the cut key's ties aside)
+#define SC_TIES (SC_KEPT + SAMPLE_BLOCKS)           // per slice: tokens of the cut key
+#define SC_WORDS (SC_TIES + SAMPLE_BLOCKS)
+#if SAMPLE_BLOCKS > FIN_THREADS
+#error sample_draw gives one thread to each slice's partials
+#endif
+
+// The contiguous slice of the vocabulary block b owns in every vocabulary pass (topk_partial's).
+__device__ __forceinline__ void vocab_slice(int V, int b, int* lo, int* hi) {
+    const int per = (V + SAMPLE_BLOCKS - 1) / SAMPLE_BLOCKS;
+    *lo = min(V, b * per);
+    *hi = min(V, *lo + per);
+}
+
+__device__ __forceinline__ int radix_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__device__ __forceinline__ u32 radix_bins(int pass) { return pass == 2 ? 1024u : 2048u; }
+__device__ __forceinline__ bool finite(float x) { return x > NEG_INF && x < -NEG_INF; }
+
+// The best (logit, id) over the slices' arg-maxes; every thread gets it.
+__device__ __forceinline__ void slices_argmax(const u64* sc, float& v, int& i) {
+    v = NEG_INF;
+    i = 0x7fffffff;
+    for (int b = threadIdx.x; b < SAMPLE_BLOCKS; b += blockDim.x) {
+        const u64 w = sc[SC_ARG + b];
+        const float bv = __uint_as_float((u32)(w >> 32));
+        const int bi = (int)(u32)w;
+        if (better(bv, bi, v, i)) { v = bv; i = bi; }
+    }
+    block_argmax(v, i);
+}
+
+// Where the top-p cut stands after some radix passes: the key bits chosen (`prefix` under
+// `mask`) and the weight of every token whose key sorts before them.
+struct RadixState {
+    u32 prefix, mask;
+    u64 before;
+};
+
+// Narrows the cut by pass `pass`'s histogram: the first bin, in key order, whose cumulative
+// weight (from the state after the previous pass, read from SC_PLAN) reaches top_p of the
+// total. Every thread of the block calls it and gets the same state; block 0 stores it at
+// SC_PLAN for the next kernel.
+__device__ RadixState radix_narrow(u64* sc, int pass, float top_p) {
+    __shared__ u64 s_before;
+    __shared__ u32 s_bin;
+    RadixState st = {0u, 0u, 0ull};
+    if (pass > 0) {
+        const u64 w = sc[SC_PLAN + 2 * (pass - 1)];
+        st.prefix = (u32)w;
+        st.mask = (u32)(w >> 32);
+        st.before = sc[SC_PLAN + 2 * (pass - 1) + 1];
+    }
+    const u64 total = sc[SC_TOTAL];
+    const u64* hist = sc + SC_HIST + pass * RADIX_BINS;
+    const u32 nb = radix_bins(pass);
+    const int per = nb / blockDim.x;  // contiguous bins per thread (blockDim = VOCAB_THREADS)
+    const int b0 = threadIdx.x * per;
+    u64 mine = 0;
+    for (int j = 0; j < per; j++) mine += hist[b0 + j];
     if (threadIdx.x == 0) {
+        // Overwritten by the one thread whose bins cross the target (always one: the previous
+        // pass's bin reached it, and these bins sum to that bin's weight).
+        s_bin = nb - 1;
+        s_before = st.before;
+    }
+    u64 all;
+    u64 acc = st.before + block_excl_scan_u64(mine, &all);  // (its barriers order s_bin's init)
+    if (!reaches(acc, top_p, total) && reaches(acc + mine, top_p, total)) {
+        for (int j = 0; j < per; j++) {
+            const u64 h = hist[b0 + j];
+            if (reaches(acc + h, top_p, total)) {
+                s_bin = b0 + j;
+                s_before = acc;
+                break;
+            }
+            acc += h;
+        }
+    }
+    __syncthreads();
+    const int shift = radix_shift(pass);
+    st.prefix |= s_bin << shift;
+    st.mask |= (nb - 1) << shift;
+    st.before = s_before;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        sc[SC_PLAN + 2 * pass] = (u64)st.prefix | ((u64)st.mask << 32);
+        sc[SC_PLAN + 2 * pass + 1] = st.before;
+    }
+    return st;
+}
+
+// Adds the block's histogram (shared memory) into the scratch's, skipping empty bins.
+__device__ __forceinline__ void flush_bins(const u64* bins, u32 nb, u64* out) {
+    __syncthreads();
+    for (u32 b = threadIdx.x; b < nb; b += blockDim.x)
+        if (bins[b]) atomicAdd(&out[b], bins[b]);
+}
+
+// Grid SAMPLE_BLOCKS: each slice's arg-max (NaN never wins, ties to the lowest id) into SC_ARG;
+// zeroes the words the later passes accumulate into (SC_HIST .. SC_ARG).
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_max(const float* logits, int V, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < SC_ARG; j += gridDim.x * blockDim.x) sc[j] = 0;
+    int lo, hi;
+    vocab_slice(V, blockIdx.x, &lo, &hi);
+    float bv = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float x = logits[i];
+        x = x != x ? NEG_INF : x;
+        if (better(x, i, bv, bi)) { bv = x; bi = i; }
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) sc[SC_ARG + blockIdx.x] = ((u64)__float_as_uint(bv) << 32) | (u32)bi;
+}
+
+// Grid SAMPLE_BLOCKS: M (the best logit, stored at SC_MAX), each token's weight
+// e = exp((l - M) / T) into wbuf (NaN weighs 0), their fixed-point total into SC_TOTAL and,
+// when `radix` (top-p < 1), the weight per top digit of the order keys into pass 0's histogram.
+// With M not finite the host's rule is the arg-max: nothing to weigh (sample_draw takes it).
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_weights(const float* logits, int V, float temperature, int radix, float* wbuf, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ u64 bins[RADIX_BINS];
+    float M;
+    int best;
+    slices_argmax(sc, M, best);
+    if (blockIdx.x == 0 && threadIdx.x == 0) sc[SC_MAX] = __float_as_uint(M);
+    if (!finite(M)) return;
+    if (radix)
+        for (int b = threadIdx.x; b < RADIX_BINS; b += blockDim.x) bins[b] = 0;
+    __syncthreads();
+    const float inv_t = 1.f / temperature;
+    int lo, hi;
+    vocab_slice(V, blockIdx.x, &lo, &hi);
+    u64 sum = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = logits[i];
+        const float e = l == l ? expf((l - M) * inv_t) : 0.f;
+        wbuf[i] = e;
+        const u64 w = fixed_weight(e);
+        sum += w;
+        if (radix && w) atomicAdd(&bins[order_key(l) >> radix_shift(0)], w);
+    }
+    sum = block_sum_u64(sum);
+    if (threadIdx.x == 0 && sum) atomicAdd(&sc[SC_TOTAL], sum);
+    if (radix) flush_bins(bins, RADIX_BINS, sc + SC_HIST);
+}
+
+// Grid SAMPLE_BLOCKS, pass 1 or 2: narrows the cut by the previous pass's histogram, then
+// histograms this pass's digit over the tokens whose keys match the digits chosen so far.
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_radix(const float* logits, const float* wbuf, int V, float top_p, int pass, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ u64 bins[RADIX_BINS];
+    if (!finite(__uint_as_float((u32)sc[SC_MAX]))) return;
+    const RadixState st = radix_narrow(sc, pass - 1, top_p);
+    const u32 nb = radix_bins(pass);
+    const int shift = radix_shift(pass);
+    for (u32 b = threadIdx.x; b < nb; b += blockDim.x) bins[b] = 0;
+    __syncthreads();
+    int lo, hi;
+    vocab_slice(V, blockIdx.x, &lo, &hi);
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = logits[i];
+        if (l != l) continue;
+        const u32 key = order_key(l);
+        if ((key & st.mask) != st.prefix) continue;
+        const u64 w = fixed_weight(wbuf[i]);
+        if (w) atomicAdd(&bins[(key >> shift) & (nb - 1)], w);
+    }
+    flush_bins(bins, nb, sc + SC_HIST + pass * RADIX_BINS);
+}
+
+// Grid SAMPLE_BLOCKS: with `radix`, narrows the cut to its whole key (the last pass); then each
+// slice's weight of the tokens that survive for sure (ranking before the cut key, or every
+// token without a cut; min-p applied) into SC_KEPT, and its count of the cut key's ties
+// (min-p aside: top-p counts them before min-p is applied) into SC_TIES.
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_kept(const float* logits, const float* wbuf, int V, float top_p, float min_p, int radix, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    if (!finite(__uint_as_float((u32)sc[SC_MAX]))) return;
+    const u32 cut = radix ? radix_narrow(sc, RADIX_PASSES - 1, top_p).prefix : 0u;
+    int lo, hi;
+    vocab_slice(V, blockIdx.x, &lo, &hi);
+    u64 kept = 0, ties = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float l = logits[i];
+        if (l != l) continue;
+        if (radix) {
+            const u32 key = order_key(l);
+            if (key == cut) {
+                ties++;
+                continue;
+            }
+            if (key > cut) continue;
+        }
+        const float e = wbuf[i];
+        if (min_p > 0.f && !(e >= min_p)) continue;
+        kept += fixed_weight(e);
+    }
+    kept = block_sum_u64(kept);
+    ties = block_sum_u64(ties);
+    if (threadIdx.x == 0) {
+        sc[SC_KEPT + blockIdx.x] = kept;
+        sc[SC_TIES + blockIdx.x] = ties;
+    }
+}
+
+// How many of the cut key's ties (each of weight wt, after `before`) top-p keeps: the fewest
+// reaching top_p of the total, at least one, at most all of them.
+__device__ __forceinline__ u64 ties_needed(u64 before, u64 wt, u64 all_ties, float top_p, u64 total) {
+    u64 c = 1;
+    if (wt > 0) {
+        const double need = (double)top_p * (double)total - (double)before;
+        c = need > 0 ? (u64)ceil(need / (double)wt) : 1;
+        if (c < 1) c = 1;
+        while (c > 1 && reaches(before + (c - 1) * wt, top_p, total)) c--;
+        while (c < all_ties && !reaches(before + c * wt, top_p, total)) c++;
+    }
+    return c < all_ties ? c : all_ties;
+}
+
+// One block of FIN_THREADS: the draw over the survivors of the vocabulary passes. The kept
+// ties of each slice follow from the tie counts (the first `need` ties in id order survive);
+// the slice whose kept weight holds the target is walked in id order to the token. Then the
+// bookkeeping of sample_final (token, ring, penalty ring, position).
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_draw(const float* logits, const float* wbuf, int V, float temperature, float top_p, float min_p,
+            int radix, u64 seed, const u64* sc, int* tok, int* pos, int* ring, int ring_mask, int* hist,
+            int hist_mask) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ int s_chosen, s_slice;
+    __shared__ u64 s_target, s_slice_ties;
+    float M;
+    int best;
+    slices_argmax(sc, M, best);
+    const int p = pos[0];
+    if (threadIdx.x == 0) {
+        s_chosen = best < V ? best : 0;
+        s_slice = -1;
+    }
+    if (finite(M)) {
+        const float inv_t = 1.f / temperature;
+        // The cut key, and the weight and min-p verdict its ties share.
+        u32 cut = 0;
+        u64 before = 0, wt = 0;
+        bool ties_pass_min_p = false;
+        if (radix) {
+            cut = (u32)sc[SC_PLAN + 2 * (RADIX_PASSES - 1)];
+            before = sc[SC_PLAN + 2 * (RADIX_PASSES - 1) + 1];
+            const float et = expf((key_value(cut) - M) * inv_t);
+            wt = fixed_weight(et);
+            ties_pass_min_p = !(min_p > 0.f && !(et >= min_p));
+        }
+        const int b = threadIdx.x;
+        const u64 tb = radix && b < SAMPLE_BLOCKS ? sc[SC_TIES + b] : 0;
+        u64 all_ties;
+        const u64 ties_before = block_excl_scan_u64(tb, &all_ties);
+        const u64 need = radix ? ties_needed(before, wt, all_ties, top_p, sc[SC_TOTAL]) : 0;
+        // This slice's surviving ties: the part of [0, need) that falls in it.
+        const u64 kt = need <= ties_before ? 0 : (need - ties_before < tb ? need - ties_before : tb);
+        const u64 kb = (b < SAMPLE_BLOCKS ? sc[SC_KEPT + b] : 0) + (ties_pass_min_p ? kt * wt : 0);
+        u64 kept;
+        const u64 kbefore = block_excl_scan_u64(kb, &kept);
+        if (kept > 0) {
+            const u64 target = draw_target(uniform24(seed, (u64)p), kept);
+            if (kb > 0 && kbefore <= target && target < kbefore + kb) {
+                s_slice = b;
+                s_target = target - kbefore;
+                s_slice_ties = kt;
+            }
+        }
+        __syncthreads();
+        if (s_slice >= 0) {
+            int lo, hi;
+            vocab_slice(V, s_slice, &lo, &hi);
+            const u64 target = s_target, keep_ties = s_slice_ties;
+            u64 tie_base = 0, w_base = 0;
+            for (int c0 = lo; c0 < hi && w_base <= target; c0 += blockDim.x) {
+                const int i = c0 + threadIdx.x;
+                bool tie = false, in = false;
+                float e = 0.f;
+                if (i < hi) {
+                    const float l = logits[i];
+                    if (l == l) {
+                        e = wbuf[i];
+                        const u32 key = order_key(l);
+                        tie = radix && key == cut;
+                        in = !radix || key < cut;
+                    }
+                }
+                u64 n_ties;
+                const u64 tie_rank = tie_base + block_excl_scan_u64(tie, &n_ties);
+                if (tie && tie_rank < keep_ties) in = true;
+                const u64 w = in && !(min_p > 0.f && !(e >= min_p)) ? fixed_weight(e) : 0;
+                u64 n_w;
+                const u64 w_before = w_base + block_excl_scan_u64(w, &n_w);
+                if (w > 0 && w_before <= target && target < w_before + w) s_chosen = i;
+                tie_base += n_ties;
+                w_base += n_w;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int chosen = s_chosen;
         hist[p & hist_mask] = tok[0];
         tok[0] = chosen;
         pos[0] = p + 1;
