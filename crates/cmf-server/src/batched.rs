@@ -139,6 +139,7 @@ pub(crate) fn run(
 
     let tokenizer = &w.assets.tokenizer;
     let mut active: HashMap<RequestId, Active> = HashMap::new();
+    let mut counted = 0;
     let mut closed = false;
     loop {
         // Take jobs while there is a slot (a choice takes one).
@@ -230,7 +231,7 @@ pub(crate) fn run(
             }
         });
         if sched.is_idle() {
-            publish(w, &sched);
+            publish(w, &sched, &mut counted);
             if closed {
                 return;
             }
@@ -256,6 +257,7 @@ pub(crate) fn run(
                     let _ = a.job.events.send(Event::Failed(msg.clone()));
                 }
                 drop(sched);
+                counted = 0;
                 sched = match new_scheduler() {
                     Ok(s) => s,
                     Err(e) => {
@@ -311,7 +313,7 @@ pub(crate) fn run(
                 let _ = a.job.events.send(Event::Done(a.stats));
             }
         }
-        publish(w, &sched);
+        publish(w, &sched, &mut counted);
     }
 }
 
@@ -400,8 +402,14 @@ fn fail(w: &Worker, a: Active, msg: String) {
     let _ = a.job.events.send(Event::Failed(msg));
 }
 
-/// The engine's gauges for `/metrics` and `/health`.
-fn publish(w: &Worker, sched: &Scheduler) {
+/// The engine's gauges for `/metrics` and `/health`. `counted`: the engine's prompt rows
+/// already added to the counter (0 for a fresh engine).
+fn publish(w: &Worker, sched: &Scheduler, counted: &mut u64) {
+    let rows = sched.engine().rows_computed().prompt;
+    w.stats
+        .prompt_tokens_computed
+        .fetch_add(rows - *counted, Ordering::Relaxed);
+    *counted = rows;
     let s = sched.stats();
     let p = sched.engine().pool_stats();
     let st = &w.stats;

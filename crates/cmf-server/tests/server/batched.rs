@@ -319,3 +319,30 @@ fn every_request_kind_batched_equals_alone() {
     ) == 0.0
         && metric(a, "cmf_requests_running") == 0.0));
 }
+
+/// A request that shares a long system prompt with an earlier one computes only its suffix:
+/// `cmf_prompt_tokens_computed_total` grows by its prompt less the cached whole blocks.
+#[test]
+fn shared_system_prompt_computes_only_the_suffix() {
+    let srv = start_parallel(4, 16, None);
+    let a = srv.addr();
+    let system = "And God said, Let there be light: and there was light. And God saw the light, \
+                  that it was good: and God divided the light from the darkness. And God called \
+                  the light Day, and the darkness he called Night. ";
+    let first = format!("{system}And the evening and the morning were the first day.");
+    let second = format!("{system}Be fruitful, and multiply.");
+    let (ids1, ids2) = (text_ids(&first), text_ids(&second));
+    let common = ids1.iter().zip(&ids2).take_while(|(x, y)| x == y).count();
+    assert!(common >= 32, "only {common} tokens in common");
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 2, "temperature": 0});
+    assert_eq!(post(a, COMPLETIONS, &body(&first)).status, 200);
+    let computed = || metric(a, "cmf_prompt_tokens_computed_total");
+    // The counter follows within a step of the answer.
+    wait_until(Duration::from_secs(10), || computed() == ids1.len() as f64);
+    assert_eq!(computed(), ids1.len() as f64);
+    assert_eq!(post(a, COMPLETIONS, &body(&second)).status, 200);
+    let reused = common.min(ids2.len() - 1) / 16 * 16;
+    let want = (ids1.len() + ids2.len() - reused) as f64;
+    wait_until(Duration::from_secs(10), || computed() == want);
+    assert_eq!(computed(), want, "{common} tokens in common");
+}
