@@ -137,6 +137,12 @@ fn full_queue_and_disconnect() {
     let a = srv.addr();
     let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true});
     let first = EventStream::open(a, COMPLETIONS, &body);
+    // The second only once the first left the one-place queue (else, on a busy box, it could
+    // find the queue still full and get 503).
+    assert!(wait_until(Duration::from_secs(10), || metric(
+        a,
+        "cmf_requests_running"
+    ) == 1.0));
     let mut second = EventStream::open(a, COMPLETIONS, &body);
     assert!(
         wait_until(Duration::from_secs(10), || metric(
