@@ -11,6 +11,7 @@ use cmf_llm::batch::{
     SchedulerConfig,
 };
 use cmf_llm::generate::FinishReason;
+use cmf_llm::logits::{token_logprob, LogitBias, LogitProcessor, TokenLogprob};
 use cmf_llm::sampling::{Sampler, SamplingParams};
 use cmf_llm::{Model, ModelConfig};
 use common::*;
@@ -57,9 +58,16 @@ fn alone(model: &Model, req: &Request) -> Vec<u32> {
     out
 }
 
+/// A generated token and its log-probabilities (when asked).
+type Sampled = (u32, Option<TokenLogprob>);
+
 struct Run {
+    /// Choice 0's tokens of each request.
     outputs: HashMap<RequestId, Vec<u32>>,
     finished: HashMap<RequestId, FinishReason>,
+    /// Every choice's tokens and log-probabilities.
+    choices: HashMap<(RequestId, usize), Vec<Sampled>>,
+    choices_finished: HashMap<(RequestId, usize), FinishReason>,
     /// The requests in submission order (the order of the returned ids).
     submitted: Vec<Request>,
 }
@@ -76,6 +84,8 @@ fn drive(
     let mut run = Run {
         outputs: HashMap::new(),
         finished: HashMap::new(),
+        choices: HashMap::new(),
+        choices_finished: HashMap::new(),
         submitted: first.to_vec(),
     };
     for step in 0..10_000 {
@@ -91,13 +101,30 @@ fn drive(
         }
         for e in s.step().unwrap() {
             match e {
-                Event::Token { id, token } => run.outputs.entry(id).or_default().push(token),
-                Event::Finished { id, reason } => {
-                    assert!(
-                        run.finished.insert(id, reason).is_none(),
-                        "{id} finished twice"
-                    );
+                Event::Token {
+                    id,
+                    choice,
+                    token,
+                    logprob,
+                } => {
+                    if choice == 0 {
+                        run.outputs.entry(id).or_default().push(token);
+                    }
+                    run.choices
+                        .entry((id, choice))
+                        .or_default()
+                        .push((token, logprob));
                 }
+                Event::Finished { id, choice, reason } => {
+                    assert!(
+                        run.choices_finished.insert((id, choice), reason).is_none(),
+                        "{id}/{choice} finished twice"
+                    );
+                    if choice == 0 {
+                        run.finished.insert(id, reason);
+                    }
+                }
+                Event::Failed { id, error } => panic!("request {id} failed: {error}"),
             }
         }
         s.engine().check().unwrap();
@@ -111,6 +138,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         max_tokens,
         sampling: SamplingParams::default(),
         eos_ids: vec![],
+        ..Request::default()
     }
 }
 
@@ -678,4 +706,381 @@ fn fake_device_bench_runs_every_row() {
         cmf_llm::batch::DeviceBatch::load(&g, &model, 13, 512, 16, PoolSize::Blocks(1)).unwrap();
         g.bytes_uploaded()
     });
+}
+
+/// The single-sequence loop with `cmf_llm::guided`'s treatment of every step: processors, the
+/// sampler (choice `choice`'s seed), a masked draw replaced by the best allowed token, and the
+/// log-probabilities of the unprocessed logits.
+fn alone_processed(
+    model: &Model,
+    req: &Request,
+    choice: usize,
+    mut processors: Vec<Box<dyn LogitProcessor>>,
+) -> Vec<Sampled> {
+    let mut st = model.new_state_with(1024, KvDtype::F32);
+    let mut sampling = req.sampling;
+    sampling.seed = sampling.seed.wrapping_add(choice as u64);
+    let mut sampler = Sampler::new(sampling);
+    let mut history = req.prompt.clone();
+    let mut raw = model.prefill(&mut st, &req.prompt).unwrap().to_vec();
+    let mut out = Vec::new();
+    while !processors.iter().any(|p| p.finished()) {
+        let mut logits = raw.clone();
+        for p in processors.iter_mut() {
+            p.process(&mut logits).unwrap();
+        }
+        let mut t = sampler.sample(&mut logits, &history);
+        if !processors.iter().all(|p| p.allowed(t)) {
+            t = cmf_llm::sampling::argmax(&logits);
+        }
+        for p in processors.iter_mut() {
+            p.accept(t).unwrap();
+        }
+        if req.eos_ids.contains(&t) {
+            break;
+        }
+        out.push((t, req.logprobs.map(|k| token_logprob(&raw, t, k))));
+        history.push(t);
+        if out.len() == req.max_tokens {
+            break;
+        }
+        raw = model.decode(&mut st, t).unwrap().to_vec();
+    }
+    out
+}
+
+/// A stand-in for a grammar: the `i`-th token must be ≡ i (mod 3), and the answer ends after
+/// `limit` tokens (as a grammar reaching its end).
+struct Cyclic {
+    accepted: usize,
+    limit: usize,
+}
+
+impl LogitProcessor for Cyclic {
+    fn process(&mut self, logits: &mut [f32]) -> cmf_llm::Result<()> {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i % 3 != self.accepted % 3 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> cmf_llm::Result<()> {
+        if !self.allowed(token) {
+            return Err(cmf_llm::LlmError::Other(format!("{token} is not allowed")));
+        }
+        self.accepted += 1;
+        Ok(())
+    }
+
+    fn allowed(&self, token: u32) -> bool {
+        token as usize % 3 == self.accepted % 3
+    }
+
+    fn finished(&self) -> bool {
+        self.accepted >= self.limit
+    }
+}
+
+/// Fails on its `at`-th step.
+struct FailsAt(usize);
+
+impl LogitProcessor for FailsAt {
+    fn process(&mut self, _: &mut [f32]) -> cmf_llm::Result<()> {
+        match self.0 {
+            0 => Err(cmf_llm::LlmError::Other("the grammar broke".into())),
+            _ => Ok(()),
+        }
+    }
+
+    fn accept(&mut self, _: u32) -> cmf_llm::Result<()> {
+        self.0 -= 1;
+        Ok(())
+    }
+}
+
+type MakeProcessors = fn() -> Vec<Box<dyn LogitProcessor>>;
+
+fn no_processors() -> Vec<Box<dyn LogitProcessor>> {
+    Vec::new()
+}
+
+fn biased() -> Vec<Box<dyn LogitProcessor>> {
+    vec![Box::new(LogitBias(vec![(40, 6.0), (41, 3.5), (7, -100.0)]))]
+}
+
+fn cyclic() -> Vec<Box<dyn LogitProcessor>> {
+    vec![Box::new(Cyclic {
+        accepted: 0,
+        limit: 7,
+    })]
+}
+
+/// Checks each choice of `run` against the request served alone: the same tokens, and
+/// log-probabilities within 1e-5.
+fn assert_choices(
+    model: &Model,
+    name: &str,
+    cases: &[(Request, MakeProcessors)],
+    ids: &[RequestId],
+    run: &Run,
+) {
+    for ((req, make), &id) in cases.iter().zip(ids) {
+        for choice in 0..req.n.max(1) {
+            let want = alone_processed(model, req, choice, make());
+            let got = run.choices.get(&(id, choice)).cloned().unwrap_or_default();
+            let tokens = |v: &[Sampled]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+            assert_eq!(
+                tokens(&got),
+                tokens(&want),
+                "{name}: request {id} choice {choice}"
+            );
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                match (&g.1, &w.1) {
+                    (None, None) => {}
+                    (Some(g), Some(w)) => {
+                        assert!(
+                            (g.logprob - w.logprob).abs() < 1e-5,
+                            "{name}: {id}/{choice} token {i}: {} vs {}",
+                            g.logprob,
+                            w.logprob
+                        );
+                        assert_eq!(g.top.len(), w.top.len());
+                        for (a, b) in g.top.iter().zip(&w.top) {
+                            assert!(
+                                a.0 == b.0 && (a.1 - b.1).abs() < 1e-5,
+                                "{name}: top {a:?} vs {b:?}"
+                            );
+                        }
+                    }
+                    other => panic!("{name}: logprobs {other:?}"),
+                }
+            }
+            assert!(
+                run.choices_finished.contains_key(&(id, choice)),
+                "{name}: {id}/{choice} never finished"
+            );
+        }
+    }
+}
+
+/// Requests with log-probabilities, a logit bias and a grammar-like mask join the batch beside
+/// plain ones (one of them mid-run) and each gets what it gets alone: the same tokens (greedy
+/// and seeded), log-probabilities within 1e-5, the mask's end as an end of sequence.
+#[test]
+fn processed_requests_join_the_batch() {
+    for name in ["llama-tiny", "qwen3-tiny"] {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 32,
+        };
+        let mut s = scheduler(&model, 64, 16, cfg);
+        let seeded = SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            repeat_penalty: 1.2,
+            seed: 11,
+            ..SamplingParams::default()
+        };
+        let with = |prompt: Vec<u32>, max_tokens, sampling, logprobs| Request {
+            prompt,
+            max_tokens,
+            sampling,
+            logprobs,
+            ..Request::default()
+        };
+        let cases: Vec<(Request, MakeProcessors)> = vec![
+            (
+                with(prompt(1, 21), 12, SamplingParams::default(), Some(3)),
+                biased,
+            ),
+            (with(prompt(2, 40), 20, seeded, Some(0)), cyclic),
+            (
+                with(prompt(3, 50), 10, SamplingParams::default(), None),
+                no_processors,
+            ),
+            (with(prompt(4, 9), 14, seeded, Some(2)), biased),
+        ];
+        let mut ids = Vec::new();
+        for (req, make) in &cases[..3] {
+            ids.push(s.submit_with(req.clone(), vec![make()]).unwrap());
+        }
+        let mut run = drive_with(&mut s, 3, &cases[3], &mut ids);
+        assert_choices(&model, name, &cases, &ids, &run);
+        assert_eq!(
+            run.choices_finished.remove(&(ids[1], 0)),
+            Some(FinishReason::Eos),
+            "{name}: the mask's end"
+        );
+        assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+    }
+}
+
+/// Steps `s` until idle (checking the pool after every step), submitting `later` before step
+/// `at`; its id goes to `ids`.
+fn drive_with(
+    s: &mut Scheduler,
+    at: usize,
+    later: &(Request, MakeProcessors),
+    ids: &mut Vec<RequestId>,
+) -> Run {
+    let mut later = Some(later);
+    let (_, run) = drive(s, &[], &[], |step, s| {
+        if step == at {
+            if let Some((req, make)) = later.take() {
+                let n = req.n.max(1);
+                ids.push(
+                    s.submit_with(req.clone(), (0..n).map(|_| make()).collect())
+                        .unwrap(),
+                );
+            }
+        }
+    });
+    run
+}
+
+/// `n` choices: the prompt is computed once (the engine's prompt rows count it once), the
+/// choices fork from it sharing its blocks (the partly filled last one copied before a write:
+/// the engine refuses any write into a shared block), each samples with its own seed and equals
+/// the request alone with that seed. Also on a hybrid model (the recurrent state is copied),
+/// and in a pool so short that forks are preempted and recomputed.
+#[test]
+fn choices_share_the_prompt() {
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 5,
+        ..SamplingParams::default()
+    };
+    // (fixture, blocks, block size, prompt length)
+    for (name, blocks, bs, len) in [
+        ("llama-tiny", 64, 16, 37),
+        ("llama-tiny", 64, 16, 32),
+        ("qwen3next-tiny", 64, 16, 37),
+        ("qwen3-tiny", 14, 4, 10),
+    ] {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 64,
+        };
+        let mut s = scheduler(&model, blocks, bs, cfg);
+        let short = blocks < 20;
+        let max_tokens = if short { 24 } else { 9 };
+        let cases: Vec<(Request, MakeProcessors)> = vec![
+            (
+                Request {
+                    prompt: prompt(7, len),
+                    max_tokens,
+                    sampling: seeded,
+                    n: 3,
+                    logprobs: Some(2),
+                    ..Request::default()
+                },
+                no_processors,
+            ),
+            (greedy(prompt(8, 20), 6), no_processors),
+        ];
+        let mut ids = vec![s.submit_with(cases[0].0.clone(), Vec::new()).unwrap()];
+        let run = drive_with(&mut s, 0, &cases[1], &mut ids);
+        assert_choices(&model, name, &cases, &ids, &run);
+        let rows = s.engine().rows_computed();
+        if short {
+            assert!(
+                s.stats().preemptions > 0,
+                "{name}: the pool was never short"
+            );
+        } else {
+            // Every choice ran to its length: max_tokens - 1 decode rows each.
+            assert_eq!(rows.prompt, (len + 20) as u64, "{name}: prompt rows");
+            assert_eq!(rows.generated, (3 * (max_tokens - 1) + 5) as u64, "{name}");
+        }
+        let distinct: std::collections::HashSet<Vec<u32>> = (0..3)
+            .map(|c| run.choices[&(ids[0], c)].iter().map(|e| e.0).collect())
+            .collect();
+        assert!(distinct.len() > 1, "{name}: the seeds drew the same answer");
+        assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
+    }
+}
+
+/// A request sharing a long system prompt with an earlier one computes only its suffix: the
+/// engine's prompt rows grow by its length less the cached whole blocks.
+#[test]
+fn second_request_computes_only_its_suffix() {
+    let f = fixture("qwen2-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+    let system = prompt(42, 200);
+    let with_tail = |seed: u32, n: usize| {
+        let mut p = system.clone();
+        p.extend(prompt(seed, n));
+        p
+    };
+    let first = greedy(with_tail(1, 7), 4);
+    drive(&mut s, &[first], &[], |_, _| {});
+    let before = s.engine().rows_computed().prompt;
+    assert_eq!(before, 207);
+    let second = greedy(with_tail(2, 9), 4);
+    let (ids, run) = drive(&mut s, std::slice::from_ref(&second), &[], |_, _| {});
+    // 12 whole blocks (192 tokens) are the system prompt's; the 13th holds the first suffix.
+    assert_eq!(s.engine().rows_computed().prompt - before, 209 - 192);
+    assert_same(&model, "qwen2-tiny", &[second], &ids, &run);
+}
+
+/// A processor that fails ends its request (every choice, blocks back) with the error; the
+/// others go on unchanged.
+#[test]
+fn a_failing_processor_ends_only_its_request() {
+    let f = fixture("mistral-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+    let plain = greedy(prompt(1, 30), 8);
+    let ok = s.submit(plain.clone()).unwrap();
+    let failing = Request {
+        n: 2,
+        ..greedy(prompt(2, 25), 8)
+    };
+    let fails = || -> Vec<Box<dyn LogitProcessor>> { vec![Box::new(FailsAt(3))] };
+    let bad = s.submit_with(failing, vec![fails(), fails()]).unwrap();
+    let mut tokens = Vec::new();
+    let mut failed = None;
+    for _ in 0..100 {
+        if s.is_idle() {
+            break;
+        }
+        for e in s.step().unwrap() {
+            match e {
+                Event::Token { id, token, .. } if id == ok => tokens.push(token),
+                Event::Failed { id, error } => failed = Some((id, error)),
+                _ => {}
+            }
+        }
+        s.engine().check().unwrap();
+    }
+    let (id, error) = failed.expect("the request never failed");
+    assert_eq!(id, bad);
+    assert!(error.contains("the grammar broke"), "{error}");
+    assert!(!s.cancel(bad), "its choices are gone");
+    assert_eq!(tokens, alone(&model, &plain));
+    assert_eq!(s.engine().pool_stats().held, 0);
+    let e = s.submit_with(greedy(prompt(3, 5), 4), vec![fails()]);
+    assert!(e.is_ok(), "one list for one choice");
+    assert!(s
+        .submit_with(
+            Request {
+                n: 2,
+                ..greedy(prompt(3, 5), 4)
+            },
+            vec![fails()]
+        )
+        .is_err());
 }

@@ -8,17 +8,22 @@
 //! also in the middle of a prompt), then runs one step over all running requests, and turns
 //! each sampled token into text (stop strings held back as in `cmf_llm::generate`).
 //!
-//! Jobs that need per-token logits (log-probabilities, logit bias, a grammar) or several choices
-//! run alone on a single-sequence engine between steps, as the one-at-a-time worker runs them;
-//! the batch waits meanwhile.
+//! Every request kind joins the batch: log-probabilities, logit bias and grammars are applied to
+//! each sequence's own logits after the step (`cmf_llm::batch::scheduler`), and `n` choices are
+//! forks of one prompt computed once. Only a completions request that echoes its prompt with
+//! log-probabilities (every prompt row's logits) runs alone on a single-sequence engine between
+//! steps, as the one-at-a-time worker runs it; the batch waits meanwhile.
 
 use crate::generation::{Event, Job};
 use crate::observe::RequestRecord;
 use crate::worker::{panic_message, Queued, StartError, Worker};
-use cmf_llm::batch::{self, BatchConfig, BatchEngine, PoolSize, Request, RequestId, Scheduler};
+use cmf_llm::batch::{
+    self, BatchConfig, BatchEngine, PoolSize, Processors, Request, RequestId, Scheduler,
+};
 use cmf_llm::chat::TextDecoder;
 use cmf_llm::engine::CpuEngine;
 use cmf_llm::generate::{FinishReason, GenerationStats, StopMatcher};
+use cmf_llm::logits::{LogitProcessor, TokenLogprob};
 use cmf_llm::Model;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -31,11 +36,26 @@ use tokio::sync::mpsc;
 struct Active<'t> {
     job: Job,
     record: Arc<RequestRecord>,
-    decoder: TextDecoder<'t>,
-    stops: StopMatcher,
+    choices: Vec<Choice<'t>>,
+    /// The prompt counted once, the choices' tokens together (as the one-at-a-time path).
     stats: GenerationStats,
     admitted: Instant,
     last_text: Option<Instant>,
+}
+
+/// One choice's text on its way out.
+struct Choice<'t> {
+    decoder: TextDecoder<'t>,
+    stops: StopMatcher,
+    /// Log-probabilities of tokens whose text is not out yet.
+    logprobs: Vec<TokenLogprob>,
+    done: bool,
+}
+
+impl Active<'_> {
+    fn done(&self) -> bool {
+        self.choices.iter().all(|c| c.done)
+    }
 }
 
 /// Bytes of the KV pool: `--kv-pool`, else `parallel` full contexts.
@@ -60,14 +80,30 @@ pub(crate) fn pool_positions(
     bytes / block * BatchConfig::BLOCK_SIZE
 }
 
-/// Whether a job needs the single-sequence path (features the batched step does not carry).
+/// Whether a job needs the single-sequence path: the prompt's own log-probabilities need every
+/// prompt row's logits, which the batched step does not return.
 fn needs_alone(job: &Job) -> bool {
+    job.options.prompt_logprobs.is_some()
+}
+
+/// Each choice's logit processors: the bias, then a fresh fork of the grammar.
+fn processors(job: &Job) -> Vec<Processors> {
     let o = &job.options;
-    o.n > 1
-        || o.logprobs.is_some()
-        || o.prompt_logprobs.is_some()
-        || !o.logit_bias.0.is_empty()
-        || o.constraint.is_some()
+    if o.logit_bias.0.is_empty() && o.constraint.is_none() {
+        return Vec::new();
+    }
+    (0..o.n.max(1))
+        .map(|_| {
+            let mut p: Processors = Vec::new();
+            if !o.logit_bias.0.is_empty() {
+                p.push(Box::new(o.logit_bias.clone()) as Box<dyn LogitProcessor>);
+            }
+            if let Some(c) = &o.constraint {
+                p.push(Box::new(c.fork()));
+            }
+            p
+        })
+        .collect()
 }
 
 pub(crate) fn run(
@@ -125,10 +161,11 @@ pub(crate) fn run(
 
     let tokenizer = &w.assets.tokenizer;
     let mut active: HashMap<RequestId, Active> = HashMap::new();
+    let mut counted = 0;
     let mut closed = false;
     loop {
-        // Take jobs while there is a slot.
-        while !closed && sched.stats().running + sched.stats().waiting < w.parallel {
+        // Take jobs while there is a slot (a choice takes one).
+        while !closed && active.values().map(|a| a.choices.len()).sum::<usize>() < w.parallel {
             let next = if sched.is_idle() {
                 rx.blocking_recv()
             } else {
@@ -163,15 +200,24 @@ pub(crate) fn run(
                 max_tokens: job.gen.max_tokens,
                 sampling: job.gen.sampling,
                 eos_ids: job.gen.eos_ids.clone(),
+                n: job.options.n.max(1),
+                logprobs: job.options.logprobs,
             };
-            match sched.submit(req) {
+            match sched.submit_with(req, processors(&job)) {
                 Ok(id) => {
                     let context = &job.ids[job.ids.len().saturating_sub(4)..];
+                    let choices = (0..job.options.n.max(1))
+                        .map(|_| Choice {
+                            decoder: tokenizer.text_decoder(context, true),
+                            stops: StopMatcher::new(&job.gen.stop_strings),
+                            logprobs: Vec::new(),
+                            done: false,
+                        })
+                        .collect();
                     active.insert(
                         id,
                         Active {
-                            decoder: tokenizer.text_decoder(context, true),
-                            stops: StopMatcher::new(&job.gen.stop_strings),
+                            choices,
                             stats: GenerationStats {
                                 prompt_tokens: job.ids.len(),
                                 generated_tokens: 0,
@@ -207,7 +253,7 @@ pub(crate) fn run(
             }
         });
         if sched.is_idle() {
-            publish(w, &sched);
+            publish(w, &sched, &mut counted);
             if closed {
                 return;
             }
@@ -233,6 +279,7 @@ pub(crate) fn run(
                     let _ = a.job.events.send(Event::Failed(msg.clone()));
                 }
                 drop(sched);
+                counted = 0;
                 sched = match new_scheduler() {
                     Ok(s) => s,
                     Err(e) => {
@@ -244,40 +291,63 @@ pub(crate) fn run(
             }
         };
         for e in events {
-            match e {
-                batch::Event::Token { id, token } => {
+            let id = match e {
+                batch::Event::Token {
+                    id,
+                    choice,
+                    token,
+                    logprob,
+                } => {
                     let Some(a) = active.get_mut(&id) else {
                         continue;
                     };
-                    match on_token(w, a, token) {
+                    match on_token(w, a, choice, token, logprob) {
                         Ok(false) => {}
                         Ok(true) => {
-                            sched.cancel(id);
-                            let a = active.remove(&id).expect("present");
-                            finish(w, a, FinishReason::Stop);
+                            sched.cancel_choice(id, choice);
+                            finish_choice(w, a, choice, FinishReason::Stop);
                         }
                         Err(msg) => {
                             sched.cancel(id);
-                            let a = active.remove(&id).expect("present");
-                            w.stats.finished.fetch_add(1, Ordering::Relaxed);
-                            let _ = a.job.events.send(Event::Failed(msg));
+                            fail(w, active.remove(&id).expect("present"), msg);
+                            continue;
                         }
                     }
+                    id
                 }
-                batch::Event::Finished { id, reason } => {
+                batch::Event::Finished { id, choice, reason } => {
+                    let Some(a) = active.get_mut(&id) else {
+                        continue;
+                    };
+                    finish_choice(w, a, choice, reason);
+                    id
+                }
+                batch::Event::Failed { id, error } => {
                     if let Some(a) = active.remove(&id) {
-                        finish(w, a, reason);
+                        fail(w, a, format!("generation failed: {error}"));
                     }
+                    continue;
                 }
+            };
+            if active.get(&id).is_some_and(Active::done) {
+                let a = active.remove(&id).expect("present");
+                w.stats.finished.fetch_add(1, Ordering::Relaxed);
+                let _ = a.job.events.send(Event::Done(a.stats));
             }
         }
-        publish(w, &sched);
+        publish(w, &sched, &mut counted);
     }
 }
 
-/// The request's next token: its text (if complete) to the client. True when a stop string
-/// appeared (the request ends).
-fn on_token(w: &Worker, a: &mut Active, token: u32) -> Result<bool, String> {
+/// A choice's next token: its text (if complete) to the client. True when a stop string
+/// appeared (the choice ends).
+fn on_token(
+    w: &Worker,
+    a: &mut Active,
+    choice: usize,
+    token: u32,
+    logprob: Option<TokenLogprob>,
+) -> Result<bool, String> {
     let now = Instant::now();
     if a.stats.generated_tokens == 0 {
         a.stats.time_to_first_token = now - a.admitted;
@@ -291,16 +361,20 @@ fn on_token(w: &Worker, a: &mut Active, token: u32) -> Result<bool, String> {
         .generated_tokens
         .store(a.stats.generated_tokens as u64, Ordering::Relaxed);
     w.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-    let text = a
+    let c = &mut a.choices[choice];
+    c.logprobs.extend(logprob);
+    let text = c
         .decoder
         .push(token)
         .map_err(|e| format!("generation failed: {e}"))?;
-    let (out, hit) = a.stops.push(&text);
-    send_text(w, a, out);
+    let (out, hit) = c.stops.push(&text);
+    send_text(w, a, choice, out);
     Ok(hit)
 }
 
-fn send_text(w: &Worker, a: &mut Active, text: String) {
+/// Sends a piece of choice `choice`'s text with the log-probabilities of the tokens it
+/// completes.
+fn send_text(w: &Worker, a: &mut Active, choice: usize, text: String) {
     if text.is_empty() {
         return;
     }
@@ -309,39 +383,55 @@ fn send_text(w: &Worker, a: &mut Active, text: String) {
     if let Some(t) = a.last_text.replace(now) {
         w.stats.inter_token_latency.observe(now - t);
     }
+    let logprobs = std::mem::take(&mut a.choices[choice].logprobs);
     let _ = a.job.events.send(Event::Text {
-        choice: 0,
+        choice,
         text,
-        logprobs: Vec::new(),
+        logprobs,
     });
 }
 
-/// Sends the held-back text and the end of the request.
-fn finish(w: &Worker, mut a: Active, reason: FinishReason) {
+/// Sends a choice's held-back text and its end.
+fn finish_choice(w: &Worker, a: &mut Active, choice: usize, reason: FinishReason) {
+    if a.choices[choice].done {
+        return;
+    }
     if reason != FinishReason::Stop {
+        let c = &mut a.choices[choice];
         // As `cmf_llm::guided`: a cut character at the length limit is not shown.
-        let mut tail = a.decoder.flush().unwrap_or_default();
+        let mut tail = c.decoder.flush().unwrap_or_default();
         if matches!(reason, FinishReason::Length | FinishReason::ContextFull) {
             if let Some(cut) = tail.strip_suffix('\u{FFFD}') {
                 tail.truncate(cut.len());
             }
         }
-        let (out, _) = a.stops.push(&tail);
-        let rest = a.stops.flush();
-        send_text(w, &mut a, out + &rest);
+        let (out, _) = c.stops.push(&tail);
+        let rest = c.stops.flush();
+        send_text(w, a, choice, out + &rest);
     }
+    let c = &mut a.choices[choice];
+    c.done = true;
     a.stats.finish = reason;
-    w.stats.finished.fetch_add(1, Ordering::Relaxed);
     let _ = a.job.events.send(Event::ChoiceDone {
-        choice: 0,
+        choice,
         finish: reason,
-        logprobs: Vec::new(),
+        logprobs: std::mem::take(&mut c.logprobs),
     });
-    let _ = a.job.events.send(Event::Done(a.stats));
 }
 
-/// The engine's gauges for `/metrics` and `/health`.
-fn publish(w: &Worker, sched: &Scheduler) {
+fn fail(w: &Worker, a: Active, msg: String) {
+    w.stats.finished.fetch_add(1, Ordering::Relaxed);
+    let _ = a.job.events.send(Event::Failed(msg));
+}
+
+/// The engine's gauges for `/metrics` and `/health`. `counted`: the engine's prompt rows
+/// already added to the counter (0 for a fresh engine).
+fn publish(w: &Worker, sched: &Scheduler, counted: &mut u64) {
+    let rows = sched.engine().rows_computed().prompt;
+    w.stats
+        .prompt_tokens_computed
+        .fetch_add(rows - *counted, Ordering::Relaxed);
+    *counted = rows;
     let s = sched.stats();
     let p = sched.engine().pool_stats();
     let st = &w.stats;

@@ -257,6 +257,13 @@ impl Metrics {
             "Full prompt blocks found in the prefix cache (not recomputed).",
             &one(hits),
         );
+        family(
+            "cmf_prompt_tokens_computed_total",
+            "counter",
+            "Prompt tokens the batched engine computed (the prefix cache's and those shared by \
+             a request's choices are not).",
+            &one(load(&stats.prompt_tokens_computed)),
+        );
         out.push_str(&format!(
             "# HELP cmf_prefix_cache_hit_rate Prefix-cache hits per lookup so far.\n\
              # TYPE cmf_prefix_cache_hit_rate gauge\ncmf_prefix_cache_hit_rate {}\n",

@@ -71,7 +71,7 @@ pub struct GenRequest {
     pub sampling: SamplingParams,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
-    /// Choices to generate (`n`), one after the other over the same cached prompt.
+    /// Choices to generate (`n`) from one computed prompt.
     pub n: usize,
     /// `Some(k)`: report each answer token's log-probability and its `k` best alternatives.
     pub logprobs: Option<usize>,

@@ -167,6 +167,9 @@ pub struct WorkerStats {
     /// Prefix cache: full prompt blocks looked up, and found.
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    /// Prompt tokens the batched engine computed (not those taken from the prefix cache or
+    /// shared by a request's choices).
+    pub prompt_tokens_computed: AtomicU64,
     /// Between consecutive text pieces of one answer.
     pub inter_token_latency: crate::observe::Histogram,
 }

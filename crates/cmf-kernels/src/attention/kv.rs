@@ -165,6 +165,14 @@ impl Store {
         }
     }
 
+    /// Copies elements `src..src + n` to `dst..dst + n` (stored values, no conversion).
+    pub(crate) fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
+        match self {
+            Store::F32(d) => d.copy_within(src..src + n, dst),
+            Store::F16(d) | Store::Bf16(d) => d.copy_within(src..src + n, dst),
+        }
+    }
+
     pub(crate) fn slice(&self, n: usize) -> KvSlice<'_> {
         match self {
             Store::F32(d) => KvSlice::F32(&d[..n]),

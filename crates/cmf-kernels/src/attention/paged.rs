@@ -96,6 +96,19 @@ impl KvBlocks {
         }
     }
 
+    /// Copies block `src`'s keys and values into block `dst` (a sequence taking a private copy
+    /// of a block it shares before writing into it).
+    pub fn copy_block(&mut self, src: u32, dst: u32) {
+        let (src, dst) = (src as usize, dst as usize);
+        assert!(
+            src < self.num_blocks && dst < self.num_blocks,
+            "KvBlocks::copy_block: block {src} or {dst} out of range"
+        );
+        let n = self.block_size * self.row();
+        self.k.copy_within(src * n, dst * n, n);
+        self.v.copy_within(src * n, dst * n, n);
+    }
+
     /// The first `len` positions of the sequence whose blocks are `table`.
     pub fn view<'a>(&'a self, table: &'a [u32], len: usize) -> PagedKv<'a> {
         assert!(
@@ -257,6 +270,12 @@ mod tests {
             let mut got = vec![0f32; q.len()];
             attention_paged(&q, pool.view(&table, len), &p, &mut got);
             assert_eq!(got, want, "{dtype:?} {table:?}");
+            // A copied block stands in for its original exactly (block 1 is in neither table).
+            pool.copy_block(table[2], 1);
+            let mut copied = table;
+            copied[2] = 1;
+            attention_paged(&q, pool.view(&copied, len), &p, &mut got);
+            assert_eq!(got, want, "{dtype:?} {copied:?} (copied block)");
         }
     }
 }

@@ -118,6 +118,13 @@ impl BlockPool {
         Some(b)
     }
 
+    /// One more reference to a held block (a forked sequence sharing its parent's blocks).
+    pub fn retain(&mut self, b: BlockId) {
+        let r = &mut self.refs[b as usize];
+        assert!(*r > 0, "retain: block {b} is not held");
+        *r += 1;
+    }
+
     /// Publishes a held, full block under its chain hash and returns the hash. When another
     /// block already holds this content the index keeps that one (this block stays private and
     /// is freed normally).

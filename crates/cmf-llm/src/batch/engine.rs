@@ -6,6 +6,9 @@
 //! - a sequence writes only blocks it holds alone and has not published
 //!   ([`BlockPool::is_exclusive`]); a step that would break this is refused, never run;
 //! - a block is published for prefix reuse as soon as all its positions are computed;
+//! - a forked sequence shares its parent's blocks (one more reference each); before it writes
+//!   into a shared, partly filled block it takes a private copy (copy on write), so the blocks of
+//!   a prompt with several choices are computed once;
 //! - prefix reuse covers whole blocks and stops one token short of the known tokens, so the last
 //!   known token is always computed (its logits are what the caller wants) into a private block;
 //! - a hybrid (GatedDeltaNet) model's sequence holds a recurrent-state slot from its first
@@ -68,6 +71,15 @@ impl BatchConfig {
     }
 }
 
+/// Rows the engine has computed since it was made, for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowCounts {
+    /// Positions inside their sequence's prompt (prefill, and recomputation after preemption).
+    pub prompt: u64,
+    /// Positions of generated tokens (decode, and their recomputation after preemption).
+    pub generated: u64,
+}
+
 /// One sequence's share of a step: run its next `tokens` not yet computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
@@ -78,6 +90,8 @@ pub struct Work {
 struct Sequence {
     /// Every token known: prompt, then each generated one.
     tokens: Vec<u32>,
+    /// How many of `tokens` are the prompt (a fork keeps its parent's).
+    prompt_len: usize,
     /// Leading tokens whose keys and values are in the pool.
     computed: usize,
     table: Vec<BlockId>,
@@ -100,6 +114,7 @@ pub struct BatchEngine<'m, 'a> {
     device: Option<DeviceBatch>,
     /// The last device step's outputs.
     dev_logits: Vec<f32>,
+    rows: RowCounts,
 }
 
 impl<'m, 'a> BatchEngine<'m, 'a> {
@@ -134,6 +149,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             act: Activations::default(),
             device: None,
             dev_logits: Vec::new(),
+            rows: RowCounts::default(),
         })
     }
 
@@ -184,6 +200,12 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// Rows computed so far (prompt tokens taken from the prefix cache or shared by a fork are
+    /// not computed, so they do not count).
+    pub fn rows_computed(&self) -> RowCounts {
+        self.rows
     }
 
     /// Recurrent-state slots held by sequences (0 for a model without GatedDeltaNet layers).
@@ -265,6 +287,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.seqs.insert(
             id,
             Sequence {
+                prompt_len: tokens.len(),
                 tokens,
                 computed: 0,
                 table: Vec::new(),
@@ -273,6 +296,48 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             },
         );
         Ok(id)
+    }
+
+    /// A new sequence continuing `parent` as it is now: the same tokens, its computed blocks
+    /// shared (one more reference each) and, for a hybrid model, a copy of its recurrent state.
+    /// The first write into a shared, partly filled block copies it ([`BatchEngine::reserve`]).
+    pub fn fork(&mut self, parent: SeqId) -> SeqId {
+        let bs = self.cfg.block_size;
+        let p = self.seq(parent);
+        // A device pool's blocks cannot be copied from here: there the fork recomputes the
+        // parent's partly filled tail block instead of sharing it (only dense models batch on
+        // the device, so there is no recurrent state to rewind).
+        let computed = if self.device.is_some() {
+            p.computed / bs * bs
+        } else {
+            p.computed
+        };
+        let table = p.table[..computed.div_ceil(bs)].to_vec();
+        let child = Sequence {
+            tokens: p.tokens.clone(),
+            prompt_len: p.prompt_len,
+            computed,
+            hashes: p.hashes.clone(),
+            slot: p.slot,
+            table,
+        };
+        for &b in &child.table {
+            self.pool.retain(b);
+        }
+        let slot = child.slot.map(|s| self.slots.fork(s));
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, Sequence { slot, ..child });
+        id
+    }
+
+    /// The shared, partly filled block `id` would write next, if any: it must be copied first.
+    fn shared_tail(&self, id: SeqId) -> Option<usize> {
+        let s = self.seq(id);
+        let bs = self.cfg.block_size;
+        let i = s.computed / bs;
+        (!s.computed.is_multiple_of(bs) && i < s.table.len() && !self.pool.is_exclusive(s.table[i]))
+            .then_some(i)
     }
 
     fn seq(&self, id: SeqId) -> &Sequence {
@@ -339,12 +404,14 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         s.computed
     }
 
-    /// More blocks `id` needs to compute its next `n` tokens.
+    /// More blocks `id` needs to compute its next `n` tokens (a private copy of a shared block
+    /// it writes into included).
     pub fn blocks_needed(&self, id: SeqId, n: usize) -> usize {
         let s = self.seq(id);
-        (s.computed + n)
+        let grow = (s.computed + n)
             .div_ceil(self.cfg.block_size)
-            .saturating_sub(s.table.len())
+            .saturating_sub(s.table.len());
+        grow + usize::from(self.shared_tail(id).is_some())
     }
 
     /// Blocks an allocation can take now.
@@ -359,6 +426,17 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         if need > self.pool.available() {
             return false;
         }
+        if let Some(i) = self.shared_tail(id) {
+            let copy = self.pool.allocate().expect("availability was checked");
+            let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+            let shared = std::mem::replace(&mut s.table[i], copy);
+            // GatedDeltaNet layers hold no blocks.
+            for layer in self.layers.iter_mut().filter(|l| l.num_blocks() > 0) {
+                layer.copy_block(shared, copy);
+            }
+            self.pool.release(shared);
+        }
+        let need = self.blocks_needed(id, n);
         let s = self.seqs.get_mut(&id).expect("unknown sequence id");
         if self.slots.needed() && s.slot.is_none() {
             debug_assert_eq!(
@@ -545,6 +623,10 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         });
         drop(rows);
         for w in work {
+            let s = &self.seqs[&w.seq];
+            let prompt = s.prompt_len.saturating_sub(s.computed).min(w.tokens);
+            self.rows.prompt += prompt as u64;
+            self.rows.generated += (w.tokens - prompt) as u64;
             self.advance(w.seq, w.tokens, bs);
         }
         Ok(&self.act.logits()[..m])

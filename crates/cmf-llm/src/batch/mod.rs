@@ -26,5 +26,7 @@ pub mod scheduler;
 
 pub use blocks::{BlockPool, PoolStats};
 pub use device::{DeviceBatch, PoolSize};
-pub use engine::{BatchConfig, BatchEngine, SeqId, Work};
-pub use scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, SchedulerStats};
+pub use engine::{BatchConfig, BatchEngine, RowCounts, SeqId, Work};
+pub use scheduler::{
+    Event, Processors, Request, RequestId, Scheduler, SchedulerConfig, SchedulerStats,
+};

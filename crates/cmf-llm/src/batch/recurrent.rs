@@ -49,6 +49,20 @@ impl RecurrentSlots {
         }
     }
 
+    /// A slot holding a copy of slot `from`'s state (a forked sequence).
+    pub fn fork(&mut self, from: SlotId) -> SlotId {
+        let id = self.allocate();
+        let (src, dst) = if from < id {
+            let (a, b) = self.slots.split_at_mut(id);
+            (&a[from], &mut b[0])
+        } else {
+            let (a, b) = self.slots.split_at_mut(from);
+            (&b[0], &mut a[id])
+        };
+        dst.clone_from(src);
+        id
+    }
+
     pub fn release(&mut self, id: SlotId) {
         debug_assert!(!self.free.contains(&id), "slot {id} freed twice");
         self.free.push(id);

@@ -10,11 +10,18 @@
 //! go back (published ones stay cached), it returns to the head of the queue and is recomputed
 //! later — its prefix blocks usually still cached — and its sampled tokens are kept, so its
 //! output is what it would have been. Cancelling frees a request's blocks at once.
+//!
+//! Each sampled row gets its request's own treatment on the host, as `crate::guided` gives it:
+//! logit processors (bias, grammar mask), seeded sampling with penalties over the sequence's
+//! tokens, and log-probabilities from the unprocessed logits. A request with `n` choices is one
+//! sequence until its prompt's logits come; then `n - 1` forks share its blocks
+//! ([`BatchEngine::fork`]) and every choice samples its first token from those logits.
 
 use super::engine::{BatchEngine, SeqId, Work};
 use crate::error::{LlmError, Result};
 use crate::generate::FinishReason;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::logits::{token_logprob, LogitProcessor, TokenLogprob};
+use crate::sampling::{argmax, Sampler, SamplingParams};
 use std::collections::{HashMap, VecDeque};
 
 /// Identifies a request (its sequence in the engine).
@@ -43,16 +50,37 @@ pub struct Request {
     /// At least 1.
     pub max_tokens: usize,
     pub sampling: SamplingParams,
-    /// Sampling one of these ends the request; it is not emitted.
+    /// Sampling one of these ends the choice; it is not emitted.
     pub eos_ids: Vec<u32>,
+    /// Choices (0 counts as 1): the prompt is computed once, then each choice continues in a
+    /// sequence of its own that shares the prompt's blocks. Choice `i` samples with seed
+    /// `sampling.seed + i`, as one-at-a-time generation does.
+    pub n: usize,
+    /// `Some(k)`: each token's log-probability and its `k` most likely alternatives, from the
+    /// logits before any processor (as `crate::guided` reports them).
+    pub logprobs: Option<usize>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One choice's logit processors (bias, grammar mask), applied in order before sampling.
+pub type Processors = Vec<Box<dyn LogitProcessor>>;
+
+#[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// The request's next generated token.
-    Token { id: RequestId, token: u32 },
-    /// The request is over; its blocks are back in the pool.
-    Finished { id: RequestId, reason: FinishReason },
+    /// The next generated token of one choice of a request.
+    Token {
+        id: RequestId,
+        choice: usize,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    /// One choice is over; its blocks are back in the pool.
+    Finished {
+        id: RequestId,
+        choice: usize,
+        reason: FinishReason,
+    },
+    /// A logit processor failed: every choice of the request ended, its blocks are back.
+    Failed { id: RequestId, error: String },
 }
 
 /// Counters for metrics.
@@ -68,11 +96,25 @@ pub struct SchedulerStats {
     pub prefix_hits: u64,
 }
 
-struct Entry {
+/// A choice not yet forked: it starts when its request's prompt logits come.
+struct Unforked {
+    choice: usize,
     sampler: Sampler,
+    processors: Processors,
+}
+
+/// One sequence: one choice of a request.
+struct Entry {
+    request: RequestId,
+    choice: usize,
+    sampler: Sampler,
+    processors: Processors,
+    logprobs: Option<usize>,
     max_tokens: usize,
     eos_ids: Vec<u32>,
     generated: usize,
+    /// The request's other choices, on its first sequence until the prompt's logits come.
+    unforked: Vec<Unforked>,
 }
 
 pub struct Scheduler<'m, 'a> {
@@ -86,6 +128,8 @@ pub struct Scheduler<'m, 'a> {
     reused: u64,
     queries: u64,
     logits: Vec<f32>,
+    /// One choice's processed copy of a row.
+    scratch: Vec<f32>,
 }
 
 impl<'m, 'a> Scheduler<'m, 'a> {
@@ -105,6 +149,7 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             reused: 0,
             queries: 0,
             logits: Vec::new(),
+            scratch: Vec::new(),
         })
     }
 
@@ -128,11 +173,25 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         self.running.is_empty() && self.waiting.is_empty()
     }
 
-    /// Queues a request. Refused (nothing queued) when its ids are outside the vocabulary, it
-    /// asks for no tokens, or its prompt could never fit the context or the whole pool.
+    /// Queues a request without logit processors. Refused (nothing queued) when its ids are
+    /// outside the vocabulary, it asks for no tokens, or its prompt could never fit the context
+    /// or the whole pool.
     pub fn submit(&mut self, req: Request) -> Result<RequestId> {
+        self.submit_with(req, Vec::new())
+    }
+
+    /// Queues a request whose choices each apply their own processors: `processors` is empty
+    /// or holds one list per choice.
+    pub fn submit_with(&mut self, req: Request, processors: Vec<Processors>) -> Result<RequestId> {
         if req.max_tokens == 0 {
             return Err(LlmError::Other("max_tokens must be at least 1".into()));
+        }
+        let n = req.n.max(1);
+        if !processors.is_empty() && processors.len() != n {
+            return Err(LlmError::Other(format!(
+                "{} processor lists for {n} choices",
+                processors.len()
+            )));
         }
         let c = *self.engine.config();
         // The prompt plus the first generated token must fit the pool on its own.
@@ -144,29 +203,71 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             });
         }
         let id = self.engine.add(req.prompt)?;
+        let mut processors = processors.into_iter();
+        let mut choices = (0..n).map(|choice| {
+            let mut sampling = req.sampling;
+            sampling.seed = sampling.seed.wrapping_add(choice as u64);
+            Unforked {
+                choice,
+                sampler: Sampler::new(sampling),
+                processors: processors.next().unwrap_or_default(),
+            }
+        });
+        let first = choices.next().expect("n is at least 1");
         self.entries.insert(
             id,
             Entry {
-                sampler: Sampler::new(req.sampling),
+                request: id,
+                choice: 0,
+                sampler: first.sampler,
+                processors: first.processors,
+                logprobs: req.logprobs,
                 max_tokens: req.max_tokens,
                 eos_ids: req.eos_ids,
                 generated: 0,
+                unforked: choices.collect(),
             },
         );
         self.waiting.push_back(id);
         Ok(id)
     }
 
-    /// Ends a request at once, waiting or running (also in the middle of its prompt), and frees
-    /// its blocks. False when the id is unknown (already finished).
+    /// Ends a request (every choice) at once, waiting or running (also in the middle of its
+    /// prompt), and frees its blocks. False when the id is unknown (already finished).
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        if self.entries.remove(&id).is_none() {
-            return false;
+        let seqs: Vec<SeqId> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.request == id)
+            .map(|(&s, _)| s)
+            .collect();
+        seqs.iter().for_each(|&s| self.drop_sequence(s));
+        !seqs.is_empty()
+    }
+
+    /// Ends one choice of a request (a stop string its caller found), freeing its blocks. False
+    /// when it is unknown (already finished).
+    pub fn cancel_choice(&mut self, id: RequestId, choice: usize) -> bool {
+        let seq = self
+            .entries
+            .iter()
+            .find(|(_, e)| e.request == id && e.choice == choice)
+            .map(|(&s, _)| s);
+        if let Some(seq) = seq {
+            if !self.entries[&seq].unforked.is_empty() {
+                // The other choices have not started: they go on from a sequence of their own.
+                self.fork_choices(seq);
+            }
+            self.drop_sequence(seq);
         }
-        self.waiting.retain(|&r| r != id);
-        self.running.retain(|&r| r != id);
-        self.engine.remove(id);
-        true
+        seq.is_some()
+    }
+
+    fn drop_sequence(&mut self, seq: SeqId) {
+        self.entries.remove(&seq);
+        self.waiting.retain(|&r| r != seq);
+        self.running.retain(|&r| r != seq);
+        self.engine.remove(seq);
     }
 
     /// Admits, plans and runs one step; returns what it produced. A step with nothing to run
@@ -185,44 +286,136 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             .map(|w| w.seq)
             .collect();
         let logits = self.engine.step(&plan)?;
-        self.logits.clear();
-        self.logits.extend_from_slice(logits);
+        let mut rows = std::mem::take(&mut self.logits);
+        rows.clear();
+        rows.extend_from_slice(logits);
         let vocab = self.engine.model().config.vocab_size;
-        for (j, id) in sampled.into_iter().enumerate() {
-            let row = &mut self.logits[j * vocab..(j + 1) * vocab];
-            let e = self
-                .entries
-                .get_mut(&id)
-                .expect("running requests have entries");
-            let token = e.sampler.sample(row, self.engine.tokens(id));
-            if e.eos_ids.contains(&token) {
-                self.finish(id, FinishReason::Eos, &mut events);
-                continue;
-            }
-            events.push(Event::Token { id, token });
-            e.generated += 1;
-            if e.generated >= e.max_tokens {
-                self.finish(id, FinishReason::Length, &mut events);
-            } else if self.engine.push(id, token).is_err() {
-                self.finish(id, FinishReason::ContextFull, &mut events);
+        for (j, seq) in sampled.into_iter().enumerate() {
+            let row = &rows[j * vocab..(j + 1) * vocab];
+            // Every choice of a request samples its first token from the prompt's logits.
+            for seq in std::iter::once(seq).chain(self.fork_choices(seq)) {
+                self.sample(seq, row, &mut events);
             }
         }
+        self.logits = rows;
         Ok(events)
     }
 
-    fn finish(&mut self, id: RequestId, reason: FinishReason, events: &mut Vec<Event>) {
-        self.cancel(id);
-        events.push(Event::Finished { id, reason });
+    /// Starts the choices still waiting on `seq`'s prompt: one fork of it each, running.
+    fn fork_choices(&mut self, seq: SeqId) -> Vec<SeqId> {
+        let Some(e) = self.entries.get_mut(&seq) else {
+            return Vec::new();
+        };
+        let unforked = std::mem::take(&mut e.unforked);
+        let (request, logprobs, max_tokens, eos_ids) =
+            (e.request, e.logprobs, e.max_tokens, e.eos_ids.clone());
+        let mut forks = Vec::with_capacity(unforked.len());
+        for u in unforked {
+            let child = self.engine.fork(seq);
+            self.entries.insert(
+                child,
+                Entry {
+                    request,
+                    choice: u.choice,
+                    sampler: u.sampler,
+                    processors: u.processors,
+                    logprobs,
+                    max_tokens,
+                    eos_ids: eos_ids.clone(),
+                    generated: 0,
+                    unforked: Vec::new(),
+                },
+            );
+            if self.running.contains(&seq) {
+                self.running.push(child);
+            } else {
+                self.waiting.push_front(child);
+            }
+            forks.push(child);
+        }
+        forks
     }
 
-    /// FCFS: the head of the queue joins while there is room for its uncomputed prompt.
+    /// Samples `seq`'s next token from its logits `row` as `crate::guided` does: processors,
+    /// sampler, a masked draw replaced by the best allowed token, log-probabilities of `row`.
+    fn sample(&mut self, seq: SeqId, row: &[f32], events: &mut Vec<Event>) {
+        let Some(e) = self.entries.get_mut(&seq) else {
+            return; // its request failed earlier in this step
+        };
+        let (id, choice) = (e.request, e.choice);
+        if e.processors.iter().any(|p| p.finished()) {
+            self.finish(seq, FinishReason::Eos, events);
+            return;
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(row);
+        let logits = &mut self.scratch;
+        let drawn = (|| {
+            for p in e.processors.iter_mut() {
+                p.process(logits)?;
+            }
+            let mut token = e.sampler.sample(logits, self.engine.tokens(seq));
+            if !e.processors.iter().all(|p| p.allowed(token)) {
+                // The draw fell on a masked token through rounding: take the best allowed one.
+                token = argmax(logits);
+            }
+            for p in e.processors.iter_mut() {
+                p.accept(token)?;
+            }
+            Ok::<u32, LlmError>(token)
+        })();
+        let token = match drawn {
+            Ok(t) => t,
+            Err(err) => {
+                self.cancel(id);
+                events.push(Event::Failed {
+                    id,
+                    error: err.to_string(),
+                });
+                return;
+            }
+        };
+        if e.eos_ids.contains(&token) {
+            self.finish(seq, FinishReason::Eos, events);
+            return;
+        }
+        let logprob = e.logprobs.map(|k| token_logprob(row, token, k));
+        events.push(Event::Token {
+            id,
+            choice,
+            token,
+            logprob,
+        });
+        e.generated += 1;
+        if e.generated >= e.max_tokens {
+            self.finish(seq, FinishReason::Length, events);
+        } else if self.engine.push(seq, token).is_err() {
+            self.finish(seq, FinishReason::ContextFull, events);
+        }
+    }
+
+    fn finish(&mut self, seq: SeqId, reason: FinishReason, events: &mut Vec<Event>) {
+        let Some(e) = self.entries.get(&seq) else {
+            return;
+        };
+        let (id, choice) = (e.request, e.choice);
+        self.drop_sequence(seq);
+        events.push(Event::Finished { id, choice, reason });
+    }
+
+    /// FCFS: the head of the queue joins while there is room for its uncomputed prompt (and
+    /// its choices: a sequence each, and a block each for the copy of the prompt's last one).
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_running {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            let forks = self.entries[&id].unforked.len();
+            if !self.running.is_empty() && self.running.len() + 1 + forks > self.cfg.max_running {
+                break;
+            }
             let reused = self.engine.reuse_prefix(id);
-            let need = self.engine.blocks_needed(id, self.engine.pending(id));
+            let need = self.engine.blocks_needed(id, self.engine.pending(id)) + forks;
             if need > self.engine.blocks_available() {
                 // Wait; give the reused blocks back so they stay evictable meanwhile.
                 self.engine.release(id);

@@ -1,4 +1,5 @@
-"""The official `openai` client (2.x) and `langchain-openai` against a running `cmf serve`.
+"""The official `openai` client (2.x) and `langchain-openai` against a running `cmf serve`
+(one request at a time, or batched with `--parallel`).
 
 Usage: openai_clients.py BASE_URL EXPECTED_JSON
 EXPECTED_JSON holds {"prompt": str, "logprobs": [float]}: the prompt's per-token
@@ -8,6 +9,7 @@ Prints SKIPPED (and exits 0) when the clients are not installed.
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 try:
     import openai
@@ -90,6 +92,37 @@ def logprobs_match_ppl():
     assert all(len(e.top_logprobs) == 2 for e in c.choices[0].logprobs.content)
 
 
+def choices_and_logprobs():
+    # Choice i of n samples with seed + i: it equals a one-choice request with that seed. The
+    # one-choice requests go at once, so a batching server runs them in the same steps.
+    prompt = "In the beginning God"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, n=3,
+                                  temperature=0.9, seed=5, logprobs=2)
+    assert len(r.choices) == 3, r
+    with ThreadPoolExecutor(3) as pool:
+        singles = list(pool.map(lambda i: client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=8, temperature=0.9, seed=5 + i, logprobs=2),
+            range(3)))
+    for c, one in zip(sorted(r.choices, key=lambda c: c.index), singles):
+        assert one.choices[0].text == c.text, (one.choices[0].text, c.text)
+        got, want = c.logprobs.token_logprobs, one.choices[0].logprobs.token_logprobs
+        assert len(got) == len(want) and all(abs(a - b) < 1e-4 for a, b in zip(got, want)), (
+            got, want)
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=6, n=2, logprobs=True, top_logprobs=2,
+                                       temperature=0.8, seed=3)
+    assert len(c.choices) == 2, c
+    assert all(len(e.top_logprobs) == 2 for ch in c.choices for e in ch.logprobs.content), c
+    # Streamed choices interleave; each index's deltas add up to its text.
+    texts = {}
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, n=3,
+                                           temperature=0.9, seed=5, stream=True):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    assert [texts[i] for i in range(3)] == [c.text for c in sorted(r.choices,
+                                                                    key=lambda c: c.index)], texts
+
+
 def langchain():
     llm = ChatOpenAI(base_url=base + "/v1", api_key="unused", model=MODEL, max_tokens=8,
                      stream_usage=True, max_retries=0)
@@ -111,7 +144,8 @@ def langchain():
     assert isinstance(structured.invoke("Answer?"), Answer)
 
 
-for test in (tool_round_trip, structured_output, logprobs_match_ppl, langchain):
+for test in (tool_round_trip, structured_output, logprobs_match_ppl, choices_and_logprobs,
+             langchain):
     test()
     print(f"ok {test.__name__}")
 print(f"openai {openai.__version__}: all passed")

@@ -1,13 +1,14 @@
 //! `--parallel N`: many requests generated at once on the batched engine, behind the same API.
 //! Answers equal `cmf_llm::generate` run alone (greedy and seeded, stop strings, through the
-//! paged f16 KV cache); the queue still answers 503 beyond its capacity; a client that leaves
-//! frees its KV blocks; `/metrics` shows the engine.
+//! paged f16 KV cache); requests with `n` choices, log-probabilities, a logit bias or a grammar
+//! batched together answer what the one-at-a-time server answers; the queue still answers 503
+//! beyond its capacity; a client that leaves frees its KV blocks; `/metrics` shows the engine.
 
 use crate::client::{get, post, EventStream};
 use crate::fixture::*;
 use cmf_llm::sampling::SamplingParams;
 use cmf_server::RunningServer;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -99,7 +100,7 @@ fn concurrent_answers_equal_alone() {
     for ((p, _, want), got) in cases.iter().zip(&answers) {
         assert_eq!(got, want, "prompt {p:?}");
     }
-    // A request with log-probabilities runs alone on the single-sequence path.
+    // A request with log-probabilities, on its own.
     let r = post(
         a,
         COMPLETIONS,
@@ -136,6 +137,12 @@ fn full_queue_and_disconnect() {
     let a = srv.addr();
     let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true});
     let first = EventStream::open(a, COMPLETIONS, &body);
+    // The second only once the first left the one-place queue (else, on a busy box, it could
+    // find the queue still full and get 503).
+    assert!(wait_until(Duration::from_secs(10), || metric(
+        a,
+        "cmf_requests_running"
+    ) == 1.0));
     let mut second = EventStream::open(a, COMPLETIONS, &body);
     assert!(
         wait_until(Duration::from_secs(10), || metric(
@@ -180,4 +187,168 @@ fn full_queue_and_disconnect() {
         "blocks still held after every client left"
     );
     assert!(metric(a, "cmf_rejections_total{status=\"503\"}") >= 1.0);
+}
+
+/// Same as `b` within 1e-5 (log-probabilities), exactly otherwise.
+fn assert_close(a: &Value, b: &Value, at: &str) {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() < 1e-5, "{at}: {x} vs {y}");
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{at}: lengths");
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                assert_close(x, y, &format!("{at}[{i}]"));
+            }
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{at}: keys"
+            );
+            for (k, x) in x {
+                assert_close(x, &y[k], &format!("{at}.{k}"));
+            }
+        }
+        _ => assert_eq!(a, b, "{at}"),
+    }
+}
+
+/// A response's choices in index order (streamed: each index's text pieces joined).
+fn choices(a: SocketAddr, path: &str, body: &Value) -> Value {
+    if body["stream"] == true {
+        let mut texts: Vec<String> = Vec::new();
+        let mut finish: Vec<Value> = Vec::new();
+        for d in EventStream::open(a, path, body).collect() {
+            if d == "[DONE]" {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&d).unwrap();
+            for c in v["choices"].as_array().unwrap() {
+                let i = c["index"].as_u64().unwrap() as usize;
+                if texts.len() <= i {
+                    texts.resize(i + 1, String::new());
+                    finish.resize(i + 1, Value::Null);
+                }
+                texts[i].push_str(c["text"].as_str().unwrap_or(""));
+                if !c["finish_reason"].is_null() {
+                    finish[i] = c["finish_reason"].clone();
+                }
+            }
+        }
+        let joined: Vec<Value> = texts
+            .into_iter()
+            .zip(finish)
+            .map(|(t, f)| json!({"text": t, "finish_reason": f}))
+            .collect();
+        return Value::Array(joined);
+    }
+    let r = post(a, path, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["choices"].clone()
+}
+
+/// Requests with several choices, log-probabilities, a logit bias and a grammar, sent at once to
+/// `--parallel 4` (so they share steps), answer what the one-at-a-time server answers: the same
+/// texts and finish reasons, log-probabilities within 1e-5.
+#[test]
+fn every_request_kind_batched_equals_alone() {
+    let chat = "/v1/chat/completions";
+    let user = |t: &str| json!([{"role": "user", "content": t}]);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"},
+                        "b": {"type": "string", "maxLength": 5}},
+                        "required": ["a", "b"], "additionalProperties": false});
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            COMPLETIONS,
+            json!({"prompt": "In the beginning God created", "max_tokens": 10,
+                             "n": 3, "temperature": 0.9, "seed": 3, "logprobs": 2}),
+        ),
+        (
+            COMPLETIONS,
+            json!({"prompt": "And God said", "max_tokens": 8, "temperature": 0,
+                             "logprobs": 0, "logit_bias": {"5": 4, "17": -100}}),
+        ),
+        (
+            COMPLETIONS,
+            json!({"prompt": "Be fruitful, and multiply", "max_tokens": 12, "n": 2,
+                             "temperature": 0.8, "seed": 9, "stream": true}),
+        ),
+        (
+            chat,
+            json!({"messages": user("Hi"), "max_tokens": 8, "logprobs": true,
+                      "top_logprobs": 3, "n": 2, "temperature": 0.7, "seed": 1}),
+        ),
+        (
+            chat,
+            json!({"messages": user("Fill it"), "max_tokens": 60, "temperature": 1.0,
+                      "seed": 4, "n": 2, "response_format": {"type": "json_schema",
+                      "json_schema": {"name": "t", "strict": true, "schema": schema}}}),
+        ),
+        // Echo with log-probabilities: the one kind that still runs alone.
+        (
+            COMPLETIONS,
+            json!({"prompt": "And the evening", "max_tokens": 4, "echo": true,
+                             "logprobs": 1, "temperature": 0}),
+        ),
+    ];
+    let alone = start_parallel(1, 16, None);
+    let want: Vec<Value> = cases
+        .iter()
+        .map(|(path, body)| choices(alone.addr(), path, body))
+        .collect();
+    drop(alone);
+    let srv = start_parallel(4, 16, None);
+    let a = srv.addr();
+    let got: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(path, body)| s.spawn(move || choices(a, path, body)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(g, w, &format!("case {i}"));
+    }
+    // The grammar's answers parse and the choices differ (seeds `seed + i`).
+    let grammar = &got[4];
+    for c in grammar.as_array().unwrap() {
+        let text = c["message"]["content"].as_str().unwrap();
+        serde_json::from_str::<Value>(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    }
+    assert_ne!(got[0][0]["text"], got[0][1]["text"]);
+    assert!(wait_until(Duration::from_secs(10), || metric(
+        a,
+        "cmf_kv_blocks_in_use"
+    ) == 0.0
+        && metric(a, "cmf_requests_running") == 0.0));
+}
+
+/// A request that shares a long system prompt with an earlier one computes only its suffix:
+/// `cmf_prompt_tokens_computed_total` grows by its prompt less the cached whole blocks.
+#[test]
+fn shared_system_prompt_computes_only_the_suffix() {
+    let srv = start_parallel(4, 16, None);
+    let a = srv.addr();
+    let system = "And God said, Let there be light: and there was light. And God saw the light, \
+                  that it was good: and God divided the light from the darkness. And God called \
+                  the light Day, and the darkness he called Night. ";
+    let first = format!("{system}And the evening and the morning were the first day.");
+    let second = format!("{system}Be fruitful, and multiply.");
+    let (ids1, ids2) = (text_ids(&first), text_ids(&second));
+    let common = ids1.iter().zip(&ids2).take_while(|(x, y)| x == y).count();
+    assert!(common >= 32, "only {common} tokens in common");
+    let body = |p: &str| json!({"prompt": p, "max_tokens": 2, "temperature": 0});
+    assert_eq!(post(a, COMPLETIONS, &body(&first)).status, 200);
+    let computed = || metric(a, "cmf_prompt_tokens_computed_total");
+    // The counter follows within a step of the answer.
+    wait_until(Duration::from_secs(10), || computed() == ids1.len() as f64);
+    assert_eq!(computed(), ids1.len() as f64);
+    assert_eq!(post(a, COMPLETIONS, &body(&second)).status, 200);
+    let reused = common.min(ids2.len() - 1) / 16 * 16;
+    let want = (ids1.len() + ids2.len() - reused) as f64;
+    wait_until(Duration::from_secs(10), || computed() == want);
+    assert_eq!(computed(), want, "{common} tokens in common");
 }

@@ -1,6 +1,7 @@
 //! `tests/python/openai_clients.py`: the official `openai` client and `langchain-openai` against
 //! a running server (tool calls, `.parse()` with a Pydantic model, logprobs against a
-//! teacher-forced pass, LangChain's streamed usage, `bind_tools`, `with_structured_output`).
+//! teacher-forced pass, `n` choices, LangChain's streamed usage, `bind_tools`,
+//! `with_structured_output`), one request at a time and with `--parallel 4`.
 //! Prints `SKIPPED` and passes when Python or those packages are missing (`.ci/run` installs
 //! them).
 
@@ -12,16 +13,28 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn openai_and_langchain_clients() {
+    clients_against(1);
+}
+
+/// The same clients against the batched engine: several choices, log-probabilities, tool calls
+/// and structured output inside the batch.
+#[test]
+fn openai_and_langchain_clients_batched() {
+    clients_against(4);
+}
+
+fn clients_against(parallel: usize) {
     let python = std::env::var("CMF_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut cfg = config();
     cfg.model = tool_model().clone();
     cfg.engine.kv_dtype = cmf_kernels::KvDtype::F32;
+    cfg.engine.parallel = parallel;
     let srv = start(cfg);
 
     let prompt = "In the beginning God created the heaven";
     let ids = text_ids(prompt);
     let expected = json!({"prompt": prompt, "logprobs": teacher_forced(&ids)});
-    let dir = scratch_dir("cmf-server-python");
+    let dir = scratch_dir(&format!("cmf-server-python-{parallel}"));
     let exp_path = dir.join("expected.json");
     std::fs::write(&exp_path, expected.to_string()).unwrap();
 
