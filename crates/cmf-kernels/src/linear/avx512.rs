@@ -150,6 +150,135 @@ pub(crate) unsafe fn q8_matvec(
     }
 }
 
+/// Input rows one weight row is applied to at a time by [`q8_matmul_rows`]: two accumulators
+/// each, so 16 of the 32 vector registers hold sums.
+const Q8_TILE: usize = 8;
+
+/// Chunk `c` (flipped weights `wv`) into accumulator `slot` of every input of a tile.
+#[inline(always)]
+unsafe fn q8_tile_step<const T: usize>(
+    acc: &mut [[__m512; 2]; T],
+    slot: usize,
+    c: usize,
+    wv: __m512i,
+    xq: &[*const i8; T],
+    dl: &[*const f32; T],
+) {
+    for t in 0..T {
+        let s = _mm512_dpbusd_epi32(
+            _mm512_setzero_si512(),
+            wv,
+            _mm512_loadu_si512(xq[t].add(c * 64) as *const _),
+        );
+        acc[t][slot] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(s),
+            _mm512_loadu_ps(dl[t].add(c * 16)),
+            acc[t][slot],
+        );
+    }
+}
+
+/// One q8 row against `T` quantized input rows (`xq[t]`, lane tables `dl[t]`): each 64-byte chunk
+/// of the row is loaded and flipped once and multiplied into every input. Each input keeps
+/// [`q8_row`]'s two accumulators in the same order (even chunks, odd chunks, the tail in the first),
+/// so every dot is bit-identical to the matvec's.
+#[inline(always)]
+unsafe fn q8_row_tile<const T: usize>(
+    row: *const i8,
+    xq: &[*const i8; T],
+    dl: &[*const f32; T],
+    full: usize,
+    tail: usize,
+) -> [f32; T] {
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    let mut c = 0;
+    while c + 2 <= full {
+        let w0 = _mm512_loadu_si512(row.add(c * 64) as *const _);
+        let w1 = _mm512_loadu_si512(row.add((c + 1) * 64) as *const _);
+        q8_tile_step(&mut acc, 0, c, _mm512_xor_si512(w0, flip), xq, dl);
+        q8_tile_step(&mut acc, 1, c + 1, _mm512_xor_si512(w1, flip), xq, dl);
+        c += 2;
+    }
+    while c < full {
+        let w0 = _mm512_loadu_si512(row.add(c * 64) as *const _);
+        q8_tile_step(&mut acc, 0, c, _mm512_xor_si512(w0, flip), xq, dl);
+        c += 1;
+    }
+    if tail != 0 {
+        // As in `q8_row`: bytes past the row read as 0 → 0x80, against zero padding.
+        let w0 = _mm512_maskz_loadu_epi8((1u64 << tail) - 1, row.add(full * 64));
+        q8_tile_step(&mut acc, 0, full, _mm512_xor_si512(w0, flip), xq, dl);
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+    }
+    out
+}
+
+/// Weight rows `r0..r0 + nr` against every quantized input row of `a` (lane tables `lanes`,
+/// offset corrections `c_total`, one per input): `Y[t, r0 + i]` at `y + t·ldy + i`. Each row is
+/// read once for up to [`Q8_TILE`] inputs ([`q8_row_tile`]); the results are the matvec's,
+/// bit for bit.
+///
+/// # Safety
+/// The CPU must have AVX-512 VNNI; `y` must be writable at `t·ldy + i` for every input t and
+/// i < nr.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
+pub(crate) unsafe fn q8_matmul_rows(
+    q: &Q8,
+    a: &QAct,
+    lanes: &[LaneTables],
+    c_total: &[f32],
+    r0: usize,
+    nr: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    let n = lanes.len();
+    let cols = q.cols;
+    let (full, tail) = (cols / 64, cols % 64);
+    let xq: Vec<*const i8> = (0..n).map(|t| a.qs.as_ptr().add(t * a.kp)).collect();
+    let dl: Vec<*const f32> = lanes.iter().map(|l| l.dl.as_ptr()).collect();
+    for i in 0..nr {
+        let r = r0 + i;
+        let row = q.q.as_ptr().add(r * cols) as *const i8;
+        touch_ahead(row, cols, PAGE_TOUCH_DISTANCE);
+        let s = q.scale(r);
+        let mut t0 = 0;
+        while t0 < n {
+            let k = (n - t0).min(Q8_TILE);
+            let (x, d) = (&xq[t0..t0 + k], &dl[t0..t0 + k]);
+            macro_rules! tile {
+                ($T:literal) => {{
+                    let dots = q8_row_tile::<$T>(
+                        row,
+                        x.try_into().expect("tile width"),
+                        d.try_into().expect("tile width"),
+                        full,
+                        tail,
+                    );
+                    for (j, dot) in dots.iter().enumerate() {
+                        *y.add((t0 + j) * ldy + i) = s * (dot - c_total[t0 + j]);
+                    }
+                }};
+            }
+            match k {
+                8 => tile!(8),
+                7 => tile!(7),
+                6 => tile!(6),
+                5 => tile!(5),
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
+            }
+            t0 += k;
+        }
+    }
+}
+
 /// How far ahead of the row being read [`touch_ahead`] reaches. Measured on Qwen3-0.6B q8_row
 /// decode (docs/kernels.md): 64–512 KiB all gain 15–25 % over none, 256 KiB was best at 2
 /// threads; touching every line instead (1–32 KiB ahead) was slower than no prefetch at all.

@@ -343,24 +343,61 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
     if isa != Isa::Portable && n > SMALL_N && !matches!(plan, Plan::DecodeRows) {
         return gemm::matmul(isa, &plan, rows, cols, x, n, y);
     }
-    // Row blocks of ~32 KiB of weights: every input row runs against a block while it is
-    // cache-resident. A task owns rows r0..r1 of every output row (disjoint writes).
+    // A task owns rows r0..r1 of every output row (disjoint writes).
     let prep = prepare(isa, &plan, x, n, cols);
     let chunk = row_chunk(rows, cols);
-    let block = (32768 / cols.max(1)).clamp(4, chunk);
     let yp = SendPtr(y.as_mut_ptr());
     pool::for_each_task(rows.div_ceil(chunk), |i| {
         let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-        let mut b0 = r0;
-        while b0 < r1 {
-            let b1 = (b0 + block).min(r1);
-            for t in 0..n {
-                // SAFETY: output row t, columns b0..b1 ⊂ r0..r1, belong to this task.
-                run_rows(isa, w, &plan, &prep, t, b0, unsafe {
-                    yp.slice(t * rows + b0, b1 - b0)
-                });
-            }
-            b0 = b1;
-        }
+        // SAFETY: columns r0..r1 of every output row belong to this task.
+        unsafe { run_rows_all_inputs(isa, w, &plan, &prep, n, r0, r1, yp.ptr(), rows) }
     });
+}
+
+/// Weight rows `r0..r1` against all `n` prepared input rows, `Y[t, r]` at `y + t·ldy + r`.
+/// q8 codecs: each weight row is read once and applied to several inputs in registers (the
+/// arithmetic per input is the matvec's, bit for bit). Other codecs run the matvec kernels per
+/// input over row blocks of ~32 KiB, so every input meets a block while it is cache-resident.
+///
+/// # Safety
+/// `y` must be writable at `t·ldy + r` for t < n, r0 ≤ r < r1, and written by no one else.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+unsafe fn run_rows_all_inputs(
+    isa: Isa,
+    w: &Weight,
+    plan: &Plan,
+    prep: &Prepared,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    match (isa, plan, prep) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Plan::Q8(q), Prepared::Q8 { a, lanes, c_total }) => {
+            avx512::q8_matmul_rows(q, a, lanes, c_total, r0, r1 - r0, y.add(r0), ldy)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Plan::Q8(q), Prepared::Q8 { a, .. }) => {
+            avx2::q8_matmul_rows(q, a, n, r0, r1 - r0, y.add(r0), ldy)
+        }
+        (Isa::Portable, Plan::Q8(q), Prepared::Q8 { a, .. }) => {
+            portable::q8_matmul_rows(q, a, n, r0, r1 - r0, y.add(r0), ldy)
+        }
+        _ => {
+            let block = (32768 / w.cols.max(1)).max(4);
+            let mut b0 = r0;
+            while b0 < r1 {
+                let b1 = (b0 + block).min(r1);
+                for t in 0..n {
+                    // SAFETY: output row t, columns b0..b1 ⊂ r0..r1, are the caller's to write.
+                    let out = std::slice::from_raw_parts_mut(y.add(t * ldy + b0), b1 - b0);
+                    run_rows(isa, w, plan, prep, t, b0, out);
+                }
+                b0 = b1;
+            }
+        }
+    }
 }
