@@ -226,6 +226,7 @@ unsafe fn q8_row_tile<const T: usize>(
 /// The CPU must have AVX-512 VNNI; `y` must be writable at `t·ldy + i` for every input t and
 /// i < nr.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn q8_matmul_rows(
     q: &Q8,
     a: &QAct,

@@ -88,7 +88,6 @@ pub(crate) fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
 ///
 /// # Safety
 /// `y` must be writable at `t·ldy + i` for every t < n and i < nr.
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn q8_matmul_rows(
     q: &Q8,
     a: &QAct,
