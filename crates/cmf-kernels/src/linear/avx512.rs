@@ -150,118 +150,153 @@ pub(crate) unsafe fn q8_matvec(
     }
 }
 
-/// Input rows one weight row is applied to at a time by [`q8_matmul_rows`]: two accumulators
-/// each, so 16 of the 32 vector registers hold sums.
-const Q8_TILE: usize = 8;
+/// Weight rows per strip of [`q8_strip_matmul`]: one per 32-bit lane.
+const STRIP: usize = 16;
 
-/// Chunk `c` (flipped weights `wv`) into accumulator `slot` of every input of a tile.
+/// Input rows per pass over a strip: one f32 accumulator each, beside the strip's eight
+/// transposed quads.
+const STRIP_TILE: usize = 8;
+
+/// Lane of weight row r of a strip after [`transpose_block`] (its own inverse: also the row of
+/// lane l).
+const LANE_OF_ROW: [i32; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15];
+
+/// Block `b` (32 bytes) of the 16 rows at `rows[j]`, flipped to w + 128 and transposed: `v[q]`
+/// holds quad q (bytes 4q..4q + 4 of the block) of every row, one row per 32-bit lane in the
+/// order [`LANE_OF_ROW`]. `len` bytes of the block are inside the rows (32 but for a row tail);
+/// the rest read as w = 0.
 #[inline(always)]
-unsafe fn q8_tile_step<const T: usize>(
-    acc: &mut [[__m512; 2]; T],
-    slot: usize,
-    c: usize,
-    wv: __m512i,
+unsafe fn transpose_block(rows: &[*const i8; STRIP], b: usize, len: usize) -> [__m512i; 8] {
+    let mask: __mmask32 = if len >= 32 { !0 } else { (1u32 << len) - 1 };
+    let flip = _mm512_set1_epi8(-128);
+    let load = |j: usize| _mm256_maskz_loadu_epi8(mask, rows[j].add(32 * b));
+    // r[j]: row j in the low 256 bits, row j + 8 in the high 256 bits.
+    let mut r = [_mm512_setzero_si512(); 8];
+    for j in 0..8 {
+        r[j] = _mm512_xor_si512(
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(j)), load(j + 8)),
+            flip,
+        );
+    }
+    // 4×4 dword transposes inside each 128-bit lane: u[i] (i < 4) holds dword i of rows 0..3
+    // (and 8..11) per lane, u[4 + i] the same of rows 4..7 (12..15).
+    let mut u = [_mm512_setzero_si512(); 8];
+    for h in 0..2 {
+        let a = 4 * h;
+        let t0 = _mm512_unpacklo_epi32(r[a], r[a + 1]);
+        let t1 = _mm512_unpackhi_epi32(r[a], r[a + 1]);
+        let t2 = _mm512_unpacklo_epi32(r[a + 2], r[a + 3]);
+        let t3 = _mm512_unpackhi_epi32(r[a + 2], r[a + 3]);
+        u[a] = _mm512_unpacklo_epi64(t0, t2);
+        u[a + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[a + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[a + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    // Lanes 0 and 2 of a u hold quads 0..3 of the block, lanes 1 and 3 quads 4..7: gather
+    // each quad's four 128-bit pieces into one vector.
+    let mut v = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        v[i] = _mm512_shuffle_i64x2::<0x88>(u[i], u[4 + i]);
+        v[4 + i] = _mm512_shuffle_i64x2::<0xDD>(u[i], u[4 + i]);
+    }
+    v
+}
+
+/// `T` inputs against one transposed block: per input, the block's integer dot for all 16 rows
+/// (exact in i32), then `acc += I·d_b`.
+#[inline(always)]
+unsafe fn strip_block_step<const T: usize>(
+    acc: &mut [__m512; T],
+    v: &[__m512i; 8],
     xq: &[*const i8; T],
-    dl: &[*const f32; T],
+    d: &[*const f32; T],
+    b: usize,
 ) {
     for t in 0..T {
-        let s = _mm512_dpbusd_epi32(
-            _mm512_setzero_si512(),
-            wv,
-            _mm512_loadu_si512(xq[t].add(c * 64) as *const _),
-        );
-        acc[t][slot] = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(s),
-            _mm512_loadu_ps(dl[t].add(c * 16)),
-            acc[t][slot],
+        let x = xq[t].add(32 * b) as *const i32;
+        let bc = |q: usize| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(q)));
+        let mut i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bc(0));
+        let mut i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], bc(1));
+        for q in (2..8).step_by(2) {
+            i0 = _mm512_dpbusd_epi32(i0, v[q], bc(q));
+            i1 = _mm512_dpbusd_epi32(i1, v[q + 1], bc(q + 1));
+        }
+        acc[t] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+            _mm512_set1_ps(*d[t].add(b)),
+            acc[t],
         );
     }
 }
 
-/// One q8 row against `T` quantized input rows (`xq[t]`, lane tables `dl[t]`): each 64-byte chunk
-/// of the row is loaded and flipped once and multiplied into every input. Each input keeps
-/// [`q8_row`]'s two accumulators in the same order (even chunks, odd chunks, the tail in the first),
-/// so every dot is bit-identical to the matvec's.
-#[inline(always)]
-unsafe fn q8_row_tile<const T: usize>(
-    row: *const i8,
-    xq: &[*const i8; T],
-    dl: &[*const f32; T],
-    full: usize,
-    tail: usize,
-) -> [f32; T] {
-    let flip = _mm512_set1_epi8(-128);
-    let mut acc = [[_mm512_setzero_ps(); 2]; T];
-    let mut c = 0;
-    while c + 2 <= full {
-        let w0 = _mm512_loadu_si512(row.add(c * 64) as *const _);
-        let w1 = _mm512_loadu_si512(row.add((c + 1) * 64) as *const _);
-        q8_tile_step(&mut acc, 0, c, _mm512_xor_si512(w0, flip), xq, dl);
-        q8_tile_step(&mut acc, 1, c + 1, _mm512_xor_si512(w1, flip), xq, dl);
-        c += 2;
-    }
-    while c < full {
-        let w0 = _mm512_loadu_si512(row.add(c * 64) as *const _);
-        q8_tile_step(&mut acc, 0, c, _mm512_xor_si512(w0, flip), xq, dl);
-        c += 1;
-    }
-    if tail != 0 {
-        // As in `q8_row`: bytes past the row read as 0 → 0x80, against zero padding.
-        let w0 = _mm512_maskz_loadu_epi8((1u64 << tail) - 1, row.add(full * 64));
-        q8_tile_step(&mut acc, 0, full, _mm512_xor_si512(w0, flip), xq, dl);
-    }
-    let mut out = [0f32; T];
-    for t in 0..T {
-        out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
-    }
-    out
-}
-
-/// Weight rows `r0..r0 + nr` against every quantized input row of `a` (lane tables `lanes`,
-/// offset corrections `c_total`, one per input): `Y[t, r0 + i]` at `y + t·ldy + i`. Each row is
-/// read once for up to [`Q8_TILE`] inputs ([`q8_row_tile`]); the results are the matvec's,
-/// bit for bit.
+/// q8 weight rows `r0..r0 + nr` against every quantized input row of `a` (offset corrections
+/// `c_total`, one per input): `Y[t, r0 + i]` at `y + t·ldy + i`. Strips of 16 rows are
+/// transposed block by block in registers ([`transpose_block`]), so that one `vpdpbusd` sums
+/// four products for 16 rows of one input with the input's quad broadcast, and a block's
+/// integer dot is converted to f32 once instead of once per 64 bytes. The f32 sum runs block by
+/// block, not in the matvec's lane order: results match the matvec to f32 rounding, not bit for
+/// bit, and do not depend on how many inputs there are.
 ///
 /// # Safety
 /// The CPU must have AVX-512 VNNI; `y` must be writable at `t·ldy + i` for every input t and
 /// i < nr.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn q8_matmul_rows(
+pub(crate) unsafe fn q8_strip_matmul(
     q: &Q8,
     a: &QAct,
-    lanes: &[LaneTables],
     c_total: &[f32],
     r0: usize,
     nr: usize,
     y: *mut f32,
     ldy: usize,
 ) {
-    let n = lanes.len();
+    let n = c_total.len();
     let cols = q.cols;
-    let (full, tail) = (cols / 64, cols % 64);
+    let blocks = cols.div_ceil(32);
     let xq: Vec<*const i8> = (0..n).map(|t| a.qs.as_ptr().add(t * a.kp)).collect();
-    let dl: Vec<*const f32> = lanes.iter().map(|l| l.dl.as_ptr()).collect();
-    for i in 0..nr {
-        let r = r0 + i;
-        let row = q.q.as_ptr().add(r * cols) as *const i8;
-        touch_ahead(row, cols, PAGE_TOUCH_DISTANCE);
-        let s = q.scale(r);
+    let d: Vec<*const f32> = (0..n).map(|t| a.d.as_ptr().add(t * a.nb)).collect();
+    let idx = _mm512_loadu_si512(LANE_OF_ROW.as_ptr() as *const _);
+    let mut s0 = 0;
+    while s0 < nr {
+        let m = (nr - s0).min(STRIP);
+        let first = r0 + s0;
+        // Lanes past the last row repeat it (read, never stored).
+        let rows: [*const i8; STRIP] =
+            std::array::from_fn(|j| q.q.as_ptr().add((first + j.min(m - 1)) * cols) as *const i8);
+        touch_ahead(rows[0], m * cols, PAGE_TOUCH_DISTANCE);
+        let mask: __mmask16 = if m == STRIP {
+            0xFFFF
+        } else {
+            ((1u32 << m) - 1) as u16
+        };
+        let scales = _mm512_permutexvar_ps(
+            idx,
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                q.scales.as_ptr().add(2 * first) as *const i16,
+            )),
+        );
         let mut t0 = 0;
         while t0 < n {
-            let k = (n - t0).min(Q8_TILE);
-            let (x, d) = (&xq[t0..t0 + k], &dl[t0..t0 + k]);
+            let k = (n - t0).min(STRIP_TILE);
             macro_rules! tile {
                 ($T:literal) => {{
-                    let dots = q8_row_tile::<$T>(
-                        row,
-                        x.try_into().expect("tile width"),
-                        d.try_into().expect("tile width"),
-                        full,
-                        tail,
-                    );
-                    for (j, dot) in dots.iter().enumerate() {
-                        *y.add((t0 + j) * ldy + i) = s * (dot - c_total[t0 + j]);
+                    let x: &[*const i8; $T] = xq[t0..t0 + $T].try_into().expect("tile width");
+                    let dt: &[*const f32; $T] = d[t0..t0 + $T].try_into().expect("tile width");
+                    let mut acc = [_mm512_setzero_ps(); $T];
+                    for b in 0..blocks {
+                        let v = transpose_block(&rows, b, (cols - 32 * b).min(32));
+                        strip_block_step::<$T>(&mut acc, &v, x, dt, b);
+                    }
+                    for t in 0..$T {
+                        let c = _mm512_set1_ps(c_total[t0 + t]);
+                        let res = _mm512_mul_ps(_mm512_sub_ps(acc[t], c), scales);
+                        _mm512_mask_storeu_ps(
+                            y.add((t0 + t) * ldy + s0),
+                            mask,
+                            _mm512_permutexvar_ps(idx, res),
+                        );
                     }
                 }};
             }
@@ -277,6 +312,7 @@ pub(crate) unsafe fn q8_matmul_rows(
             }
             t0 += k;
         }
+        s0 += STRIP;
     }
 }
 

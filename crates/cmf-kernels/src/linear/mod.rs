@@ -10,8 +10,11 @@
 //!   a decode-row path (exact in f32, slow; no converter writes such matrices for the models).
 //!
 //! Work is split over output rows on the crate's pool. Each ISA module implements the same
-//! matvec kernels (one input row against a range of weight rows); `matmul` runs them row block by
-//! row block for small n and the packed GEMM (`gemm.rs`) for larger n on the SIMD paths.
+//! matvec kernels (one input row against a range of weight rows). `matmul` with a few input rows
+//! (n ≤ 16: a batch's decode step) reads each weight row once for all of them — q8 codecs through
+//! multi-input kernels (AVX-512: 16-row strips transposed in registers), the others through the
+//! matvec kernels row block by row block — and takes the packed GEMM (`gemm.rs`) for larger n on
+//! the SIMD paths.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -355,9 +358,11 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
 }
 
 /// Weight rows `r0..r1` against all `n` prepared input rows, `Y[t, r]` at `y + t·ldy + r`.
-/// q8 codecs: each weight row is read once and applied to several inputs in registers (the
-/// arithmetic per input is the matvec's, bit for bit). Other codecs run the matvec kernels per
-/// input over row blocks of ~32 KiB, so every input meets a block while it is cache-resident.
+/// q8 codecs read each weight row once for several inputs: on AVX-512 in strips of 16 rows
+/// transposed in registers (the matvec's result to f32 rounding), on AVX2 and the portable path
+/// row by row with the matvec's arithmetic per input (bit for bit). Other codecs run the
+/// matvec kernels per input over row blocks of ~32 KiB, so every input meets a block while it
+/// is cache-resident.
 ///
 /// # Safety
 /// `y` must be writable at `t·ldy + r` for t < n, r0 ≤ r < r1, and written by no one else.
@@ -376,8 +381,8 @@ unsafe fn run_rows_all_inputs(
 ) {
     match (isa, plan, prep) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, Plan::Q8(q), Prepared::Q8 { a, lanes, c_total }) => {
-            avx512::q8_matmul_rows(q, a, lanes, c_total, r0, r1 - r0, y.add(r0), ldy)
+        (Isa::Avx512, Plan::Q8(q), Prepared::Q8 { a, c_total, .. }) if n >= 2 => {
+            avx512::q8_strip_matmul(q, a, c_total, r0, r1 - r0, y.add(r0), ldy)
         }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, Plan::Q8(q), Prepared::Q8 { a, .. }) => {
