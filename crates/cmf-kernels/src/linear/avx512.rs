@@ -202,6 +202,18 @@ unsafe fn transpose_block(rows: &[*const i8; STRIP], b: usize, len: usize) -> [_
     v
 }
 
+/// Prefetches the share of block step `b` of the `len` bytes at `p`: 8 lines (16 rows × 32 bytes
+/// per step, so a strip's steps cover the next strip exactly).
+#[inline(always)]
+unsafe fn prefetch_next_strip(p: *const i8, len: usize, b: usize) {
+    for k in 0..8 {
+        let at = (8 * b + k) * 64;
+        if at < len {
+            _mm_prefetch::<_MM_HINT_T0>(p.add(at));
+        }
+    }
+}
+
 /// `T` inputs against one transposed block: per input, the block's integer dot for all 16 rows
 /// (exact in i32), then `acc += I·d_b`.
 #[inline(always)]
@@ -265,6 +277,11 @@ pub(crate) unsafe fn q8_strip_matmul(
         let rows: [*const i8; STRIP] =
             std::array::from_fn(|j| q.q.as_ptr().add((first + j.min(m - 1)) * cols) as *const i8);
         touch_ahead(rows[0], m * cols, PAGE_TOUCH_DISTANCE);
+        // The next strip (contiguous after this one), a line at a time in address order while
+        // this one runs: the transposes read 16 rows at once, which the hardware prefetchers
+        // do not follow from memory.
+        let next = rows[0].wrapping_add(m * cols);
+        let next_len = (nr - s0 - m).min(STRIP) * cols;
         let mask: __mmask16 = if m == STRIP {
             0xFFFF
         } else {
@@ -286,6 +303,9 @@ pub(crate) unsafe fn q8_strip_matmul(
                     let dt: &[*const f32; $T] = d[t0..t0 + $T].try_into().expect("tile width");
                     let mut acc = [_mm512_setzero_ps(); $T];
                     for b in 0..blocks {
+                        if t0 == 0 {
+                            prefetch_next_strip(next, next_len, b);
+                        }
                         let v = transpose_block(&rows, b, (cols - 32 * b).min(32));
                         strip_block_step::<$T>(&mut acc, &v, x, dt, b);
                     }
