@@ -13,7 +13,9 @@
 mod common;
 
 use cmf_format::Dtype;
-use cmf_kernels::{matmul_with, matvec_multi_with, matvec_with, reference, Isa, Weight};
+use cmf_kernels::{
+    matmul_multi_with, matmul_with, matvec_multi_with, matvec_with, reference, Isa, Weight,
+};
 use common::*;
 
 fn f16v(b: &[u8], i: usize) -> f32 {
@@ -168,6 +170,55 @@ fn matvec_multi_matches_single_matvecs() {
                     let mut want = vec![0f32; w.rows];
                     reference::matvec(w, &x, &mut want);
                     check(&label, got, &want, &tolerance(w, &x));
+                }
+            }
+        }
+    }
+}
+
+/// The grouped product over several input rows equals one `matmul_with` per weight, bit for bit:
+/// a shared codec (one quantization, one dispatch for n ≤ 16), a mixed group (one by one), a
+/// tiny weight beside a large one, and n past the few-row limit (the GEMM).
+#[test]
+fn matmul_multi_matches_single_matmuls() {
+    let mut rng = Rng(13);
+    let cols = 160;
+    for isa in Isa::all_supported() {
+        for dtype in CODECS {
+            let groups: [&[(Dtype, usize)]; 3] = [
+                &[(dtype, 300), (dtype, 37), (dtype, 64)],
+                &[(dtype, 5), (dtype, 1100)],
+                &[(dtype, 40), (Dtype::F32, 24)],
+            ];
+            for (gi, group) in groups.iter().enumerate() {
+                let n = [2, 7, 16, 17][(gi + dtype as usize) % 4];
+                let datas: Vec<Vec<u8>> = group
+                    .iter()
+                    .map(|&(d, rows)| random_weight(&mut rng, d, rows, cols))
+                    .collect();
+                let ws: Vec<Weight> = group
+                    .iter()
+                    .zip(&datas)
+                    .map(|(&(d, rows), b)| Weight::new(d, rows, cols, b).unwrap())
+                    .collect();
+                let x = rng.activations(n * cols);
+                let mut outs: Vec<Vec<f32>> =
+                    ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let refs: Vec<&Weight> = ws.iter().collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_multi_with(isa, &refs, &x, n, &mut ys);
+                for (w, got) in ws.iter().zip(&outs) {
+                    let mut single = vec![f32::NAN; n * w.rows];
+                    matmul_with(isa, w, &x, n, &mut single);
+                    let same = got
+                        .iter()
+                        .zip(&single)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "matmul_multi {isa} {} [{}, {cols}] n={n}: differs from matmul_with",
+                        w.dtype, w.rows
+                    );
                 }
             }
         }

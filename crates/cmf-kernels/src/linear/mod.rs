@@ -329,9 +329,71 @@ pub fn matvec_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], ys: &mut [&mut [f3
     });
 }
 
-/// Inputs up to this many rows run the matvec kernels (blocked so each weight block is read from
-/// memory once for all rows); more take the packed GEMM on the SIMD paths.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// `Y_j = X·W_jᵀ` for several weights reading the same `n` input rows (q|k|v, gate|up of a
+/// batch's decode step): for a few rows (n ≤ [`SMALL_N`]) the input is quantized once and the
+/// rows of all the weights are split over the pool in one dispatch, as [`matvec_multi_with`]
+/// does for one row. Each result is `matmul_with`'s, bit for bit; more rows, and the groups
+/// `matvec_multi_with` runs one by one, run one `matmul_with` each.
+pub fn matmul_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matmul_multi: {} weights but {} outputs",
+        ws.len(),
+        ys.len()
+    );
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes("matmul_multi", w, x, n, y, isa);
+    }
+    let Some(first) = ws.first() else { return };
+    let shared = ws
+        .iter()
+        .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+        && first.dtype != Dtype::Q8_2f;
+    let plans: Vec<Plan> = ws.iter().map(|w| plan(w)).collect();
+    if n == 0 || n > SMALL_N || !shared || plans.iter().any(|p| matches!(p, Plan::DecodeRows)) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_with(isa, w, x, n, y);
+        }
+        return;
+    }
+    let cols = first.cols;
+    let prep = prepare(isa, &plans[0], x, n, cols);
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    let chunk = row_chunk(total, cols);
+    // (weight, first row, end row) per task; chunks never straddle two weights.
+    let mut tasks = Vec::new();
+    for (j, w) in ws.iter().enumerate() {
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + chunk).min(w.rows);
+            tasks.push((j, r0, r1));
+            r0 = r1;
+        }
+    }
+    let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
+    pool::for_each_task(tasks.len(), |i| {
+        let (j, r0, r1) = tasks[i];
+        // SAFETY: task i owns columns r0..r1 of every output row of ys[j]; the tasks' ranges
+        // are disjoint.
+        unsafe {
+            run_rows_all_inputs(
+                isa,
+                ws[j],
+                &plans[j],
+                &prep,
+                n,
+                r0,
+                r1,
+                yps[j].ptr(),
+                ws[j].rows,
+            )
+        }
+    });
+}
+
+/// Inputs up to this many rows read each weight row once for all of them
+/// ([`run_rows_all_inputs`]); more take the packed GEMM on the SIMD paths.
 const SMALL_N: usize = 16;
 
 /// Y[n, rows] = X[n, cols] · Wᵀ on the given path.
