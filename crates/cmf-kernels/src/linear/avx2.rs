@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C matvec kernels. Matmul lives in `pack.rs`.
+//! AVX2 + FMA + F16C kernels: the matvecs and the q8 kernel for a few input rows (the packed GEMM
+//! is in `gemm.rs`).
 //!
 //! Int8 products use `pmaddubsw` (u8 × s8 → pairs summed to i16, saturating) then `pmaddwd` by 1:
 //! - q8: the sign trick, |w| (≤ 128, unsigned) × sign(w)·x (|x| ≤ 127): a pair is at most

@@ -1,4 +1,5 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) matvec kernels. Matmul lives in `pack.rs`.
+//! AVX-512 (F/BW/VL/DQ + VNNI) kernels: the matvecs, the q8 strips for a few input rows and the
+//! packed GEMM's register tile (its panels are packed in `gemm.rs`).
 //!
 //! The int8 products use `vpdpbusd` (u8 × s8, four products summed per i32 lane):
 //! - q8: weights enter as `w ^ 0x80 = w + 128` (unsigned), the input as s8; the extra
