@@ -31,7 +31,7 @@ pub use attention::{
 };
 pub use conv::{conv2d, Conv2d};
 pub use cpu::Isa;
-pub use linear::{matmul_with, matvec_multi_with, matvec_with};
+pub use linear::{matmul_multi_with, matmul_with, matvec_multi_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};
 pub use pool::{num_threads, run_in_pool, set_num_threads};
 
@@ -143,4 +143,10 @@ pub fn matvec_multi(ws: &[&Weight], x: &[f32], ys: &mut [&mut [f32]]) {
 /// y[n, rows] = x[n, cols] · Wᵀ
 pub fn matmul(w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
     matmul_with(cpu::active(), w, x, n, y)
+}
+
+/// `Y_j = X·W_jᵀ` for weights sharing `n` input rows (a few rows: one quantization, one pool
+/// dispatch; each result is `matmul`'s).
+pub fn matmul_multi(ws: &[&Weight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    matmul_multi_with(cpu::active(), ws, x, n, ys)
 }

@@ -13,7 +13,9 @@
 mod common;
 
 use cmf_format::Dtype;
-use cmf_kernels::{matmul_with, matvec_multi_with, matvec_with, reference, Isa, Weight};
+use cmf_kernels::{
+    matmul_multi_with, matmul_with, matvec_multi_with, matvec_with, reference, Isa, Weight,
+};
 use common::*;
 
 fn f16v(b: &[u8], i: usize) -> f32 {
@@ -174,6 +176,55 @@ fn matvec_multi_matches_single_matvecs() {
     }
 }
 
+/// The grouped product over several input rows equals one `matmul_with` per weight, bit for bit:
+/// a shared codec (one quantization, one dispatch for n ≤ 16), a mixed group (one by one), a
+/// tiny weight beside a large one, and n past the few-row limit (the GEMM).
+#[test]
+fn matmul_multi_matches_single_matmuls() {
+    let mut rng = Rng(13);
+    let cols = 160;
+    for isa in Isa::all_supported() {
+        for dtype in CODECS {
+            let groups: [&[(Dtype, usize)]; 3] = [
+                &[(dtype, 300), (dtype, 37), (dtype, 64)],
+                &[(dtype, 5), (dtype, 1100)],
+                &[(dtype, 40), (Dtype::F32, 24)],
+            ];
+            for (gi, group) in groups.iter().enumerate() {
+                let n = [2, 7, 16, 17][(gi + dtype as usize) % 4];
+                let datas: Vec<Vec<u8>> = group
+                    .iter()
+                    .map(|&(d, rows)| random_weight(&mut rng, d, rows, cols))
+                    .collect();
+                let ws: Vec<Weight> = group
+                    .iter()
+                    .zip(&datas)
+                    .map(|(&(d, rows), b)| Weight::new(d, rows, cols, b).unwrap())
+                    .collect();
+                let x = rng.activations(n * cols);
+                let mut outs: Vec<Vec<f32>> =
+                    ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                let refs: Vec<&Weight> = ws.iter().collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                matmul_multi_with(isa, &refs, &x, n, &mut ys);
+                for (w, got) in ws.iter().zip(&outs) {
+                    let mut single = vec![f32::NAN; n * w.rows];
+                    matmul_with(isa, w, &x, n, &mut single);
+                    let same = got
+                        .iter()
+                        .zip(&single)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "matmul_multi {isa} {} [{}, {cols}] n={n}: differs from matmul_with",
+                        w.dtype, w.rows
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_matches_reference_for_every_codec_and_path() {
     let mut rng = Rng(2);
@@ -201,6 +252,76 @@ fn matmul_matches_reference_for_every_codec_and_path() {
                             &want[t * rows..(t + 1) * rows],
                             &tol,
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// f32 rounding only (no input quantization term): 1e-5 · Σ_i (|w_i| + max|w|)·|x_i| per output,
+/// for two kernels that quantize the input the same way but sum in different orders.
+fn rounding_tolerance(w: &Weight, x: &[f32]) -> Vec<f32> {
+    let mut row = vec![0f32; w.cols];
+    (0..w.rows)
+        .map(|r| {
+            reference::decode_row(w, r, &mut row);
+            let mrow = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s: f32 = row
+                .iter()
+                .zip(x)
+                .map(|(wv, xv)| (wv.abs() + mrow) * xv.abs())
+                .sum();
+            1e-5 * s + 1e-6
+        })
+        .collect()
+}
+
+/// A product over a few input rows (n ≤ 16: decode of a batch of sequences) gives every row
+/// what the matvec gives it alone, on every codec and path: bit for bit, except the AVX-512 q8
+/// strips (n ≥ 2), which sum a row's blocks in another order and must agree to f32 rounding.
+/// So a sequence's outputs do not depend on how many others share its step beyond that.
+/// Odd shapes: a row tail shorter than one block, row counts that leave a partial strip, input
+/// counts that leave a partial tile. n = 17, past the few-row kernels (the GEMM, whose AVX2
+/// panels use the unquantized input), must agree within the reference tolerance.
+#[test]
+fn few_row_matmul_equals_matvec_per_row() {
+    let mut rng = Rng(12);
+    for isa in Isa::all_supported() {
+        for dtype in CODECS {
+            let shapes: &[(usize, usize)] = if needs_cols32(dtype) {
+                &[(7, 32), (33, 96), (19, 224), (65, 576)]
+            } else {
+                &[(7, 5), (33, 96), (19, 200), (65, 577), (3, 1000), (40, 31)]
+            };
+            for &(rows, cols) in shapes {
+                let data = random_weight(&mut rng, dtype, rows, cols);
+                let w = Weight::new(dtype, rows, cols, &data).unwrap();
+                for n in 1..=17 {
+                    let strips = isa == Isa::Avx512
+                        && matches!(dtype, Dtype::Q8Row | Dtype::Q8_2f)
+                        && n >= 2;
+                    let x = rng.activations(n * cols);
+                    let mut got = vec![f32::NAN; n * rows];
+                    matmul_with(isa, &w, &x, n, &mut got);
+                    for t in 0..n {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let mut single = vec![f32::NAN; rows];
+                        matvec_with(isa, &w, xt, &mut single);
+                        let row = &got[t * rows..(t + 1) * rows];
+                        let label = format!("matmul {isa} {dtype} [{rows}, {cols}] n={n} t={t}");
+                        if n == 17 {
+                            check(&label, row, &single, &tolerance(&w, xt));
+                        } else if strips {
+                            check(&label, row, &single, &rounding_tolerance(&w, xt));
+                        } else if let Some(i) =
+                            (0..rows).find(|&i| row[i].to_bits() != single[i].to_bits())
+                        {
+                            panic!(
+                                "{label} output {i}: {} but the matvec gives {}",
+                                row[i], single[i]
+                            );
+                        }
                     }
                 }
             }

@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C matvec kernels. Matmul lives in `pack.rs`.
+//! AVX2 + FMA + F16C kernels: the matvecs and the q8 kernel for a few input rows (the packed GEMM
+//! is in `gemm.rs`).
 //!
 //! Int8 products use `pmaddubsw` (u8 × s8 → pairs summed to i16, saturating) then `pmaddwd` by 1:
 //! - q8: the sign trick, |w| (≤ 128, unsigned) × sign(w)·x (|x| ≤ 127): a pair is at most
@@ -116,6 +117,101 @@ pub(crate) unsafe fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f
             acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(ad[full]), acc[0]);
         }
         *yr = q.scale(r0 + i) * hsum8(_mm256_add_ps(acc[0], acc[1]));
+    }
+}
+
+/// Input rows one weight row is applied to at a time by [`q8_matmul_rows`] (two accumulators
+/// each: 8 of the 16 vector registers).
+const Q8_TILE: usize = 4;
+
+/// One q8 row against `T` quantized input rows (`xq[t]`, block scales `ad[t]`): each 32-byte
+/// block of the row is loaded once (and its |w| taken once) for every input. Each input keeps
+/// [`q8_matvec`]'s two accumulators in the same order, so every dot is bit-identical to it.
+#[inline(always)]
+unsafe fn q8_row_tile<const T: usize>(
+    row: &[u8],
+    xq: &[*const i8; T],
+    ad: &[*const f32; T],
+) -> [f32; T] {
+    let cols = row.len();
+    let full = cols / 32;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let mut tail = [0u8; 32];
+    let rp = row.as_ptr();
+    for b in 0..full + usize::from(full * 32 < cols) {
+        let w = if b < full {
+            _mm256_loadu_si256(rp.add(b * 32) as *const __m256i)
+        } else {
+            tail[..cols - full * 32].copy_from_slice(&row[full * 32..]);
+            _mm256_loadu_si256(tail.as_ptr() as *const __m256i)
+        };
+        // The matvec puts the tail block in the first accumulator.
+        let slot = if b < full { b % 2 } else { 0 };
+        let wabs = _mm256_abs_epi8(w);
+        for t in 0..T {
+            let x = _mm256_loadu_si256(xq[t].add(b * 32) as *const __m256i);
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(x, w)), ones);
+            acc[t][slot] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(s),
+                _mm256_set1_ps(*ad[t].add(b)),
+                acc[t][slot],
+            );
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+    }
+    out
+}
+
+/// Weight rows `r0..r0 + nr` against every quantized input row of `a`: `Y[t, r0 + i]` at
+/// `y + t·ldy + i`, each row read once for up to [`Q8_TILE`] inputs; bit-identical to
+/// [`q8_matvec`] per input.
+///
+/// # Safety
+/// The CPU must have AVX2/FMA; `y` must be writable at `t·ldy + i` for every input t and i < nr.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_matmul_rows(
+    q: &Q8,
+    a: &QAct,
+    n: usize,
+    r0: usize,
+    nr: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    let xq: Vec<*const i8> = (0..n).map(|t| a.qs.as_ptr().add(t * a.kp)).collect();
+    let ad: Vec<*const f32> = (0..n).map(|t| a.d.as_ptr().add(t * a.nb)).collect();
+    for i in 0..nr {
+        let r = r0 + i;
+        let row = q.row(r);
+        let s = q.scale(r);
+        let mut t0 = 0;
+        while t0 < n {
+            let k = (n - t0).min(Q8_TILE);
+            let (x, d) = (&xq[t0..t0 + k], &ad[t0..t0 + k]);
+            macro_rules! tile {
+                ($T:literal) => {{
+                    let dots = q8_row_tile::<$T>(
+                        row,
+                        x.try_into().expect("tile width"),
+                        d.try_into().expect("tile width"),
+                    );
+                    for (j, dot) in dots.iter().enumerate() {
+                        *y.add((t0 + j) * ldy + i) = s * dot;
+                    }
+                }};
+            }
+            match k {
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
+            }
+            t0 += k;
+        }
     }
 }
 

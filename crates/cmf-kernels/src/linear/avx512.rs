@@ -1,4 +1,5 @@
-//! AVX-512 (F/BW/VL/DQ + VNNI) matvec kernels. Matmul lives in `pack.rs`.
+//! AVX-512 (F/BW/VL/DQ + VNNI) kernels: the matvecs, the q8 strips for a few input rows and the
+//! packed GEMM's register tile (its panels are packed in `gemm.rs`).
 //!
 //! The int8 products use `vpdpbusd` (u8 × s8, four products summed per i32 lane):
 //! - q8: weights enter as `w ^ 0x80 = w + 128` (unsigned), the input as s8; the extra
@@ -147,6 +148,192 @@ pub(crate) unsafe fn q8_matvec(
         touch_ahead(row, cols, PAGE_TOUCH_DISTANCE);
         let dot = q8_row::<2>(row, xq, dl, full, tail);
         *yr = q.scale(r) * (dot - c_total);
+    }
+}
+
+/// Weight rows per strip of [`q8_strip_matmul`]: one per 32-bit lane.
+const STRIP: usize = 16;
+
+/// Input rows per pass over a strip: one f32 accumulator each, beside the strip's eight
+/// transposed quads.
+const STRIP_TILE: usize = 8;
+
+/// Lane of weight row r of a strip after [`transpose_block`] (its own inverse: also the row of
+/// lane l).
+const LANE_OF_ROW: [i32; 16] = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15];
+
+/// Block `b` (32 bytes) of the 16 rows at `rows[j]`, flipped to w + 128 and transposed: `v[q]`
+/// holds quad q (bytes 4q..4q + 4 of the block) of every row, one row per 32-bit lane in the
+/// order [`LANE_OF_ROW`]. `len` bytes of the block are inside the rows (32 but for a row tail);
+/// the rest read as w = 0.
+#[inline(always)]
+unsafe fn transpose_block(rows: &[*const i8; STRIP], b: usize, len: usize) -> [__m512i; 8] {
+    let mask: __mmask32 = if len >= 32 { !0 } else { (1u32 << len) - 1 };
+    let flip = _mm512_set1_epi8(-128);
+    let load = |j: usize| _mm256_maskz_loadu_epi8(mask, rows[j].add(32 * b));
+    // r[j]: row j in the low 256 bits, row j + 8 in the high 256 bits.
+    let mut r = [_mm512_setzero_si512(); 8];
+    for j in 0..8 {
+        r[j] = _mm512_xor_si512(
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(j)), load(j + 8)),
+            flip,
+        );
+    }
+    // 4×4 dword transposes inside each 128-bit lane: u[i] (i < 4) holds dword i of rows 0..3
+    // (and 8..11) per lane, u[4 + i] the same of rows 4..7 (12..15).
+    let mut u = [_mm512_setzero_si512(); 8];
+    for h in 0..2 {
+        let a = 4 * h;
+        let t0 = _mm512_unpacklo_epi32(r[a], r[a + 1]);
+        let t1 = _mm512_unpackhi_epi32(r[a], r[a + 1]);
+        let t2 = _mm512_unpacklo_epi32(r[a + 2], r[a + 3]);
+        let t3 = _mm512_unpackhi_epi32(r[a + 2], r[a + 3]);
+        u[a] = _mm512_unpacklo_epi64(t0, t2);
+        u[a + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[a + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[a + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    // Lanes 0 and 2 of a u hold quads 0..3 of the block, lanes 1 and 3 quads 4..7: gather
+    // each quad's four 128-bit pieces into one vector.
+    let mut v = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        v[i] = _mm512_shuffle_i64x2::<0x88>(u[i], u[4 + i]);
+        v[4 + i] = _mm512_shuffle_i64x2::<0xDD>(u[i], u[4 + i]);
+    }
+    v
+}
+
+/// Prefetches the share of block step `b` of the `len` bytes at `p`: 8 lines (16 rows × 32 bytes
+/// per step, so a strip's steps cover the next strip exactly).
+#[inline(always)]
+unsafe fn prefetch_next_strip(p: *const i8, len: usize, b: usize) {
+    for k in 0..8 {
+        let at = (8 * b + k) * 64;
+        if at < len {
+            _mm_prefetch::<_MM_HINT_T0>(p.add(at));
+        }
+    }
+}
+
+/// `T` inputs against one transposed block: per input, the block's integer dot for all 16 rows
+/// (exact in i32), then `acc += I·d_b`.
+#[inline(always)]
+unsafe fn strip_block_step<const T: usize>(
+    acc: &mut [__m512; T],
+    v: &[__m512i; 8],
+    xq: &[*const i8; T],
+    d: &[*const f32; T],
+    b: usize,
+) {
+    for t in 0..T {
+        let x = xq[t].add(32 * b) as *const i32;
+        let bc = |q: usize| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(q)));
+        let mut i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bc(0));
+        let mut i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[1], bc(1));
+        for q in (2..8).step_by(2) {
+            i0 = _mm512_dpbusd_epi32(i0, v[q], bc(q));
+            i1 = _mm512_dpbusd_epi32(i1, v[q + 1], bc(q + 1));
+        }
+        acc[t] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+            _mm512_set1_ps(*d[t].add(b)),
+            acc[t],
+        );
+    }
+}
+
+/// q8 weight rows `r0..r0 + nr` against every quantized input row of `a` (offset corrections
+/// `c_total`, one per input): `Y[t, r0 + i]` at `y + t·ldy + i`. Strips of 16 rows are
+/// transposed block by block in registers ([`transpose_block`]), so that one `vpdpbusd` sums
+/// four products for 16 rows of one input with the input's quad broadcast, and a block's
+/// integer dot is converted to f32 once instead of once per 64 bytes. The f32 sum runs block by
+/// block, not in the matvec's lane order: results match the matvec to f32 rounding, not bit for
+/// bit, and do not depend on how many inputs there are.
+///
+/// # Safety
+/// The CPU must have AVX-512 VNNI; `y` must be writable at `t·ldy + i` for every input t and
+/// i < nr.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,avx2")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn q8_strip_matmul(
+    q: &Q8,
+    a: &QAct,
+    c_total: &[f32],
+    r0: usize,
+    nr: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    let n = c_total.len();
+    let cols = q.cols;
+    let blocks = cols.div_ceil(32);
+    let xq: Vec<*const i8> = (0..n).map(|t| a.qs.as_ptr().add(t * a.kp)).collect();
+    let d: Vec<*const f32> = (0..n).map(|t| a.d.as_ptr().add(t * a.nb)).collect();
+    let idx = _mm512_loadu_si512(LANE_OF_ROW.as_ptr() as *const _);
+    let mut s0 = 0;
+    while s0 < nr {
+        let m = (nr - s0).min(STRIP);
+        let first = r0 + s0;
+        // Lanes past the last row repeat it (read, never stored).
+        let rows: [*const i8; STRIP] =
+            std::array::from_fn(|j| q.q.as_ptr().add((first + j.min(m - 1)) * cols) as *const i8);
+        touch_ahead(rows[0], m * cols, PAGE_TOUCH_DISTANCE);
+        // The next strip (contiguous after this one), a line at a time in address order while
+        // this one runs: the transposes read 16 rows at once, which the hardware prefetchers
+        // do not follow from memory.
+        let next = rows[0].wrapping_add(m * cols);
+        let next_len = (nr - s0 - m).min(STRIP) * cols;
+        let mask: __mmask16 = if m == STRIP {
+            0xFFFF
+        } else {
+            ((1u32 << m) - 1) as u16
+        };
+        let scales = _mm512_permutexvar_ps(
+            idx,
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                mask,
+                q.scales.as_ptr().add(2 * first) as *const i16,
+            )),
+        );
+        let mut t0 = 0;
+        while t0 < n {
+            let k = (n - t0).min(STRIP_TILE);
+            macro_rules! tile {
+                ($T:literal) => {{
+                    let x: &[*const i8; $T] = xq[t0..t0 + $T].try_into().expect("tile width");
+                    let dt: &[*const f32; $T] = d[t0..t0 + $T].try_into().expect("tile width");
+                    let mut acc = [_mm512_setzero_ps(); $T];
+                    for b in 0..blocks {
+                        if t0 == 0 {
+                            prefetch_next_strip(next, next_len, b);
+                        }
+                        let v = transpose_block(&rows, b, (cols - 32 * b).min(32));
+                        strip_block_step::<$T>(&mut acc, &v, x, dt, b);
+                    }
+                    for t in 0..$T {
+                        let c = _mm512_set1_ps(c_total[t0 + t]);
+                        let res = _mm512_mul_ps(_mm512_sub_ps(acc[t], c), scales);
+                        _mm512_mask_storeu_ps(
+                            y.add((t0 + t) * ldy + s0),
+                            mask,
+                            _mm512_permutexvar_ps(idx, res),
+                        );
+                    }
+                }};
+            }
+            match k {
+                8 => tile!(8),
+                7 => tile!(7),
+                6 => tile!(6),
+                5 => tile!(5),
+                4 => tile!(4),
+                3 => tile!(3),
+                2 => tile!(2),
+                _ => tile!(1),
+            }
+            t0 += k;
+        }
+        s0 += STRIP;
     }
 }
 

@@ -10,8 +10,11 @@
 //!   a decode-row path (exact in f32, slow; no converter writes such matrices for the models).
 //!
 //! Work is split over output rows on the crate's pool. Each ISA module implements the same
-//! matvec kernels (one input row against a range of weight rows); `matmul` runs them row block by
-//! row block for small n and the packed GEMM (`gemm.rs`) for larger n on the SIMD paths.
+//! matvec kernels (one input row against a range of weight rows). `matmul` with a few input rows
+//! (n ≤ 16: a batch's decode step) reads each weight row once for all of them — q8 codecs through
+//! multi-input kernels (AVX-512: 16-row strips transposed in registers), the others through the
+//! matvec kernels row block by row block — and takes the packed GEMM (`gemm.rs`) for larger n on
+//! the SIMD paths.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -326,9 +329,71 @@ pub fn matvec_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], ys: &mut [&mut [f3
     });
 }
 
-/// Inputs up to this many rows run the matvec kernels (blocked so each weight block is read from
-/// memory once for all rows); more take the packed GEMM on the SIMD paths.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// `Y_j = X·W_jᵀ` for several weights reading the same `n` input rows (q|k|v, gate|up of a
+/// batch's decode step): for a few rows (n ≤ [`SMALL_N`]) the input is quantized once and the
+/// rows of all the weights are split over the pool in one dispatch, as [`matvec_multi_with`]
+/// does for one row. Each result is `matmul_with`'s, bit for bit; more rows, and the groups
+/// `matvec_multi_with` runs one by one, run one `matmul_with` each.
+pub fn matmul_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matmul_multi: {} weights but {} outputs",
+        ws.len(),
+        ys.len()
+    );
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check_shapes("matmul_multi", w, x, n, y, isa);
+    }
+    let Some(first) = ws.first() else { return };
+    let shared = ws
+        .iter()
+        .all(|w| w.dtype == first.dtype && w.cols == first.cols)
+        && first.dtype != Dtype::Q8_2f;
+    let plans: Vec<Plan> = ws.iter().map(|w| plan(w)).collect();
+    if n == 0 || n > SMALL_N || !shared || plans.iter().any(|p| matches!(p, Plan::DecodeRows)) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_with(isa, w, x, n, y);
+        }
+        return;
+    }
+    let cols = first.cols;
+    let prep = prepare(isa, &plans[0], x, n, cols);
+    let total: usize = ws.iter().map(|w| w.rows).sum();
+    let chunk = row_chunk(total, cols);
+    // (weight, first row, end row) per task; chunks never straddle two weights.
+    let mut tasks = Vec::new();
+    for (j, w) in ws.iter().enumerate() {
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let r1 = (r0 + chunk).min(w.rows);
+            tasks.push((j, r0, r1));
+            r0 = r1;
+        }
+    }
+    let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
+    pool::for_each_task(tasks.len(), |i| {
+        let (j, r0, r1) = tasks[i];
+        // SAFETY: task i owns columns r0..r1 of every output row of ys[j]; the tasks' ranges
+        // are disjoint.
+        unsafe {
+            run_rows_all_inputs(
+                isa,
+                ws[j],
+                &plans[j],
+                &prep,
+                n,
+                r0,
+                r1,
+                yps[j].ptr(),
+                ws[j].rows,
+            )
+        }
+    });
+}
+
+/// Inputs up to this many rows read each weight row once for all of them
+/// ([`run_rows_all_inputs`]); more take the packed GEMM on the SIMD paths.
 const SMALL_N: usize = 16;
 
 /// Y[n, rows] = X[n, cols] · Wᵀ on the given path.
@@ -343,24 +408,63 @@ pub fn matmul_with(isa: Isa, w: &Weight, x: &[f32], n: usize, y: &mut [f32]) {
     if isa != Isa::Portable && n > SMALL_N && !matches!(plan, Plan::DecodeRows) {
         return gemm::matmul(isa, &plan, rows, cols, x, n, y);
     }
-    // Row blocks of ~32 KiB of weights: every input row runs against a block while it is
-    // cache-resident. A task owns rows r0..r1 of every output row (disjoint writes).
+    // A task owns rows r0..r1 of every output row (disjoint writes).
     let prep = prepare(isa, &plan, x, n, cols);
     let chunk = row_chunk(rows, cols);
-    let block = (32768 / cols.max(1)).clamp(4, chunk);
     let yp = SendPtr(y.as_mut_ptr());
     pool::for_each_task(rows.div_ceil(chunk), |i| {
         let (r0, r1) = (i * chunk, ((i + 1) * chunk).min(rows));
-        let mut b0 = r0;
-        while b0 < r1 {
-            let b1 = (b0 + block).min(r1);
-            for t in 0..n {
-                // SAFETY: output row t, columns b0..b1 ⊂ r0..r1, belong to this task.
-                run_rows(isa, w, &plan, &prep, t, b0, unsafe {
-                    yp.slice(t * rows + b0, b1 - b0)
-                });
-            }
-            b0 = b1;
-        }
+        // SAFETY: columns r0..r1 of every output row belong to this task.
+        unsafe { run_rows_all_inputs(isa, w, &plan, &prep, n, r0, r1, yp.ptr(), rows) }
     });
+}
+
+/// Weight rows `r0..r1` against all `n` prepared input rows, `Y[t, r]` at `y + t·ldy + r`.
+/// q8 codecs read each weight row once for several inputs: on AVX-512 in strips of 16 rows
+/// transposed in registers (the matvec's result to f32 rounding), on AVX2 and the portable path
+/// row by row with the matvec's arithmetic per input (bit for bit). Other codecs run the
+/// matvec kernels per input over row blocks of ~32 KiB, so every input meets a block while it
+/// is cache-resident.
+///
+/// # Safety
+/// `y` must be writable at `t·ldy + r` for t < n, r0 ≤ r < r1, and written by no one else.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+unsafe fn run_rows_all_inputs(
+    isa: Isa,
+    w: &Weight,
+    plan: &Plan,
+    prep: &Prepared,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    match (isa, plan, prep) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, Plan::Q8(q), Prepared::Q8 { a, c_total, .. }) if n >= 2 => {
+            avx512::q8_strip_matmul(q, a, c_total, r0, r1 - r0, y.add(r0), ldy)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, Plan::Q8(q), Prepared::Q8 { a, .. }) => {
+            avx2::q8_matmul_rows(q, a, n, r0, r1 - r0, y.add(r0), ldy)
+        }
+        (Isa::Portable, Plan::Q8(q), Prepared::Q8 { a, .. }) => {
+            portable::q8_matmul_rows(q, a, n, r0, r1 - r0, y.add(r0), ldy)
+        }
+        _ => {
+            let block = (32768 / w.cols.max(1)).max(4);
+            let mut b0 = r0;
+            while b0 < r1 {
+                let b1 = (b0 + block).min(r1);
+                for t in 0..n {
+                    // SAFETY: output row t, columns b0..b1 ⊂ r0..r1, are the caller's to write.
+                    let out = std::slice::from_raw_parts_mut(y.add(t * ldy + b0), b1 - b0);
+                    run_rows(isa, w, plan, prep, t, b0, out);
+                }
+                b0 = b1;
+            }
+        }
+    }
 }

@@ -82,6 +82,31 @@ pub(crate) fn q8_matvec(q: &Q8, a: &QAct, t: usize, r0: usize, y: &mut [f32]) {
     }
 }
 
+/// Weight rows `r0..r0 + nr` against every quantized input row of `a` (n of them):
+/// `Y[t, r0 + i]` at `y + t·ldy + i`. Each row is applied to all inputs while it is in L1; the
+/// per-input arithmetic is [`q8_matvec`]'s.
+///
+/// # Safety
+/// `y` must be writable at `t·ldy + i` for every t < n and i < nr.
+pub(crate) unsafe fn q8_matmul_rows(
+    q: &Q8,
+    a: &QAct,
+    n: usize,
+    r0: usize,
+    nr: usize,
+    y: *mut f32,
+    ldy: usize,
+) {
+    let mut tail = [0u8; 32];
+    for i in 0..nr {
+        let r = r0 + i;
+        let (row, s) = (q.row(r), q.scale(r));
+        for t in 0..n {
+            *y.add(t * ldy + i) = s * q8_row_dot(row, a, t, &mut tail);
+        }
+    }
+}
+
 /// One q4 row (given its group scales) against one `EvenOdd` input row.
 #[inline]
 fn q4_row_dot(q: &Q4, r: usize, scales: &[f32], a: &QAct, t: usize) -> f32 {

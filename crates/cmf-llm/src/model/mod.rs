@@ -553,19 +553,19 @@ fn linear(l: &Linear, x: &[f32], n: usize, y: &mut [f32]) {
 
 /// `linear` for several weights reading the same input. Decode runs them as one
 /// `cmf_kernels::matvec_multi` (one input quantization and one pool dispatch for the group:
-/// q|k|v and gate|up are 5 of a layer's 7 products); prefill runs one GEMM each.
+/// q|k|v and gate|up are 5 of a layer's 7 products), a batch's step as one
+/// `cmf_kernels::matmul_multi` (the same for a few rows; one GEMM each for more).
 fn linear_shared_input<const N: usize>(
     ls: [&Linear; N],
     x: &[f32],
     n: usize,
     mut ys: [&mut [f32]; N],
 ) {
+    let ws = ls.map(|l| &l.w);
     if n == 1 {
-        cmf_kernels::matvec_multi(&ls.map(|l| &l.w), x, &mut ys);
+        cmf_kernels::matvec_multi(&ws, x, &mut ys);
     } else {
-        for (l, y) in ls.iter().zip(ys.iter_mut()) {
-            cmf_kernels::matmul(&l.w, x, n, y);
-        }
+        cmf_kernels::matmul_multi(&ws, x, n, &mut ys);
     }
     for (l, y) in ls.iter().zip(ys.iter_mut()) {
         if let Some(b) = &l.bias {
