@@ -1084,3 +1084,53 @@ fn a_failing_processor_ends_only_its_request() {
         )
         .is_err());
 }
+
+/// `n` choices on the device's pool (the fake backend): a fork recomputes its parent's partly
+/// filled tail block there instead of copying it, and every choice equals the request alone;
+/// beside them a request with a logit bias and logprobs.
+#[test]
+fn fake_device_choices_equal_alone() {
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 5,
+        ..SamplingParams::default()
+    };
+    // A prompt ending inside a block (37) and one filling its last block (32).
+    for len in [37, 32] {
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 64,
+        };
+        let mut s = device_scheduler(&model, &gpu, 64, 16, cfg);
+        let cases: Vec<(Request, MakeProcessors)> = vec![
+            (
+                Request {
+                    prompt: prompt(7, len),
+                    max_tokens: 9,
+                    sampling: seeded,
+                    n: 3,
+                    logprobs: Some(2),
+                    ..Request::default()
+                },
+                no_processors,
+            ),
+            (
+                Request {
+                    logprobs: Some(1),
+                    ..greedy(prompt(8, 20), 6)
+                },
+                biased,
+            ),
+        ];
+        let mut ids = vec![s.submit_with(cases[0].0.clone(), Vec::new()).unwrap()];
+        let run = drive_with(&mut s, 0, &cases[1], &mut ids);
+        assert_choices(&model, "llama-tiny", &cases, &ids, &run);
+        assert!(s.engine().is_device(), "the device stopped answering");
+        assert_eq!(s.engine().pool_stats().held, 0, "blocks leaked");
+    }
+}
