@@ -823,7 +823,11 @@ impl LlmDevice for CudaLlm {
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         const OP: &str = "llm.kv_pool";
         self.need_whole(OP)?;
-        let moe = self.layers.iter().flatten().any(|d| matches!(d.ffn, moe::DevFfn::Moe(_)));
+        let moe = self
+            .layers
+            .iter()
+            .flatten()
+            .any(|d| matches!(d.ffn, moe::DevFfn::Moe(_)));
         if moe {
             return Err(Refusal::new(
                 OP,

@@ -206,7 +206,9 @@ impl CudaLlm {
         let d = self.layers[l].as_ref().expect("whole model resident");
         // The batched step is refused for MoE models before it runs (`kv_pool`).
         let DevFfn::Dense(mlp) = &d.ffn else {
-            return Err(DevError(format!("layer {l}: the batched step runs dense FFNs only")));
+            return Err(DevError(format!(
+                "layer {l}: the batched step runs dense FFNs only"
+            )));
         };
         let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);
         let ld = q + 2 * s.kv_dim();
