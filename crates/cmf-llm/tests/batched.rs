@@ -228,14 +228,9 @@ fn preemption_keeps_outputs() {
     assert_eq!(s.engine().pool_stats().held, 0);
 }
 
-/// Requests sharing a 40-token prefix: the later ones take its full blocks from the cache
-/// (never writing them) and still produce their own outputs.
-#[test]
-fn shared_prefix_is_reused() {
-    let f = fixture("llama-tiny");
-    let source = SafetensorsSource::new(&f.files);
-    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+/// Requests sharing a 40-token prefix (`s` on llama-tiny): the later ones take its full blocks
+/// from the cache (never writing them) and still produce their own outputs.
+fn check_shared_prefix(model: &Model, s: &mut Scheduler) {
     let system = prompt(99, 40);
     let with_tail = |seed: u32, n: usize| {
         let mut p = system.clone();
@@ -249,8 +244,8 @@ fn shared_prefix_is_reused() {
         (2, greedy(with_tail(3, 1), 8)),
         (4, greedy(system.clone(), 8)),
     ];
-    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
-    assert_same(&model, "llama-tiny", &run.submitted, &ids, &run);
+    let (ids, run) = drive(s, &first, &later, |_, _| {});
+    assert_same(model, "llama-tiny", &run.submitted, &ids, &run);
     // Two full blocks (32 tokens) of the prefix for each of the three later requests.
     assert_eq!(s.stats().prefix_tokens_reused, 3 * 32);
     let st = s.stats();
@@ -258,6 +253,15 @@ fn shared_prefix_is_reused() {
     // Blocks looked up: 2 for the first request (a miss), 3, 2 and 2 for the later ones.
     assert_eq!(st.prefix_queries, 9, "{st:?}");
     assert_eq!(s.engine().pool_stats().held, 0);
+}
+
+#[test]
+fn shared_prefix_is_reused() {
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler(&model, 64, 16, SchedulerConfig::default());
+    check_shared_prefix(&model, &mut s);
 }
 
 /// Cancelling a request in the middle of its prompt frees its blocks at once; the others go on
@@ -573,21 +577,7 @@ fn fake_device_shared_prefix_is_reused() {
     let source = SafetensorsSource::new(&f.files);
     let model = Model::from_source(&source, f.config.clone(), "").unwrap();
     let mut s = device_scheduler(&model, &gpu, 64, 16, SchedulerConfig::default());
-    let system = prompt(99, 40);
-    let with_tail = |seed: u32, n: usize| {
-        let mut p = system.clone();
-        p.extend(prompt(seed, n));
-        p
-    };
-    let first = vec![greedy(with_tail(1, 5), 8)];
-    let later: Vec<(usize, Request)> = vec![
-        (2, greedy(with_tail(2, 9), 8)),
-        (2, greedy(with_tail(3, 1), 8)),
-        (4, greedy(system.clone(), 8)),
-    ];
-    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
-    assert_same(&model, "llama-tiny", &run.submitted, &ids, &run);
-    assert_eq!(s.stats().prefix_tokens_reused, 3 * 32);
+    check_shared_prefix(&model, &mut s);
     assert!(s.engine().is_device());
 }
 
