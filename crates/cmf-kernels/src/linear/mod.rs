@@ -307,9 +307,22 @@ pub fn matvec_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], ys: &mut [&mut [f3
     }
     let cols = first.cols;
     let prep = prepare(isa, &plans[0], x, 1, cols);
+    let tasks = row_tasks(ws, cols);
+    let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
+    pool::for_each_task(tasks.len(), |i| {
+        let (j, r0, r1) = tasks[i];
+        // SAFETY: task i owns ys[j][r0..r1]; the tasks' ranges are disjoint.
+        run_rows(isa, ws[j], &plans[j], &prep, 0, r0, unsafe {
+            yps[j].slice(r0, r1 - r0)
+        })
+    });
+}
+
+/// The pool's tasks over the rows of several weights of `cols` columns, as (weight, first row,
+/// end row); a chunk never straddles two weights.
+fn row_tasks(ws: &[&Weight], cols: usize) -> Vec<(usize, usize, usize)> {
     let total: usize = ws.iter().map(|w| w.rows).sum();
     let chunk = row_chunk(total, cols);
-    // (weight, first row, end row) per task; chunks never straddle two weights.
     let mut tasks = Vec::new();
     for (j, w) in ws.iter().enumerate() {
         let mut r0 = 0;
@@ -319,14 +332,7 @@ pub fn matvec_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], ys: &mut [&mut [f3
             r0 = r1;
         }
     }
-    let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
-    pool::for_each_task(tasks.len(), |i| {
-        let (j, r0, r1) = tasks[i];
-        // SAFETY: task i owns ys[j][r0..r1]; the tasks' ranges are disjoint.
-        run_rows(isa, ws[j], &plans[j], &prep, 0, r0, unsafe {
-            yps[j].slice(r0, r1 - r0)
-        })
-    });
+    tasks
 }
 
 /// `Y_j = X·W_jᵀ` for several weights reading the same `n` input rows (q|k|v, gate|up of a
@@ -359,18 +365,7 @@ pub fn matmul_multi_with(isa: Isa, ws: &[&Weight], x: &[f32], n: usize, ys: &mut
     }
     let cols = first.cols;
     let prep = prepare(isa, &plans[0], x, n, cols);
-    let total: usize = ws.iter().map(|w| w.rows).sum();
-    let chunk = row_chunk(total, cols);
-    // (weight, first row, end row) per task; chunks never straddle two weights.
-    let mut tasks = Vec::new();
-    for (j, w) in ws.iter().enumerate() {
-        let mut r0 = 0;
-        while r0 < w.rows {
-            let r1 = (r0 + chunk).min(w.rows);
-            tasks.push((j, r0, r1));
-            r0 = r1;
-        }
-    }
+    let tasks = row_tasks(ws, cols);
     let yps: Vec<SendPtr<f32>> = ys.iter_mut().map(|y| SendPtr(y.as_mut_ptr())).collect();
     pool::for_each_task(tasks.len(), |i| {
         let (j, r0, r1) = tasks[i];
