@@ -1,0 +1,274 @@
+//! The batched engine on a device: the fake backend on the CPU, CUDA on the GPU machine
+//! (`device_batched_equals_alone`), through the same scheduler and checks as the CPU pool.
+
+use super::*;
+use cmf_llm::batch::{DeviceBatch, PoolSize};
+
+/// A scheduler over the batched engine on `gpu`'s device (the fake backend on the CPU, CUDA on
+/// the GPU machine): the pool of `blocks` blocks of `block_size` positions lives there.
+fn device_scheduler<'m, 'a>(
+    model: &'m Model<'a>,
+    gpu: &cmf_gpu::facade::Gpu,
+    blocks: usize,
+    block_size: usize,
+    cfg: SchedulerConfig,
+) -> Scheduler<'m, 'a> {
+    let dev = DeviceBatch::load(
+        gpu,
+        model,
+        1024,
+        cfg.step_tokens,
+        block_size,
+        PoolSize::Blocks(blocks),
+    )
+    .unwrap();
+    assert!(dev.blocks() >= blocks, "{dev:?}");
+    let engine = BatchEngine::on_device(
+        model,
+        BatchConfig {
+            block_size,
+            kv_blocks: blocks,
+            kv_dtype: KvDtype::F32,
+            max_seq_len: 1024,
+        },
+        dev,
+    )
+    .unwrap();
+    Scheduler::new(engine, cfg).unwrap()
+}
+
+/// Whether every step ran on the device, or the contention guard gave it up on timing alone (a
+/// loaded test machine can slow the fake's steps past its budget; the outputs are checked
+/// either way).
+fn stayed_on_device(s: &Scheduler, gpu: &cmf_gpu::facade::Gpu) -> bool {
+    s.engine().is_device() || gpu.is_contended()
+}
+
+fn fake_gpu() -> cmf_gpu::facade::Gpu {
+    use cmf_gpu::facade::{fake::FakeBackend, Gpu, GpuMode};
+    Gpu::with_backend(
+        GpuMode::Auto,
+        std::sync::Arc::new(FakeBackend::new(1 << 32)),
+    )
+}
+
+/// Sequences joining and leaving, prompts chunked beside decode rows, on each fixture family:
+/// the device engine's outputs are each sequence's alone.
+fn joining_and_leaving_on(
+    gpu: &cmf_gpu::facade::Gpu,
+    name: &str,
+) -> (Vec<Request>, Run, Vec<RequestId>) {
+    let f = fixture(name);
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 24,
+    };
+    let mut s = device_scheduler(&model, gpu, 64, 16, cfg);
+    let first: Vec<Request> = [(1, 5, 12), (2, 37, 4), (3, 70, 9)]
+        .map(|(seed, len, n)| greedy(prompt(seed, len), n))
+        .into();
+    let later: Vec<(usize, Request)> = [(3, 4, 50, 15), (5, 5, 1, 6), (9, 6, 33, 20)]
+        .map(|(at, seed, len, n)| (at, greedy(prompt(seed, len), n)))
+        .into();
+    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
+    assert!(
+        stayed_on_device(&s, gpu),
+        "{name}: the device stopped answering"
+    );
+    assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+    (run.submitted.clone(), run, ids)
+}
+
+#[test]
+fn fake_device_joining_and_leaving_equals_alone() {
+    for name in FIXTURES {
+        // A device of its own per fixture: a guard tripped by a loaded machine stays tripped.
+        let gpu = fake_gpu();
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let (reqs, run, ids) = joining_and_leaving_on(&gpu, name);
+        assert_same(&model, name, &reqs, &ids, &run);
+    }
+}
+
+/// Requests sharing a prefix on the device pool: the later ones read its cached blocks there.
+#[test]
+fn fake_device_shared_prefix_is_reused() {
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = device_scheduler(&model, &gpu, 64, 16, SchedulerConfig::default());
+    check_shared_prefix(&model, &mut s);
+    assert!(stayed_on_device(&s, &gpu));
+}
+
+/// The device refuses a step in the middle of the run (an injected refusal): the engine moves
+/// to the CPU, recomputes what the device held, and every output is still its alone.
+#[test]
+fn fake_device_refusal_moves_to_the_cpu_mid_run() {
+    let gpu = fake_gpu();
+    let f = fixture("qwen3-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 24,
+    };
+    let mut s = device_scheduler(&model, &gpu, 64, 16, cfg);
+    // The load and the pool took two calls; refuse from the seventh step on.
+    gpu.inject_refusal_after(8);
+    let reqs: Vec<Request> = (0..4)
+        .map(|i| greedy(prompt(20 + i, 10 + 9 * i as usize), 12))
+        .collect();
+    let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
+    assert!(!s.engine().is_device(), "the injected refusal never came");
+    assert_same(&model, "qwen3-tiny", &reqs, &ids, &run);
+    assert_eq!(s.engine().pool_stats().held, 0);
+}
+
+/// The device's greedy steps (one arg-max id per sequence back) agree with the logits' arg-max.
+#[test]
+fn fake_device_greedy_steps_match_logits() {
+    let gpu = fake_gpu();
+    let f = fixture("mistral-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = BatchConfig {
+        block_size: 16,
+        kv_blocks: 16,
+        kv_dtype: KvDtype::F32,
+        max_seq_len: 1024,
+    };
+    let load = || DeviceBatch::load(&gpu, &model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
+    let mut a = BatchEngine::on_device(&model, cfg, load()).unwrap();
+    let mut b = BatchEngine::on_device(&model, cfg, load()).unwrap();
+    let mut work = Vec::new();
+    for (i, len) in [3usize, 20, 9].into_iter().enumerate() {
+        let p = prompt(40 + i as u32, len);
+        let (x, y) = (a.add(p.clone()).unwrap(), b.add(p).unwrap());
+        assert_eq!(x, y);
+        assert!(a.reserve(x, len) && b.reserve(y, len));
+        work.push(cmf_llm::batch::Work {
+            seq: x,
+            tokens: len,
+        });
+    }
+    let ids = a.step_greedy(&work).unwrap();
+    let v = model.config.vocab_size;
+    let want: Vec<u32> = b
+        .step(&work)
+        .unwrap()
+        .chunks(v)
+        .map(cmf_llm::sampling::argmax)
+        .collect();
+    assert_eq!(ids, want);
+}
+
+/// On the GPU machine: the CUDA batched engine against each sequence alone on the CPU. The f32
+/// fixtures run f32 throughout (f32 pool, SGEMM) and must match token for token; qwen3-tiny
+/// (bf16 weights: f16 pool, bf16 GEMM operands) reports its token match rate.
+#[test]
+fn device_batched_equals_alone() {
+    let g = cmf_gpu::facade::Gpu::open(cmf_gpu::facade::GpuMode::Auto).expect("auto never fails");
+    if !g.is_active() {
+        gpu_skip::skip_no_device("no CUDA device (`CMF_LOG=debug` says why)");
+        return;
+    }
+    for name in FIXTURES {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let (reqs, run, ids) = joining_and_leaving_on(&g, name);
+        if name == "qwen3-tiny" {
+            let (mut same, mut total) = (0, 0);
+            for (r, id) in reqs.iter().zip(&ids) {
+                let want = alone(&model, r);
+                let got = run.outputs.get(id).cloned().unwrap_or_default();
+                total += want.len();
+                same += want.iter().zip(&got).take_while(|(a, b)| a == b).count();
+            }
+            eprintln!("{name}: {same}/{total} tokens match before the first difference");
+        } else {
+            assert_same(&model, name, &reqs, &ids, &run);
+        }
+    }
+}
+
+/// llama-batched-bench's table on the device: one upload, one pool for the largest B, every row.
+#[test]
+fn fake_device_bench_runs_every_row() {
+    use cmf_llm::batch::bench::{run, BatchedBenchConfig};
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = BatchedBenchConfig {
+        prompt_tokens: 9,
+        gen_tokens: 3,
+        parallel: vec![1, 3],
+        kv_dtype: KvDtype::F32,
+    };
+    let rows = run(&model, &cfg, Some(&gpu), &mut |_| {}).unwrap();
+    let got: Vec<(usize, usize)> = rows.iter().map(|r| (r.b, r.n_kv)).collect();
+    assert_eq!(got, [(1, 12), (3, 36)]);
+    // One model upload for the whole table.
+    assert_eq!(gpu.bytes_uploaded(), {
+        let g = fake_gpu();
+        cmf_llm::batch::DeviceBatch::load(&g, &model, 13, 512, 16, PoolSize::Blocks(1)).unwrap();
+        g.bytes_uploaded()
+    });
+}
+
+/// `n` choices on the device's pool (the fake backend): a fork recomputes its parent's partly
+/// filled tail block there instead of copying it, and every choice equals the request alone;
+/// beside them a request with a logit bias and logprobs.
+#[test]
+fn fake_device_choices_equal_alone() {
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 5,
+        ..SamplingParams::default()
+    };
+    // A prompt ending inside a block (37) and one filling its last block (32).
+    for len in [37, 32] {
+        let gpu = fake_gpu();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 64,
+        };
+        let mut s = device_scheduler(&model, &gpu, 64, 16, cfg);
+        let cases: Vec<(Request, MakeProcessors)> = vec![
+            (
+                Request {
+                    prompt: prompt(7, len),
+                    max_tokens: 9,
+                    sampling: seeded,
+                    n: 3,
+                    logprobs: Some(2),
+                    ..Request::default()
+                },
+                no_processors,
+            ),
+            (
+                Request {
+                    logprobs: Some(1),
+                    ..greedy(prompt(8, 20), 6)
+                },
+                biased,
+            ),
+        ];
+        let mut ids = vec![s.submit_with(cases[0].0.clone(), Vec::new()).unwrap()];
+        let run = drive_with(&mut s, 0, &cases[1], &mut ids);
+        assert_choices(&model, "llama-tiny", &cases, &ids, &run);
+        assert!(stayed_on_device(&s, &gpu), "the device stopped answering");
+        assert_eq!(s.engine().pool_stats().held, 0, "blocks leaked");
+    }
+}
