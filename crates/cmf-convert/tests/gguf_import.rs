@@ -437,18 +437,7 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/gguf/qwen3-moe-tiny-f32.gguf");
     let (_d, imported, _) = import(&gguf, None);
-    let dir = tempfile::tempdir().unwrap();
-    let converted = dir.path().join("hf.cmf");
-    let opts = Options {
-        quant: Some(Quant::F32),
-        ..Default::default()
-    };
-    cmf_convert::hf::convert(
-        &repo().join("fixtures/llm/qwen3-moe-tiny"),
-        &converted,
-        &opts,
-    )
-    .unwrap();
+    let (_dir, converted) = convert_f32("qwen3-moe-tiny");
 
     let (a, b) = (
         cmf_format::CmfModel::open(&imported).unwrap(),
@@ -456,14 +445,9 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     );
     assert_eq!(a.header().arch.arch_name, "qwen3_moe");
     assert_eq!(a.header().arch.moe, b.header().arch.moe);
-    let names = |m: &cmf_format::CmfModel| {
-        let mut v: Vec<String> = m.tensors().map(|t| t.name.to_string()).collect();
-        v.sort();
-        v
-    };
-    assert_eq!(names(&a), names(&b));
-    assert!(names(&a).contains(&"model.layers.2.mlp.experts.7.down_proj.weight".to_string()));
-    for n in names(&b) {
+    assert_eq!(tensor_names(&a), tensor_names(&b));
+    assert!(tensor_names(&a).contains(&"model.layers.2.mlp.experts.7.down_proj.weight".to_string()));
+    for n in tensor_names(&b) {
         let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
         assert_eq!(
             (x.dtype, x.shape.as_slice()),
@@ -482,6 +466,18 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     let (la, lb) = (logits(&a), logits(&b));
     assert_eq!(la.len(), 512);
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+/// `cmf convert --quant f32` of the Hugging Face fixture `name` into a scratch directory.
+fn convert_f32(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hf.cmf");
+    let opts = Options {
+        quant: Some(Quant::F32),
+        ..Default::default()
+    };
+    cmf_convert::hf::convert(&repo().join("fixtures/llm").join(name), &out, &opts).unwrap();
+    (dir, out)
 }
 
 fn qwen3next_gguf() -> PathBuf {
@@ -508,18 +504,7 @@ fn prefill_logits(m: &cmf_format::CmfModel, prompt: &[u32]) -> Vec<f32> {
 #[test]
 fn qwen3next_gguf_imports_like_the_hf_conversion() {
     let (_d, imported, report) = import(&qwen3next_gguf(), None);
-    let dir = tempfile::tempdir().unwrap();
-    let converted = dir.path().join("hf.cmf");
-    let opts = Options {
-        quant: Some(Quant::F32),
-        ..Default::default()
-    };
-    cmf_convert::hf::convert(
-        &repo().join("fixtures/llm/qwen3next-tiny"),
-        &converted,
-        &opts,
-    )
-    .unwrap();
+    let (_dir, converted) = convert_f32("qwen3next-tiny");
     let (a, b) = (
         cmf_format::CmfModel::open(&imported).unwrap(),
         cmf_format::CmfModel::open(&converted).unwrap(),

@@ -199,12 +199,12 @@ fn joining_and_leaving_equals_alone() {
     }
 }
 
-/// A pool of 14 blocks of 4 positions for four sequences that need up to 11 each: the youngest
-/// is preempted and recomputed, and every output is still what it is alone. Seeded sampling
-/// included (the draw depends on the position, which a recomputation keeps).
-#[test]
-fn preemption_keeps_outputs() {
-    let f = fixture("qwen3-tiny");
+/// A pool of 14 blocks of 4 positions for four sequences that need up to 11 each on fixture
+/// `name`: the youngest is preempted and recomputed (a hybrid's slot goes back and it recomputes
+/// from its first token), and every output is still what it is alone. Seeded sampling included
+/// (the draw depends on the position, which a recomputation keeps).
+fn check_preemption(name: &str) {
+    let f = fixture(name);
     let source = SafetensorsSource::new(&f.files);
     let model = Model::from_source(&source, f.config.clone(), "").unwrap();
     let cfg = SchedulerConfig {
@@ -222,9 +222,18 @@ fn preemption_keeps_outputs() {
         ..SamplingParams::default()
     };
     let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
-    assert!(s.stats().preemptions > 0, "the pool was never short");
-    assert_same(&model, "qwen3-tiny", &reqs, &ids, &run);
+    assert!(
+        s.stats().preemptions > 0,
+        "{name}: the pool was never short"
+    );
+    assert_same(&model, name, &reqs, &ids, &run);
+    assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
     assert_eq!(s.engine().pool_stats().held, 0);
+}
+
+#[test]
+fn preemption_keeps_outputs() {
+    check_preemption("qwen3-tiny");
 }
 
 /// Requests sharing a 40-token prefix (`s` on llama-tiny): the later ones take its full blocks
@@ -382,36 +391,10 @@ fn hybrid_joining_and_leaving_equals_alone() {
     }
 }
 
-/// A short pool preempts the youngest hybrid sequence: its slot goes back and it recomputes
-/// from its first token; outputs (greedy and seeded) still equal each alone.
 #[test]
 fn hybrid_preemption_recomputes_the_recurrent_state() {
     for name in HYBRID_FIXTURES {
-        let f = fixture(name);
-        let source = SafetensorsSource::new(&f.files);
-        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-        let cfg = SchedulerConfig {
-            max_running: 4,
-            step_tokens: 64,
-        };
-        let mut s = scheduler(&model, 14, 4, cfg);
-        let mut reqs: Vec<Request> = (0..4)
-            .map(|i| greedy(prompt(10 + i, 9 + 3 * i as usize), 30))
-            .collect();
-        reqs[3].sampling = SamplingParams {
-            temperature: 0.9,
-            top_p: 0.95,
-            seed: 7,
-            ..SamplingParams::default()
-        };
-        let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
-        assert!(
-            s.stats().preemptions > 0,
-            "{name}: the pool was never short"
-        );
-        assert_same(&model, name, &reqs, &ids, &run);
-        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
-        assert_eq!(s.engine().pool_stats().held, 0);
+        check_preemption(name);
     }
 }
 
