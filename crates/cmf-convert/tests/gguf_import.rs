@@ -468,15 +468,65 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
+/// llama.cpp's own converter (`convert_hf_to_gguf.py`, scripts/make_gguf_import_fixture.py) on
+/// an all-sparse tiny Qwen3-MoE with `norm_topk_prob` true (the only kind its qwen3moe graph
+/// runs): the import holds the tensors of `cmf convert` on the same checkpoint, bit for bit, and
+/// computes the same logits.
+#[test]
+fn llama_cpp_converted_qwen3moe_imports_like_the_hf_conversion() {
+    let gguf = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/gguf/qwen3-moe-sparse-tiny-f32.gguf");
+    let (_d, imported, _) = import(&gguf, None);
+    // The checkpoint the GGUF was made from: the unnormalised fixture with the one edit.
+    let src = tempfile::tempdir().unwrap();
+    let fixture = repo().join("fixtures/llm/qwen3-moe-unnorm-tiny");
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.path().join(e.file_name())).unwrap();
+    }
+    let cfg_path = src.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["norm_topk_prob"] = serde_json::Value::Bool(true);
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let (_dir, converted) = convert_f32_dir(src.path());
+
+    let (a, b) = (
+        cmf_format::CmfModel::open(&imported).unwrap(),
+        cmf_format::CmfModel::open(&converted).unwrap(),
+    );
+    assert_eq!(a.header().arch.arch_name, "qwen3_moe");
+    assert_eq!(a.header().arch.moe, b.header().arch.moe);
+    assert_eq!(tensor_names(&a), tensor_names(&b));
+    for n in tensor_names(&b) {
+        let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
+        assert_eq!(
+            (x.dtype, x.shape.as_slice()),
+            (y.dtype, y.shape.as_slice()),
+            "{n}"
+        );
+        assert!(x.data == y.data, "{n}: values differ");
+    }
+    let prompt: Vec<u32> = (3..40).collect();
+    let (la, lb) = (prefill_logits(&a, &prompt), prefill_logits(&b, &prompt));
+    assert_eq!(la.len(), 512);
+    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
 /// `cmf convert --quant f32` of the Hugging Face fixture `name` into a scratch directory.
 fn convert_f32(name: &str) -> (tempfile::TempDir, PathBuf) {
+    convert_f32_dir(&repo().join("fixtures/llm").join(name))
+}
+
+/// `cmf convert --quant f32` of the checkpoint in `src` into a scratch directory.
+fn convert_f32_dir(src: &Path) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("hf.cmf");
     let opts = Options {
         quant: Some(Quant::F32),
         ..Default::default()
     };
-    cmf_convert::hf::convert(&repo().join("fixtures/llm").join(name), &out, &opts).unwrap();
+    cmf_convert::hf::convert(src, &out, &opts).unwrap();
     (dir, out)
 }
 
