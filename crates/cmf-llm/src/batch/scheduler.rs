@@ -117,6 +117,18 @@ struct Entry {
     unforked: Vec<Unforked>,
 }
 
+impl Entry {
+    /// Whether this sequence's next token is just the arg-max of its logits.
+    fn plain_greedy(&self) -> bool {
+        let p = &self.sampler.params;
+        p.is_greedy()
+            && !p.has_penalties()
+            && self.processors.is_empty()
+            && self.logprobs.is_none()
+            && self.unforked.is_empty()
+    }
+}
+
 pub struct Scheduler<'m, 'a> {
     engine: BatchEngine<'m, 'a>,
     cfg: SchedulerConfig,
@@ -285,6 +297,18 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             .filter(|w| w.tokens == self.engine.pending(w.seq))
             .map(|w| w.seq)
             .collect();
+        // Greedy requests with nothing to process (no penalties, logprobs, biases, grammars or
+        // choices still to fork) need only their arg-max: on a device that is one id a
+        // sequence read back instead of a row of logits, and no host pass over the vocabulary.
+        if sampled.iter().all(|seq| self.entries.get(seq).is_none_or(Entry::plain_greedy)) {
+            let ids = self.engine.step_greedy(&plan)?;
+            for (seq, token) in sampled.into_iter().zip(ids) {
+                if self.entries.contains_key(&seq) {
+                    self.emit(seq, token, None, &mut events);
+                }
+            }
+            return Ok(events);
+        }
         let logits = self.engine.step(&plan)?;
         let mut rows = std::mem::take(&mut self.logits);
         rows.clear();
@@ -342,7 +366,7 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         let Some(e) = self.entries.get_mut(&seq) else {
             return; // its request failed earlier in this step
         };
-        let (id, choice) = (e.request, e.choice);
+        let id = e.request;
         if e.processors.iter().any(|p| p.finished()) {
             self.finish(seq, FinishReason::Eos, events);
             return;
@@ -375,11 +399,25 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                 return;
             }
         };
+        let logprob = e.logprobs.map(|k| token_logprob(row, token, k));
+        self.emit(seq, token, logprob, events);
+    }
+
+    /// `seq`'s next token is `token`: the end of its answer (an end-of-sequence id, its token
+    /// budget, a full context) or a token event and the token appended.
+    fn emit(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+        events: &mut Vec<Event>,
+    ) {
+        let e = self.entries.get_mut(&seq).expect("a running sequence");
+        let (id, choice) = (e.request, e.choice);
         if e.eos_ids.contains(&token) {
             self.finish(seq, FinishReason::Eos, events);
             return;
         }
-        let logprob = e.logprobs.map(|k| token_logprob(row, token, k));
         events.push(Event::Token {
             id,
             choice,
