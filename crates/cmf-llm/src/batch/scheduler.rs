@@ -149,6 +149,7 @@ impl Entry {
             && !p.has_penalties()
             && self.processors.is_empty()
             && self.logprobs.is_none()
+            && self.prompt_scores.is_none()
             && self.unforked.is_empty()
     }
 }
@@ -344,9 +345,12 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         // Greedy requests with nothing to process (no penalties, logprobs, biases, grammars or
         // choices still to fork) need only their arg-max: on a device that is one id a
         // sequence read back instead of a row of logits, and no host pass over the vocabulary.
-        if sampled.iter().all(|seq| self.entries.get(seq).is_none_or(Entry::plain_greedy)) {
+        let plain = outputs.iter().all(|&(seq, _, n, last)| {
+            last && n == 1 && self.entries.get(&seq).is_none_or(Entry::plain_greedy)
+        });
+        if plain {
             let ids = self.engine.step_greedy(&plan)?;
-            for (seq, token) in sampled.into_iter().zip(ids) {
+            for ((seq, ..), token) in outputs.into_iter().zip(ids) {
                 if self.entries.contains_key(&seq) {
                     self.emit(seq, token, None, &mut events);
                 }
