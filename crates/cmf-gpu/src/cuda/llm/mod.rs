@@ -826,19 +826,6 @@ impl LlmDevice for CudaLlm {
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         const OP: &str = "llm.kv_pool";
         self.need_whole(OP)?;
-        let moe = self
-            .layers
-            .iter()
-            .flatten()
-            .any(|d| matches!(d.ffn, moe::DevFfn::Moe(_)));
-        if moe {
-            return Err(Refusal::new(
-                OP,
-                RefusalReason::UnsupportedShape(
-                    "the batched step runs dense models only (mixture-of-experts layers)".into(),
-                ),
-            ));
-        }
         self.bind(OP)?;
         self.alloc_pool(bytes, block_size)
     }

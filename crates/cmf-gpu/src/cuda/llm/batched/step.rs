@@ -143,8 +143,11 @@ impl CudaLlm {
         dev.upload(io, bytes_of(&inputs))?;
         // One row runs the decode matvecs (the single-sequence arithmetic); a few rows too
         // unless every matrix takes the int8 GEMM, which reads each weight once for all rows.
+        // MoE layers always run the grouped GEMMs of prefill (`moe_prefill`), which read the
+        // routing back once a layer: such steps are neither row by row nor captured.
         let all_q8 = self.layers.iter().flatten().all(|d| self.batched_q8(&d.q));
-        let by_rows = !self.opts.precise && (t == 1 || (t <= MATVEC_ROWS && !all_q8));
+        let moe = self.layers.iter().flatten().any(|d| matches!(d.ffn, DevFfn::Moe(_)));
+        let by_rows = !self.opts.precise && !moe && (t == 1 || (t <= MATVEC_ROWS && !all_q8));
         let mut wanted = Vec::with_capacity(m);
         let mut row = 0;
         for s in seqs {
@@ -167,7 +170,7 @@ impl CudaLlm {
         // same row count: captured once, replayed after. Only our own kernels are captured (no
         // cuBLAS call: the rows run as matvecs or int8 GEMMs).
         let decode = seqs.iter().all(|s| s.tokens.len() == 1 && s.want);
-        if decode && (by_rows || all_q8) {
+        if decode && !moe && (by_rows || all_q8) {
             self.replay_step(&plan)?;
         } else {
             self.enqueue_step(&plan)?;
@@ -317,10 +320,10 @@ impl CudaLlm {
     ) -> DResult<()> {
         let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
         let d = self.layers[l].as_ref().expect("whole model resident");
-        // The batched step is refused for MoE models before it runs (`kv_pool`).
+        // MoE models never run row by row (`enqueue_batch_step`).
         let DevFfn::Dense(mlp) = &d.ffn else {
             return Err(DevError(format!(
-                "layer {l}: the batched step runs dense FFNs only"
+                "layer {l}: row-by-row steps run dense FFNs only"
             )));
         };
         let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);
