@@ -3,7 +3,7 @@
 //! `cmf-prebuild-kernels`) and the compile check look sources up in.
 
 use super::dit::kernels::{ATTENTION_WG, DIT, WS_KEYS};
-use super::llm::kernels::{ATTENTION_DECODE, ATTENTION_PAGED, SAMPLE};
+use super::llm::kernels::{ATTENTION_DECODE, ATTENTION_PAGED, GEMM_Q8, SAMPLE};
 use super::llm::moe::MOE;
 use super::runtime::kernels::{ATTENTION, FP8, INT8, ROWOPS};
 use super::runtime::matvec::{MatvecConfig, MATVEC};
@@ -17,6 +17,7 @@ pub fn source_of(name: &str) -> Option<&'static str> {
         "attention" => ATTENTION,
         "attention_decode" => ATTENTION_DECODE,
         "attention_paged" => ATTENTION_PAGED,
+        "gemm_q8" => GEMM_Q8,
         "attention_wg" => ATTENTION_WG,
         "sample" => SAMPLE,
         "dit" => DIT,
@@ -73,6 +74,7 @@ pub fn all_sources() -> SourceSet {
         ("attention_paged", ATTENTION_PAGED, model(64, 2, true)),
         ("attention_paged", ATTENTION_PAGED, model(16, 2, true)),
         ("attention_paged", ATTENTION_PAGED, model(256, 8, false)),
+        ("gemm_q8", GEMM_Q8, vec![]),
         ("dit", DIT, model(128, 1, false)),
         ("dit", DIT, model(32, 1, false)),
         ("dit", DIT, plus(model(128, 1, false), "X_BF16")),

@@ -3,7 +3,7 @@
 //! sequences (prompt chunks beside decode rows, a shared prefix), as logits and arg-max ids.
 
 use super::*;
-use cmf_gpu::llm::batch::paged_attention_reference;
+use cmf_gpu::llm::batch::{paged_attention_reference, q8_gemm_reference};
 use cmf_gpu::llm::batch_check::staggered_run;
 
 fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> CudaLlm {
@@ -97,6 +97,86 @@ fn paged_attention_matches_reference() {
         let e = rel_err(&got, &want);
         eprintln!("{d:>4} {:>3} {kv_f32:>4} {window:>6} {e:>10.2e}", nh / nkv);
         assert!(e < 1e-5, "hd {d} gqa {} f32 {kv_f32}: {e}", nh / nkv);
+    }
+}
+
+#[test]
+fn q8_gemm_matches_reference() {
+    let Some(b) = backend() else { return };
+    let dev = b.device().clone();
+    eprintln!(
+        "{:<7} {:>5} {:>5} {:>4} {:>10} {:>10}",
+        "kernel", "n", "k", "t", "rel err", "vs f32"
+    );
+    // Rows past a block's 16/32/64, chunks of 256/512 cut short, input tiles of 64 cut short.
+    for &(n, k, t) in &[
+        (100, 32, 1),
+        (64, 544, 5),
+        (257, 4096, 16),
+        (48, 1056, 17),
+        (130, 768, 48),
+        (96, 2048, 64),
+        (200, 352, 65),
+        (33, 640, 130),
+    ] {
+        for variant in cmf_gpu::cuda::llm::Q8Variant::ALL {
+            let mut rng = Rng::new((n * k + t) as u64);
+            let w: Vec<i8> = (0..n * k)
+                .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
+                .collect();
+            let scales: Vec<half::f16> = (0..n)
+                .map(|i| half::f16::from_f32(0.001 + 0.0001 * (i % 7) as f32))
+                .collect();
+            let mut x = rng.vec(t * k, 1.0);
+            // An outlier channel: block-wise input scales keep its neighbours' precision.
+            for r in 0..t {
+                x[r * k + 3] = 40.0;
+            }
+            let want = q8_gemm_reference(&w, &scales, k, &x);
+            // Written into columns 5.. of wider rows, on top of a residual (accumulate).
+            let (ldc, col0) = (n + 9, 5);
+            let resid = rng.vec(t * ldc, 1.0);
+            let mut got = resid.clone();
+            cmf_gpu::cuda::llm::q8_gemm_probe(
+                &dev,
+                variant,
+                (&w, &scales),
+                k,
+                &x,
+                &mut got,
+                (ldc, col0, true),
+            )
+            .unwrap();
+            let mut sums = vec![0f32; t * n];
+            for r in 0..t {
+                for c in 0..ldc {
+                    let g = got[r * ldc + c] - resid[r * ldc + c];
+                    if c < col0 || c >= col0 + n {
+                        assert_eq!(g, 0.0, "{variant:?}: column {c} outside the output changed");
+                    } else {
+                        sums[r * n + c - col0] = g;
+                    }
+                }
+            }
+            let e = rel_err(&sums, &want);
+            // The unquantised product, for scale: block-wise s8 inputs stay within a few 1e-3.
+            let mut exact = vec![0f32; t * n];
+            for r in 0..t {
+                for c in 0..n {
+                    exact[r * n + c] = (0..k)
+                        .map(|i| x[r * k + i] * w[c * k + i] as f32)
+                        .sum::<f32>()
+                        * scales[c].to_f32();
+                }
+            }
+            let ef = rel_err(&sums, &exact);
+            eprintln!(
+                "{:<7} {n:>5} {k:>5} {t:>4} {e:>10.2e} {ef:>10.2e}",
+                format!("{variant:?}")
+            );
+            assert!(e < 1e-5, "{variant:?} n {n} k {k} t {t}: {e}");
+            assert!(ef < 2e-2, "{variant:?} n {n} k {k} t {t}: {ef} against f32");
+        }
     }
 }
 

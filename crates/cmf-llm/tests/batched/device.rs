@@ -94,6 +94,20 @@ fn fake_device_joining_and_leaving_equals_alone() {
     }
 }
 
+/// Mixture-of-experts models in the device batch (routing and grouped expert GEMMs per step):
+/// each sequence's outputs are its alone.
+#[test]
+fn fake_device_moe_joining_and_leaving_equals_alone() {
+    for name in MOE_FIXTURES {
+        let gpu = fake_gpu();
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let (reqs, run, ids) = joining_and_leaving_on(&gpu, name);
+        assert_same(&model, name, &reqs, &ids, &run);
+    }
+}
+
 /// Requests sharing a prefix on the device pool: the later ones read its cached blocks there.
 #[test]
 fn fake_device_shared_prefix_is_reused() {
@@ -195,6 +209,24 @@ fn device_batched_equals_alone() {
         } else {
             assert_same(&model, name, &reqs, &ids, &run);
         }
+    }
+}
+
+/// On the GPU machine: MoE fixtures (f32) in the CUDA batched engine, token for token against
+/// each sequence alone on the CPU.
+#[test]
+fn device_batched_moe_equals_alone() {
+    let g = cmf_gpu::facade::Gpu::open(cmf_gpu::facade::GpuMode::Auto).expect("auto never fails");
+    if !g.is_active() {
+        gpu_skip::skip_no_device("no CUDA device (`CMF_LOG=debug` says why)");
+        return;
+    }
+    for name in MOE_FIXTURES {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let (reqs, run, ids) = joining_and_leaving_on(&g, name);
+        assert_same(&model, name, &reqs, &ids, &run);
     }
 }
 

@@ -513,6 +513,9 @@ impl CudaLlm {
         accumulate: bool,
         bf16: bool,
     ) -> DResult<()> {
+        if bf16 && self.batched_q8(w) {
+            return self.gemm_q8(w, x_bf16, t, out, ldc, col0, accumulate);
+        }
         let pf = self.pf.as_ref().expect("prefill workspace");
         let blas = self
             .blas
@@ -604,6 +607,9 @@ impl CudaLlm {
         ld: usize,
     ) -> DResult<()> {
         let pf = self.pf.as_ref().expect("prefill workspace");
+        if self.gemms_q8_one_input(parts, pf.xb.ptr(), t, out, ld)? {
+            return Ok(());
+        }
         parts.iter().try_for_each(|&(w, col0)| {
             self.gemm(w, pf.xn.ptr(), pf.xb.ptr(), t, out, ld, col0, false)
         })

@@ -20,6 +20,8 @@ pub const ATTENTION_PAGED: &str = concat!(
     include_str!("../runtime/kernels/rope.cuh"),
     include_str!("kernels/attention_paged.cu")
 );
+/// The batched step's q8_row GEMMs on int8 tensor cores (input rows quantised in blocks of 32).
+pub const GEMM_Q8: &str = include_str!("kernels/gemm_q8.cu");
 /// The sampler (penalties, candidates, the draw): the same for every model.
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
 
@@ -206,6 +208,31 @@ impl PagedKernels {
             attn_paged: m.func("attn_paged")?,
             gather_rows: m.func("gather_rows")?,
             argmax_rows: m.func("argmax_rows")?,
+            _module: m,
+        })
+    }
+}
+
+/// The batched step's q8_row GEMMs (gemm_q8.cu): the same for every model.
+pub struct Q8GemmKernels {
+    pub quant_blocks_s8: Func,
+    /// 16 weight rows a block, each chunk split over 4 warps (few input rows).
+    pub narrow: Func,
+    /// 32 weight rows a block, 2 warps a chunk.
+    pub mid: Func,
+    /// 64 weight rows a block (many input rows).
+    pub wide: Func,
+    _module: Module,
+}
+
+impl Q8GemmKernels {
+    pub fn load(dev: &Dev) -> DResult<Q8GemmKernels> {
+        let m = Module::load_job(dev, &Job::new("gemm_q8", GEMM_Q8, &[], &dev.arch()))?;
+        Ok(Q8GemmKernels {
+            quant_blocks_s8: m.func("quant_blocks_s8")?,
+            narrow: m.func("gemm_q8_narrow")?,
+            mid: m.func("gemm_q8_mid")?,
+            wide: m.func("gemm_q8_wide")?,
             _module: m,
         })
     }

@@ -31,7 +31,7 @@ use crate::llm::{
     DecodeOutput, Ffn, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
-pub use batched::paged_attention_probe;
+pub use batched::{paged_attention_probe, q8_gemm_probe, Q8Variant};
 pub use kernels::CommonKernels;
 use kernels::{DecodeAttnConfig, ModelKernels};
 use moe::{DevFfn, MoeDecodeWs, MoeKernels, MoePrefillWs};
@@ -104,6 +104,8 @@ pub struct CudaLlm {
     attn: AttnKernel,
     /// The batched step's KV block pool (`kv_pool`).
     pool: Option<batched::KvPool>,
+    /// Set while a batched step enqueues: its q8_row GEMMs run on int8 tensor cores.
+    q8_step: std::cell::Cell<bool>,
 }
 
 /// Which prefill attention kernel runs: `Fa2` where it applies, else `Simple`. The earlier
@@ -518,6 +520,7 @@ impl CudaLlm {
             moe_pf_sizes: MoePrefillWs::sizes(moe_blocks(model), s.hidden, opts.prefill_chunk),
             blas,
             graphs: [None, None],
+            q8_step: std::cell::Cell::new(false),
             short,
             one_block: p.one_block,
             smem: DecodeSmemBytes {
@@ -823,19 +826,6 @@ impl LlmDevice for CudaLlm {
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         const OP: &str = "llm.kv_pool";
         self.need_whole(OP)?;
-        let moe = self
-            .layers
-            .iter()
-            .flatten()
-            .any(|d| matches!(d.ffn, moe::DevFfn::Moe(_)));
-        if moe {
-            return Err(Refusal::new(
-                OP,
-                RefusalReason::UnsupportedShape(
-                    "the batched step runs dense models only (mixture-of-experts layers)".into(),
-                ),
-            ));
-        }
         self.bind(OP)?;
         self.alloc_pool(bytes, block_size)
     }

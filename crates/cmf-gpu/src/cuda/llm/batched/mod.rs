@@ -7,9 +7,11 @@
 //! pick each sequence's arg-max on the device (one id comes back per sequence); otherwise its
 //! last-row logits come back and the caller samples.
 
+mod q8;
+pub use q8::{q8_gemm_probe, Variant as Q8Variant};
 mod step;
 
-use super::kernels::PagedKernels;
+use super::kernels::{PagedKernels, Q8GemmKernels};
 use super::CudaLlm;
 use crate::cuda::runtime::device::{DBuf, DResult, Dev};
 use crate::facade::refusal::{Refusal, RefusalReason};
@@ -22,6 +24,13 @@ pub(super) struct KvPool {
     k: Vec<DBuf>,
     v: Vec<DBuf>,
     kernels: PagedKernels,
+    q8_kernels: Q8GemmKernels,
+    /// The q8_row GEMMs' quantised input rows (`q8.rs`), grown on demand.
+    q8_x: Grow,
+    /// Captured decode steps (step.rs `replay_step`).
+    graphs: std::collections::HashMap<step::GraphKey, crate::cuda::runtime::device::Graph>,
+    /// A capture failed: steps launch one by one.
+    graphs_failed: bool,
     /// Step inputs (i32) and outputs, grown on demand.
     io: Grow,
     logits: Grow,
@@ -38,7 +47,12 @@ impl Grow {
             self.0 = None;
             self.0 = Some(dev.alloc(bytes.max(4))?);
         }
-        Ok(self.0.as_ref().expect("allocated").ptr())
+        Ok(self.ptr())
+    }
+
+    /// The buffer's address (0 before the first `at_least`).
+    fn ptr(&self) -> u64 {
+        self.0.as_ref().map_or(0, |b| b.ptr())
     }
 }
 
@@ -84,6 +98,7 @@ impl CudaLlm {
         self.pool = None;
         let err = |e: crate::cuda::runtime::device::DevError| e.refusal(OP);
         let kernels = PagedKernels::load(&self.dev, s.head_dim, group, self.kv_f32).map_err(err)?;
+        let q8_kernels = Q8GemmKernels::load(&self.dev).map_err(err)?;
         let layer_bytes = (per / s.num_layers as u64) as usize / 2 * blocks;
         let mut k = Vec::with_capacity(s.num_layers);
         let mut v = Vec::with_capacity(s.num_layers);
@@ -98,6 +113,10 @@ impl CudaLlm {
             k,
             v,
             kernels,
+            q8_kernels,
+            q8_x: Grow::default(),
+            graphs: Default::default(),
+            graphs_failed: false,
             io: Grow::default(),
             logits: Grow::default(),
             ids: Grow::default(),

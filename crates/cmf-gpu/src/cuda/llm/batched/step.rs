@@ -31,6 +31,32 @@ struct Inputs {
     tables: usize,
 }
 
+/// What one step launches: its rows, the rows whose logits are wanted, how the layers run, and
+/// the buffers it reads and writes.
+struct StepPlan {
+    t: usize,
+    wanted: Vec<usize>,
+    by_rows: bool,
+    greedy: bool,
+    io: u64,
+    at: Inputs,
+    logits: u64,
+    ids: u64,
+}
+
+/// A captured decode step: its row count, whether it ends in arg-max, and the buffers the graph
+/// points at (inputs, logits, ids, quantised rows).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct GraphKey {
+    rows: usize,
+    greedy: bool,
+    buffers: [u64; 4],
+}
+
+/// Captured decode steps kept at most (one per batch size a server sees; each a few hundred
+/// nodes).
+const MAX_STEP_GRAPHS: usize = 128;
+
 /// A step's i32 inputs, one upload: tokens, row positions, row slots, row sequences, each
 /// sequence's table offset, the rows whose output is wanted, the block tables.
 fn pack(seqs: &[BatchSeq], block_size: usize) -> (Vec<i32>, Inputs) {
@@ -87,7 +113,24 @@ impl CudaLlm {
         self.settle()?;
         self.ensure_prefill_ws()?;
         self.dev_inputs = None;
-        let (h, vocab) = (self.spec.hidden, self.spec.vocab);
+        let q8_bytes = super::q8::scratch_bytes(batch::rows(seqs), self.widest_input());
+        let dev = self.dev.clone();
+        self.pool
+            .as_mut()
+            .expect("validated")
+            .q8_x
+            .at_least(&dev, q8_bytes)?;
+        self.q8_step.set(!self.opts.precise);
+        let r = self.enqueue_batch_step(seqs, out);
+        self.q8_step.set(false);
+        r
+    }
+
+    /// [`Self::run_batch_step`] once the workspaces are sized: the inputs go up, the launches
+    /// run (a decode step of a row count seen before replays its captured graph), the outputs
+    /// come back.
+    fn enqueue_batch_step(&mut self, seqs: &[BatchSeq], out: BatchOut) -> DResult<()> {
+        let vocab = self.spec.vocab;
         let t = batch::rows(seqs);
         let m = seqs.iter().filter(|s| s.want).count();
         let bs = self.pool.as_ref().expect("validated").shape.block_size;
@@ -98,83 +141,156 @@ impl CudaLlm {
         let logits = pool.logits.at_least(&dev, 4 * m.max(1) * vocab)?;
         let ids = pool.ids.at_least(&dev, 4 * m.max(1))?;
         dev.upload(io, bytes_of(&inputs))?;
-        let i32_at = |i: usize| io + 4 * i as u64;
+        // One row runs the decode matvecs (the single-sequence arithmetic); a few rows too
+        // unless every matrix takes the int8 GEMM, which reads each weight once for all rows.
+        // MoE layers always run the grouped GEMMs of prefill (`moe_prefill`), which read the
+        // routing back once a layer: such steps are neither row by row nor captured.
+        let all_q8 = self.layers.iter().flatten().all(|d| self.batched_q8(&d.q));
+        let moe = self.layers.iter().flatten().any(|d| matches!(d.ffn, DevFfn::Moe(_)));
+        let by_rows = !self.opts.precise && !moe && (t == 1 || (t <= MATVEC_ROWS && !all_q8));
+        let mut wanted = Vec::with_capacity(m);
+        let mut row = 0;
+        for s in seqs {
+            row += s.tokens.len();
+            if s.want {
+                wanted.push(row - 1);
+            }
+        }
+        let plan = StepPlan {
+            t,
+            wanted,
+            by_rows,
+            greedy: matches!(out, BatchOut::Greedy(_)),
+            io,
+            at,
+            logits,
+            ids,
+        };
+        // Decode steps (one row per sequence, every row wanted) have the same launches for the
+        // same row count: captured once, replayed after. Only our own kernels are captured (no
+        // cuBLAS call: the rows run as matvecs or int8 GEMMs).
+        let decode = seqs.iter().all(|s| s.tokens.len() == 1 && s.want);
+        if decode && !moe && (by_rows || all_q8) {
+            self.replay_step(&plan)?;
+        } else {
+            self.enqueue_step(&plan)?;
+        }
+        if m == 0 {
+            return self.dev.sync();
+        }
+        self.read_outputs(out, logits, ids, m)
+    }
 
+    /// Launches `plan`'s step through its captured graph, capturing it first if needed.
+    fn replay_step(&mut self, plan: &StepPlan) -> DResult<()> {
+        let pool = self.pool.as_ref().expect("validated");
+        let key = GraphKey {
+            rows: plan.t,
+            greedy: plan.greedy,
+            buffers: [plan.io, plan.logits, plan.ids, pool.q8_x.ptr()],
+        };
+        if pool.graphs_failed {
+            return self.enqueue_step(plan);
+        }
+        if !pool.graphs.contains_key(&key) {
+            let g = match self.dev.capture(|| self.enqueue_step(plan)) {
+                Ok(g) => g,
+                Err(e) => {
+                    // Launched one by one from now on: slower, same results.
+                    crate::facade::log::warn(&format!(
+                        "batched decode steps run without CUDA graphs: {e}"
+                    ));
+                    self.pool.as_mut().expect("validated").graphs_failed = true;
+                    return self.enqueue_step(plan);
+                }
+            };
+            let pool = self.pool.as_mut().expect("validated");
+            // A buffer that grew leaves graphs that point at the old one: drop them all then.
+            if pool.graphs.len() >= MAX_STEP_GRAPHS
+                || pool.graphs.keys().any(|k| k.buffers != key.buffers)
+            {
+                pool.graphs.clear();
+            }
+            pool.graphs.insert(key, g);
+        }
+        self.pool.as_ref().expect("validated").graphs[&key].launch()
+    }
+
+    /// Every launch of a step: embedding, layers, the wanted rows' logits (and their arg-max
+    /// for greedy steps). Nothing here reads or writes host memory, so it can be captured.
+    fn enqueue_step(&self, p: &StepPlan) -> DResult<()> {
+        let (h, vocab) = (self.spec.hidden, self.spec.vocab);
+        let (t, m, at) = (p.t, p.wanted.len(), &p.at);
+        let i32_at = |i: usize| p.io + 4 * i as u64;
         let pf = self.pf.as_ref().expect("ensured");
         let embed = self.embed.as_ref().expect("whole model resident");
         self.embed_rows(embed, i32_at(at.tokens), t, pf.h.ptr())?;
-        let by_rows = t <= MATVEC_ROWS && !self.opts.precise;
         for l in 0..self.layers.len() {
-            if by_rows {
-                self.layer_by_rows(l, t, &|i| i32_at(i), &at)?;
+            if p.by_rows {
+                self.layer_by_rows(l, t, &i32_at, at)?;
                 continue;
             }
             for stage in 0..Self::PREFILL_STAGES.len() {
                 match stage {
                     2 => self.rope_paged(l, t, i32_at(at.pos), i32_at(at.slot))?,
-                    3 => self.attention_paged(l, t, &|i| i32_at(i), &at)?,
+                    3 => self.attention_paged(l, t, &i32_at, at)?,
                     _ => self.prefill_stage(l, t, stage)?,
                 }
             }
         }
         if m == 0 {
-            return self.dev.sync();
+            return Ok(());
         }
-        let pf = self.pf.as_ref().expect("ensured");
         let pk = &self.pool.as_ref().expect("validated").kernels;
-        if by_rows {
+        if p.by_rows {
             // Each wanted row through the decode head (final norm fused).
-            let mut row = 0;
-            let mut j = 0;
-            for s in seqs {
-                row += s.tokens.len();
-                if s.want {
-                    let x = pf.h.ptr() + 4 * ((row - 1) * h) as u64;
-                    self.enqueue_head_decode(x, logits + 4 * (j * vocab) as u64)?;
-                    j += 1;
-                }
+            for (j, &row) in p.wanted.iter().enumerate() {
+                let x = pf.h.ptr() + 4 * (row * h) as u64;
+                self.enqueue_head_decode(x, p.logits + 4 * (j * vocab) as u64)?;
             }
-            return self.read_outputs(out, logits, ids, m);
+        } else {
+            // The wanted rows, gathered into pf.xn, normed into pf.h (free once the layers
+            // ran).
+            self.dev.launch(
+                &pk.gather_rows,
+                (m as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(pf.h.ptr()),
+                    Arg::Ptr(i32_at(at.last)),
+                    Arg::I32(h as i32),
+                    Arg::Ptr(pf.xn.ptr()),
+                ],
+            )?;
+            let head = self.head_weight().expect("whole model resident");
+            let norm = self
+                .final_norm
+                .as_ref()
+                .expect("whole model resident")
+                .ptr();
+            self.rmsnorm_rows(pf.xn.ptr(), norm, m, h, pf.h.ptr())?;
+            self.to_bf16(pf.h.ptr(), m * h, pf.xb.ptr())?;
+            self.gemm(head, pf.h.ptr(), pf.xb.ptr(), m, p.logits, vocab, 0, false)?;
         }
-        // The wanted rows, gathered into pf.xn, normed into pf.h (free once the layers ran).
-        self.dev.launch(
-            &pk.gather_rows,
-            (m as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(pf.h.ptr()),
-                Arg::Ptr(i32_at(at.last)),
-                Arg::I32(h as i32),
-                Arg::Ptr(pf.xn.ptr()),
-            ],
-        )?;
-        let head = self.head_weight().expect("whole model resident");
-        let norm = self
-            .final_norm
-            .as_ref()
-            .expect("whole model resident")
-            .ptr();
-        self.rmsnorm_rows(pf.xn.ptr(), norm, m, h, pf.h.ptr())?;
-        self.to_bf16(pf.h.ptr(), m * h, pf.xb.ptr())?;
-        self.gemm(head, pf.h.ptr(), pf.xb.ptr(), m, logits, vocab, 0, false)?;
-        self.read_outputs(out, logits, ids, m)
+        if p.greedy {
+            self.dev.launch(
+                &pk.argmax_rows,
+                (m as u32, 1, 1),
+                (1024, 1, 1),
+                0,
+                &[Arg::Ptr(p.logits), Arg::I32(vocab as i32), Arg::Ptr(p.ids)],
+            )?;
+        }
+        Ok(())
     }
 
-    /// Reads the step's logits `[m, V]` at `logits` back, or their arg-max (through `ids`).
+    /// Reads the step's logits `[m, V]` at `logits` back, or their arg-max from `ids`.
     fn read_outputs(&self, out: BatchOut, logits: u64, ids: u64, m: usize) -> DResult<()> {
         let vocab = self.spec.vocab;
-        let pk = &self.pool.as_ref().expect("validated").kernels;
         match out {
             BatchOut::Logits(dst) => self.dev.download_f32(dst, logits),
             BatchOut::Greedy(dst) => {
-                self.dev.launch(
-                    &pk.argmax_rows,
-                    (m as u32, 1, 1),
-                    (1024, 1, 1),
-                    0,
-                    &[Arg::Ptr(logits), Arg::I32(vocab as i32), Arg::Ptr(ids)],
-                )?;
                 let mut raw = vec![0i32; m];
                 // SAFETY: i32 has no invalid bit patterns; the view covers exactly `raw`.
                 let bytes =
@@ -204,10 +320,10 @@ impl CudaLlm {
     ) -> DResult<()> {
         let (s, pf) = (&self.spec, self.pf.as_ref().expect("prefill workspace"));
         let d = self.layers[l].as_ref().expect("whole model resident");
-        // The batched step is refused for MoE models before it runs (`kv_pool`).
+        // MoE models never run row by row (`enqueue_batch_step`).
         let DevFfn::Dense(mlp) = &d.ffn else {
             return Err(DevError(format!(
-                "layer {l}: the batched step runs dense FFNs only"
+                "layer {l}: row-by-row steps run dense FFNs only"
             )));
         };
         let (h, q, i) = (s.hidden, s.q_dim(), s.intermediate);

@@ -1,0 +1,270 @@
+//! The batched step's q8_row linear layers on int8 tensor cores (kernels/gemm_q8.cu): the input
+//! rows are quantised in blocks of 32 (s8 + one f32 scale each), then one GEMM reads each weight
+//! once for all rows with exact s32 sums per block. Without it a step of more than one row
+//! dequantised every matrix to a bf16 scratch first: about five times the weight traffic.
+//!
+//! Only q8_row matrices (s8 with one scale per row) take it; other codecs keep the bf16 GEMM,
+//! and `precise` models the f32 one.
+
+use super::super::kernels::Q8GemmKernels;
+use super::super::CudaLlm;
+use crate::cuda::runtime::device::{bytes_of, Arg, DResult, Dev};
+use crate::cuda::runtime::weights::DevWeight;
+use cmf_format::Dtype;
+
+/// Input rows up to which the narrow kernel (16 weight rows a block) runs, and the mid one
+/// (32); past that the wide one (64 rows: inputs re-read from L2 a quarter as often).
+const NARROW_ROWS: usize = 16;
+const MID_ROWS: usize = 48;
+
+/// Bytes of quantised input for `rows` rows of `k` values: s8 values, then one f32 per block.
+pub(super) fn scratch_bytes(rows: usize, k: usize) -> usize {
+    rows * k + 4 * rows * (k / 32)
+}
+
+impl CudaLlm {
+    /// Whether `w` runs through the int8 GEMM: inside a batched step, for q8_row matrices.
+    pub(in super::super) fn batched_q8(&self, w: &DevWeight) -> bool {
+        self.q8_step.get() && w.dtype == Dtype::Q8Row
+    }
+
+    /// The widest input any linear layer takes (what the quantised-input scratch must hold per
+    /// row).
+    pub(super) fn widest_input(&self) -> usize {
+        let s = &self.spec;
+        s.hidden.max(s.q_dim()).max(s.intermediate)
+    }
+
+    /// `out[t, col0 + n] (+)= x[t] · w[n]` for the `t` bf16 rows at `x` (row stride = `w.cols`)
+    /// and the q8_row matrix `w`, through the scratch the step sized.
+    #[allow(clippy::too_many_arguments)]
+    pub(in super::super) fn gemm_q8(
+        &self,
+        w: &DevWeight,
+        x: u64,
+        t: usize,
+        out: u64,
+        ldc: usize,
+        col0: usize,
+        accumulate: bool,
+    ) -> DResult<()> {
+        let pool = self
+            .pool
+            .as_ref()
+            .expect("a batched step runs over the pool");
+        let xq = pool.q8_x.ptr();
+        quantize(&self.dev, &pool.q8_kernels, (x, t, w.cols), xq)?;
+        let dst = Q8Out {
+            ptr: out,
+            ldc,
+            col0,
+            accumulate,
+        };
+        mma(
+            &self.dev,
+            &pool.q8_kernels,
+            &Q8Mat::of(w),
+            t,
+            xq,
+            &dst,
+            Variant::for_rows(t),
+        )
+    }
+
+    /// The same bf16 rows times each of `parts` (matrix, column offset), stored side by side in
+    /// the rows of `out`, the input quantised once; false (nothing launched) unless every part
+    /// takes the int8 GEMM.
+    pub(in super::super) fn gemms_q8_one_input(
+        &self,
+        parts: &[(&DevWeight, usize)],
+        x: u64,
+        t: usize,
+        out: u64,
+        ldc: usize,
+    ) -> DResult<bool> {
+        if !parts.iter().all(|(w, _)| self.batched_q8(w)) {
+            return Ok(false);
+        }
+        let pool = self
+            .pool
+            .as_ref()
+            .expect("a batched step runs over the pool");
+        let xq = pool.q8_x.ptr();
+        quantize(&self.dev, &pool.q8_kernels, (x, t, parts[0].0.cols), xq)?;
+        for &(w, col0) in parts {
+            let dst = Q8Out {
+                ptr: out,
+                ldc,
+                col0,
+                accumulate: false,
+            };
+            let v = Variant::for_rows(t);
+            mma(&self.dev, &pool.q8_kernels, &Q8Mat::of(w), t, xq, &dst, v)?;
+        }
+        Ok(true)
+    }
+}
+
+/// A q8_row matrix on the device: s8 rows and their f16 scales.
+struct Q8Mat {
+    w: u64,
+    scales: u64,
+    rows: usize,
+    cols: usize,
+}
+
+impl Q8Mat {
+    fn of(w: &DevWeight) -> Q8Mat {
+        Q8Mat {
+            w: w.w(),
+            scales: w.rs(),
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+}
+
+/// Where a GEMM writes: f32 rows of stride `ldc`, from column `col0`, stored or added.
+struct Q8Out {
+    ptr: u64,
+    ldc: usize,
+    col0: usize,
+    accumulate: bool,
+}
+
+/// The kernel's shape: weight rows a block (gemm_q8.cu `gemm_q8_narrow` / `_mid` / `_wide`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Narrow,
+    Mid,
+    Wide,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 3] = [Variant::Narrow, Variant::Mid, Variant::Wide];
+
+    fn for_rows(t: usize) -> Variant {
+        if t <= NARROW_ROWS {
+            Variant::Narrow
+        } else if t <= MID_ROWS {
+            Variant::Mid
+        } else {
+            Variant::Wide
+        }
+    }
+
+    fn weight_rows(self) -> usize {
+        match self {
+            Variant::Narrow => 16,
+            Variant::Mid => 32,
+            Variant::Wide => 64,
+        }
+    }
+}
+
+/// Quantises the `t` bf16 rows of `k` values at `x` into `xq` ([`scratch_bytes`]): s8 values,
+/// then the blocks' scales.
+fn quantize(dev: &Dev, k8: &Q8GemmKernels, (x, t, k): (u64, usize, usize), xq: u64) -> DResult<()> {
+    let blocks = t * (k / 32);
+    dev.launch(
+        &k8.quant_blocks_s8,
+        (blocks.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(x),
+            Arg::I32(k as i32),
+            Arg::U64(k as u64),
+            Arg::I32(t as i32),
+            Arg::Ptr(xq),
+            Arg::Ptr(xq + (t * k) as u64),
+        ],
+    )
+}
+
+/// The GEMM over `t` rows quantised at `xq` by [`quantize`].
+fn mma(
+    dev: &Dev,
+    k8: &Q8GemmKernels,
+    w: &Q8Mat,
+    t: usize,
+    xq: u64,
+    out: &Q8Out,
+    variant: Variant,
+) -> DResult<()> {
+    let k = w.cols;
+    let f = match variant {
+        Variant::Narrow => &k8.narrow,
+        Variant::Mid => &k8.mid,
+        Variant::Wide => &k8.wide,
+    };
+    dev.launch(
+        f,
+        (
+            w.rows.div_ceil(variant.weight_rows()) as u32,
+            t.div_ceil(64) as u32,
+            1,
+        ),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::Ptr(w.w),
+            Arg::Ptr(w.scales),
+            Arg::I32(w.rows as i32),
+            Arg::I32(k as i32),
+            Arg::Ptr(xq),
+            Arg::Ptr(xq + (t * k) as u64),
+            Arg::I32(t as i32),
+            Arg::Ptr(out.ptr),
+            Arg::U64(out.ldc as u64),
+            Arg::I32(out.col0 as i32),
+            Arg::I32(out.accumulate as i32),
+        ],
+    )
+}
+
+/// Test hook: the GEMM alone over host inputs, in the layouts of
+/// [`crate::llm::batch::q8_gemm_reference`]: `w` s8 `[n, k]` with f16 row scales, `x` f32
+/// `[t, k]` (rounded to bf16 here, as the step's inputs are), `out` `[t, ldc]` updated from
+/// column `col0` (added to when `accumulate`).
+#[allow(clippy::too_many_arguments)]
+pub fn q8_gemm_probe(
+    dev: &Dev,
+    variant: Variant,
+    (w, scales): (&[i8], &[half::f16]),
+    k: usize,
+    x: &[f32],
+    out: &mut [f32],
+    (ldc, col0, accumulate): (usize, usize, bool),
+) -> DResult<()> {
+    let (n, t) = (scales.len(), x.len() / k);
+    let k8 = Q8GemmKernels::load(dev)?;
+    let wq: Vec<u8> = w.iter().map(|&v| v as u8).collect();
+    let ws: Vec<u16> = scales.iter().map(|s| s.to_bits()).collect();
+    let xb: Vec<u16> = x
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
+    let (wd, sd, xd) = (
+        dev.upload_new(&wq)?,
+        dev.upload_new(bytes_of(&ws))?,
+        dev.upload_new(bytes_of(&xb))?,
+    );
+    let scratch = dev.alloc(scratch_bytes(t, k))?;
+    let od = dev.upload_new(bytes_of(out))?;
+    let mat = Q8Mat {
+        w: wd.ptr(),
+        scales: sd.ptr(),
+        rows: n,
+        cols: k,
+    };
+    let dst = Q8Out {
+        ptr: od.ptr(),
+        ldc,
+        col0,
+        accumulate,
+    };
+    quantize(dev, &k8, (xd.ptr(), t, k), scratch.ptr())?;
+    mma(dev, &k8, &mat, t, scratch.ptr(), &dst, variant)?;
+    dev.download_f32(out, od.ptr())
+}
