@@ -118,6 +118,25 @@ pub enum AttnKernel {
     Simple,
 }
 
+/// Why the single-sequence graph cannot run `model`'s hybrid parts (GatedDeltaNet layers,
+/// output-gated attention, `(1 + w)` norms); None for a plain decoder.
+fn hybrid_refusal(model: &LlmModel) -> Option<String> {
+    if model.is_recurrent() {
+        return Some("GatedDeltaNet layers have no CUDA kernels".into());
+    }
+    if model
+        .layers
+        .iter()
+        .any(|l| l.attention().is_some_and(|a| a.output_gate))
+    {
+        return Some("output-gated attention has no CUDA kernels".into());
+    }
+    if model.spec.norm_style != crate::llm::NormStyle::Plain {
+        return Some("(1 + w) norms have no CUDA kernels".into());
+    }
+    None
+}
+
 /// Per-model facts the footprint and the load share.
 struct Plan {
     /// `DEC_ONE_BLOCK`
@@ -256,11 +275,16 @@ fn plan(
             opts.max_context, opts.prefill_chunk
         )));
     }
+    if let Some(why) = hybrid_refusal(model) {
+        return Err(shape(why));
+    }
     weights::check(&model.embed, "embed")?;
     weights::check(&model.lm_head, "lm_head")?;
     let mut all_float = true;
     for (l, w) in model.layers.iter().enumerate() {
-        let a = w.attention();
+        let a = w
+            .attention()
+            .ok_or_else(|| shape(format!("layer {l}: no attention")))?;
         let mut named = vec![("q", a.q), ("k", a.k), ("v", a.v), ("o", a.o)];
         if let Ffn::Dense(m) = &w.ffn {
             named.extend([("gate", m.gate), ("up", m.up), ("down", m.down)]);
@@ -318,8 +342,8 @@ fn layer_weight_bytes(w: &LayerWeights) -> u64 {
     let a = w.attention();
     w.matrices().iter().map(weights::device_bytes).sum::<u64>()
         + 4 * (2 * w.attn_norm.len()
-            + a.q_bias.map_or(0, |b| b.len()) * 3
-            + a.q_norm.map_or(0, |b| b.len()) * 2) as u64
+            + a.and_then(|a| a.q_bias).map_or(0, |b| b.len()) * 3
+            + a.and_then(|a| a.q_norm).map_or(0, |b| b.len()) * 2) as u64
         + match &w.ffn {
             // The expert table.
             Ffn::Moe(m) => 72 * m.experts.len() as u64,
@@ -435,7 +459,7 @@ impl CudaLlm {
         let uploaded = dev
             .each_parallel(&on_device, Dev::LOADER_THREADS, |&l| {
                 let w = &model.layers[l];
-                let a = w.attention();
+                let a = w.attention().expect("plan() refuses other mixers");
                 let up = |m| DevWeight::upload(&dev, m);
                 Ok(DevLayer {
                     q: up(&a.q)?,
