@@ -23,8 +23,7 @@ use cmf_gpu::llm::{
 /// Why the batched engine runs a hybrid linear-attention model (Qwen3-Next) on the CPU: its
 /// device step has no recurrent-state slots. The single-sequence engine runs these models on
 /// the device.
-pub const HYBRID_ON_CPU: &str =
-    "the batched engine has no device path for GatedDeltaNet layers";
+pub const HYBRID_ON_CPU: &str = "the batched engine has no device path for GatedDeltaNet layers";
 
 /// Why the batched engine (`--parallel`) runs `model` on the CPU whatever the device can do,
 /// decided from its config alone so nothing is opened or uploaded first; None when its device

@@ -261,10 +261,7 @@ fn fake_gpu() -> (Gpu, Arc<cmf_gpu::facade::fake::FakeFaults>) {
 /// Prefill, 12 greedy steps, then a second turn that cuts the history back (the state
 /// cannot rewind, so the engine keeps nothing and re-runs the prompt): the logits of each step
 /// and the ids. `dev` and `cpu` see the same calls.
-fn drive(
-    engine: &mut dyn cmf_llm::engine::Engine,
-    prompt: &[u32],
-) -> (Vec<Vec<f32>>, Vec<u32>) {
+fn drive(engine: &mut dyn cmf_llm::engine::Engine, prompt: &[u32]) -> (Vec<Vec<f32>>, Vec<u32>) {
     let mut all = vec![engine.prefill(prompt).unwrap().to_vec()];
     let mut got = Vec::new();
     for _ in 0..12 {
@@ -291,7 +288,11 @@ fn hybrids_run_on_the_fake_device_like_the_cpu() {
         let files = read_weight_files(&dir);
         let source = SafetensorsSource::new(&files);
         let model = Model::from_source(&source, config(name), "").unwrap();
-        assert_eq!(cpu_only(&model), Some(HYBRID_ON_CPU), "{name}: batched engine");
+        assert_eq!(
+            cpu_only(&model),
+            Some(HYBRID_ON_CPU),
+            "{name}: batched engine"
+        );
         let (gpu, _) = fake_gpu();
         let g = GpuModel::try_load(&gpu, &model, 256, None).expect("the fake takes the hybrid");
         let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
@@ -343,12 +344,20 @@ fn hybrid_device_refusal_falls_back_to_the_cpu() {
         b = cpu.decode(t).unwrap().to_vec();
         worst = worst.max(rel_err(&a, &b));
     }
-    assert!(!dev.is_gpu(), "the injected refusal must move the engine to the CPU");
+    assert!(
+        !dev.is_gpu(),
+        "the injected refusal must move the engine to the CPU"
+    );
     assert!(worst < 1e-4, "{worst:.2e}");
 
     let mut g = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
-    g.prefill(&prompt, 0, cmf_gpu::llm::Logits::Last, model.config.vocab_size)
-        .unwrap();
+    g.prefill(
+        &prompt,
+        0,
+        cmf_gpu::llm::Logits::Last,
+        model.config.vocab_size,
+    )
+    .unwrap();
     assert!(
         g.decode(prompt[0], prompt.len() - 3, false).is_err(),
         "a recurrent state cannot resume 3 positions back"
@@ -356,11 +365,21 @@ fn hybrid_device_refusal_falls_back_to_the_cpu() {
     assert!(g.decode(prompt[0], prompt.len(), false).is_ok());
     // Position 0 restarts the state: the same logits as a fresh model.
     let again = g
-        .prefill(&prompt, 0, cmf_gpu::llm::Logits::Last, model.config.vocab_size)
+        .prefill(
+            &prompt,
+            0,
+            cmf_gpu::llm::Logits::Last,
+            model.config.vocab_size,
+        )
         .unwrap();
     let mut fresh = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
     let want = fresh
-        .prefill(&prompt, 0, cmf_gpu::llm::Logits::Last, model.config.vocab_size)
+        .prefill(
+            &prompt,
+            0,
+            cmf_gpu::llm::Logits::Last,
+            model.config.vocab_size,
+        )
         .unwrap();
     assert_eq!(again, want);
 }

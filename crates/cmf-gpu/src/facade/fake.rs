@@ -330,16 +330,18 @@ impl OwnedModel {
                 let v = |i: usize| l.vecs[i].as_deref();
                 let mut m = l.m.iter().map(OwnedWeight::view);
                 let mixer = match &l.gdn {
-                    Some((geometry, [conv, a_log, dt_bias, norm])) => Mixer::GatedDelta(GdnWeights {
-                        geometry: *geometry,
-                        qkvz: next(&mut m),
-                        ba: next(&mut m),
-                        out: next(&mut m),
-                        conv,
-                        a_log,
-                        dt_bias,
-                        norm,
-                    }),
+                    Some((geometry, [conv, a_log, dt_bias, norm])) => {
+                        Mixer::GatedDelta(GdnWeights {
+                            geometry: *geometry,
+                            qkvz: next(&mut m),
+                            ba: next(&mut m),
+                            out: next(&mut m),
+                            conv,
+                            a_log,
+                            dt_bias,
+                            norm,
+                        })
+                    }
                     None => Mixer::Attention(AttentionWeights {
                         q: next(&mut m),
                         k: next(&mut m),

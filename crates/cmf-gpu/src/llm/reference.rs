@@ -150,7 +150,10 @@ pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut 
         Mixer::Attention(a) => attention(s, a, l, &xn, pos, cache, &mut o),
         Mixer::GatedDelta(g) => {
             let st = cache.gdn[l].get_or_insert_with(|| GdnState::new(&g.geometry));
-            assert_eq!(st.len, pos, "reference recurrent state out of step at layer {l}");
+            assert_eq!(
+                st.len, pos,
+                "reference recurrent state out of step at layer {l}"
+            );
             gated_delta(g, &xn, s.rms_eps, st, &mut o);
         }
     }
@@ -176,7 +179,11 @@ fn attention(
     out: &mut [f32],
 ) {
     let (d, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
-    let q_rows = if a.output_gate { 2 * s.q_dim() } else { s.q_dim() };
+    let q_rows = if a.output_gate {
+        2 * s.q_dim()
+    } else {
+        s.q_dim()
+    };
     let mut qg = vec![0f32; q_rows];
     let mut k = vec![0f32; s.kv_dim()];
     let mut v = vec![0f32; s.kv_dim()];
@@ -185,8 +192,16 @@ fn attention(
     matvec(&a.v, xn, &mut v);
     // Per head the gated projection holds [query | gate].
     let (mut q, gate) = if a.output_gate {
-        let q: Vec<f32> = qg.chunks_exact(2 * d).flat_map(|h| &h[..d]).copied().collect();
-        let g: Vec<f32> = qg.chunks_exact(2 * d).flat_map(|h| &h[d..]).copied().collect();
+        let q: Vec<f32> = qg
+            .chunks_exact(2 * d)
+            .flat_map(|h| &h[..d])
+            .copied()
+            .collect();
+        let g: Vec<f32> = qg
+            .chunks_exact(2 * d)
+            .flat_map(|h| &h[d..])
+            .copied()
+            .collect();
         (q, Some(g))
     } else {
         (qg, None)
