@@ -222,11 +222,7 @@ impl GdnWs {
             4 * n * max(&|g| g.num_v_heads),
             4 * n * max(&|g| g.num_v_heads),
             4 * n * max(&|g| g.value_dim()),
-            if rows > 1 {
-                2 * n * max(&|g| g.value_dim())
-            } else {
-                0
-            },
+            2 * n * max(&|g| g.value_dim()),
             4 * n * 2 * q,
             4 * n * q,
         ]
@@ -283,16 +279,10 @@ impl CudaLlm {
     /// Before a pass over positions `start..`: a recurrent model restarts its states at 0 and
     /// goes on only from where they are; a refusal leaves everything as it was.
     pub(super) fn hybrid_begin(&mut self, op: &'static str, start: usize) -> Result<(), Refusal> {
-        let Some(h) = &self.hybrid else { return Ok(()) };
-        if start == 0 {
-            let dev = &self.dev;
-            self.layers
-                .iter()
-                .flatten()
-                .filter_map(|d| d.gdn.as_ref())
-                .try_for_each(|g| g.reset(dev))
-                .map_err(|e| e.refusal(op))?;
-        } else if h.pos != Some(start) {
+        let Some(h) = &mut self.hybrid else {
+            return Ok(());
+        };
+        if start != 0 && h.pos != Some(start) {
             let at = h.pos.map_or("unknown".into(), |p| p.to_string());
             return Err(Refusal::new(
                 op,
@@ -301,8 +291,16 @@ impl CudaLlm {
                 )),
             ));
         }
-        if let Some(h) = &mut self.hybrid {
-            h.pos = None;
+        // Unknown until the pass ends well.
+        h.pos = None;
+        if start == 0 {
+            let dev = &self.dev;
+            self.layers
+                .iter()
+                .flatten()
+                .filter_map(|d| d.gdn.as_ref())
+                .try_for_each(|g| g.reset(dev))
+                .map_err(|e| e.refusal(op))?;
         }
         Ok(())
     }

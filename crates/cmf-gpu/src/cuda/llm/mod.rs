@@ -698,7 +698,8 @@ impl CudaLlm {
     /// was read (tests compare it with decoding one token ahead, the default).
     pub fn set_decode_ahead(&mut self, on: bool) {
         let _ = self.settle();
-        self.ahead.enabled = on;
+        // Never for a recurrent model: a step launched ahead advances its state.
+        self.ahead.enabled = on && !self.layers.iter().flatten().any(|d| d.gdn.is_some());
     }
 
     /// Whether the KV cache is f32 (f32/f16 models) rather than f16.
@@ -821,9 +822,9 @@ impl LlmDevice for CudaLlm {
             ));
         }
         self.bind(OP)?;
+        self.hybrid_begin(OP, start)?;
         self.record_history(tokens, start)
             .map_err(|e| e.refusal(OP))?;
-        self.hybrid_begin(OP, start)?;
         let result = self.prefill_all(tokens, start, logits);
         self.hybrid_end(result.is_ok().then_some(start + tokens.len()));
         let result = result.map_err(|e| e.refusal(OP))?;
