@@ -390,6 +390,9 @@ impl CudaLlm {
         stage: usize,
     ) -> Option<DResult<()>> {
         let d = self.layer(l);
+        if d.gdn.is_none() && !d.gated {
+            return None;
+        }
         let pf = self.pf.as_ref().expect("prefill workspace");
         let hw = self.hybrid().pf.as_ref().expect("hybrid prefill workspace");
         let (s, h) = (&self.spec, self.spec.hidden);
