@@ -308,3 +308,107 @@ fn recurrent_state_refuses_other_positions() {
         "a restart at 0 equals the first run"
     );
 }
+
+/// gdn_prep and gdn_delta alone against the reference's pieces (`gdn_inputs`, `gdn_conv`,
+/// `gdn_l2norm`, `gdn_recurrence`, `gdn_gated_norm`) on random projections: passes of 1, 37, 1
+/// and 5 rows in a row (the state carried between launches), each pass's outputs and at the end
+/// the conv ring (copied inputs: exact) and the delta state, L2-relative < 1e-4 (f32, only the
+/// summation order differs); the fixtures' geometry (dv 24: a partial warp), Qwen3-Next
+/// 80B's heads (dk = dv = 128, 16 key heads serving 32 value heads) and a 2-tap conv.
+#[test]
+fn gdn_kernels_match_the_reference() {
+    use cmf_gpu::cuda::llm::gdn::{launch_mix, DevGdn, GdnKernels, GdnWs};
+    use cmf_gpu::cuda::runtime::device::bytes_of;
+    use cmf_gpu::llm::reference::{
+        gdn_conv, gdn_gated_norm, gdn_inputs, gdn_l2norm, gdn_recurrence, GdnState,
+    };
+    let Some(b) = backend() else { return };
+    let dev = b.device();
+    let k = GdnKernels::load(dev).expect("the gdn module loads");
+    let geo = |nk, nv, dk, dv, w| GdnGeometry {
+        num_k_heads: nk,
+        num_v_heads: nv,
+        k_head_dim: dk,
+        v_head_dim: dv,
+        conv_kernel: w,
+    };
+    let eps = 1e-6;
+    for (i, g) in [
+        geo(2, 4, 16, 24, 4),
+        geo(16, 32, 128, 128, 4),
+        geo(1, 3, 32, 64, 2),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut rng = Rng::new(100 + i as u64);
+        let h = 64;
+        let mat = |rows, cols, seed| random_matrix(Dtype::F32, rows, cols, 0.1, seed);
+        let (qkvz_w, ba_w, out_w) = (
+            mat(g.qkvz_dim(), h, 1),
+            mat(2 * g.num_v_heads, h, 2),
+            mat(h, g.value_dim(), 3),
+        );
+        let conv = rng.vec(g.conv_dim() * g.conv_kernel, 0.5);
+        let (a_log, dt_bias) = (rng.vec(g.num_v_heads, 1.0), rng.vec(g.num_v_heads, 1.0));
+        let norm: Vec<f32> = rng.vec(g.v_head_dim, 0.5).iter().map(|v| 1.0 + v).collect();
+        fn f32w(data: &[u8], rows: usize, cols: usize) -> Weight<'_> {
+            Weight {
+                dtype: Dtype::F32,
+                rows,
+                cols,
+                data,
+            }
+        }
+        let w = GdnWeights {
+            geometry: g,
+            qkvz: f32w(&qkvz_w, g.qkvz_dim(), h),
+            ba: f32w(&ba_w, 2 * g.num_v_heads, h),
+            out: f32w(&out_w, h, g.value_dim()),
+            conv: &conv,
+            a_log: &a_log,
+            dt_bias: &dt_bias,
+            norm: &norm,
+        };
+        let dg = DevGdn::upload(dev, &w).unwrap();
+        let mut st = GdnState::new(&g);
+        let mut worst = 0f64;
+        for rows in [1, 37, 1, 5] {
+            let ws = GdnWs::for_layer(dev, &g, rows).unwrap();
+            let qkvz = rng.vec(rows * g.qkvz_dim(), 1.0);
+            let ba = rng.vec(rows * 2 * g.num_v_heads, 2.0);
+            let (qp, bp) = ws.inputs();
+            dev.upload(qp, bytes_of(&qkvz)).unwrap();
+            dev.upload(bp, bytes_of(&ba)).unwrap();
+            launch_mix(dev, &k, &dg, rows, &ws, eps, false).unwrap();
+            let mut got = vec![0f32; rows * g.value_dim()];
+            dev.download_f32(&mut got, ws.core()).unwrap();
+            let mut want = Vec::new();
+            for t in 0..rows {
+                let (mut mixed, z, beta, decay) = gdn_inputs(
+                    &w,
+                    &qkvz[t * g.qkvz_dim()..(t + 1) * g.qkvz_dim()],
+                    &ba[t * 2 * g.num_v_heads..(t + 1) * 2 * g.num_v_heads],
+                );
+                gdn_conv(&g, &conv, &mut mixed, &mut st.conv);
+                gdn_l2norm(&g, &mut mixed);
+                let mut core = vec![0f32; g.value_dim()];
+                gdn_recurrence(&g, &mixed, &beta, &decay, &mut st.delta, &mut core);
+                gdn_gated_norm(&g, &mut core, &z, &norm, eps);
+                want.extend(core);
+            }
+            worst = worst.max(rel_err(&got, &want));
+        }
+        let (ring_p, state_p) = dg.state();
+        let mut ring = vec![0f32; st.conv.len()];
+        let mut delta = vec![0f32; st.delta.len()];
+        dev.download_f32(&mut ring, ring_p).unwrap();
+        dev.download_f32(&mut delta, state_p).unwrap();
+        let (er, ed) = (rel_err(&ring, &st.conv), rel_err(&delta, &st.delta));
+        println!("gdn kernels {g:?}: outputs {worst:.2e}, ring {er:.2e}, state {ed:.2e}");
+        assert!(
+            worst < 1e-4 && er < 1e-6 && ed < 1e-4,
+            "{g:?}: {worst} {er} {ed}"
+        );
+    }
+}

@@ -169,6 +169,72 @@ impl DevGdn {
     pub fn weights(&self) -> [&DevWeight; 3] {
         [&self.qkvz, &self.ba, &self.out]
     }
+
+    /// Device pointers of the conv ring `[C, W − 1]` and the delta state `[NV, dk, dv]`.
+    pub fn state(&self) -> (u64, u64) {
+        (self.ring.ptr(), self.state.ptr())
+    }
+}
+
+/// gdn_prep then gdn_delta over `t` rows of `hw`'s projection inputs for layer `g`, into
+/// `hw`'s core rows, advancing `g`'s state; `pdl` inside the decode chain.
+pub fn launch_mix(
+    dev: &Dev,
+    k: &GdnKernels,
+    g: &DevGdn,
+    t: usize,
+    hw: &GdnWs,
+    eps: f32,
+    pdl: bool,
+) -> DResult<()> {
+    let geo = &g.geo;
+    let dims = [
+        Arg::I32(geo.num_k_heads as i32),
+        Arg::I32(geo.num_v_heads as i32),
+        Arg::I32(geo.k_head_dim as i32),
+        Arg::I32(geo.v_head_dim as i32),
+    ];
+    let lanes = geo.conv_dim().max(geo.value_dim()).max(geo.num_v_heads);
+    let mut args = vec![
+        Arg::Ptr(hw.qkvz.ptr()),
+        Arg::I32(geo.qkvz_dim() as i32),
+        Arg::Ptr(hw.ba.ptr()),
+        Arg::I32(2 * geo.num_v_heads as i32),
+        Arg::I32(t as i32),
+        Arg::Ptr(g.conv.ptr()),
+        Arg::Ptr(g.ring.ptr()),
+        Arg::Ptr(g.a_log.ptr()),
+        Arg::Ptr(g.dt_bias.ptr()),
+    ];
+    args.extend(dims.iter().cloned());
+    args.extend([
+        Arg::I32(geo.conv_kernel as i32),
+        Arg::Ptr(hw.mixed.ptr()),
+        Arg::Ptr(hw.z.ptr()),
+        Arg::Ptr(hw.beta.ptr()),
+        Arg::Ptr(hw.decay.ptr()),
+    ]);
+    dev.launch_ex(&k.prep, grid1(lanes, 256), (256, 1, 1), 0, &args, pdl)?;
+    let mut args = vec![
+        Arg::Ptr(hw.mixed.ptr()),
+        Arg::Ptr(hw.beta.ptr()),
+        Arg::Ptr(hw.decay.ptr()),
+        Arg::Ptr(hw.z.ptr()),
+        Arg::Ptr(g.state.ptr()),
+        Arg::Ptr(g.norm.ptr()),
+        Arg::F32(eps),
+        Arg::I32(t as i32),
+    ];
+    args.extend(dims);
+    args.push(Arg::Ptr(hw.core.ptr()));
+    dev.launch_ex(
+        &k.delta,
+        (geo.num_v_heads as u32, 1, 1),
+        (delta_block(geo), 1, 1),
+        delta_smem(geo) as u32,
+        &args,
+        pdl,
+    )
 }
 
 /// The attention weights a GatedDeltaNet layer does not have: zero-row stand-ins, so that
@@ -204,15 +270,21 @@ pub struct GdnWs {
 
 impl GdnWs {
     fn sizes(model: &LlmModel, rows: usize) -> [usize; 10] {
-        let geo = model.layers.iter().filter_map(|l| l.gated_delta());
-        let max = |f: &dyn Fn(&GdnGeometry) -> usize| {
-            geo.clone().map(|g| f(&g.geometry)).max().unwrap_or(0)
-        };
+        let geos: Vec<GdnGeometry> = model
+            .layers
+            .iter()
+            .filter_map(|l| l.gated_delta().map(|g| g.geometry))
+            .collect();
         let gated = model
             .layers
             .iter()
             .any(|l| l.attention().is_some_and(|a| a.output_gate));
-        let q = if gated { model.spec.q_dim() } else { 0 };
+        Self::sizes_of(&geos, if gated { model.spec.q_dim() } else { 0 }, rows)
+    }
+
+    /// Sizes for layers of geometries `geos` and output gates of `q` query values (0: none).
+    fn sizes_of(geos: &[GdnGeometry], q: usize, rows: usize) -> [usize; 10] {
+        let max = |f: &dyn Fn(&GdnGeometry) -> usize| geos.iter().map(f).max().unwrap_or(0);
         let n = rows;
         [
             4 * n * max(&|g| g.qkvz_dim()),
@@ -233,6 +305,21 @@ impl GdnWs {
             return 0;
         }
         Self::sizes(model, rows).iter().sum::<usize>() as u64
+    }
+
+    /// Scratch for `rows` rows of one GatedDeltaNet layer (kernel tests drive it directly).
+    pub fn for_layer(dev: &Dev, geo: &GdnGeometry, rows: usize) -> DResult<GdnWs> {
+        Self::new(dev, Self::sizes_of(std::slice::from_ref(geo), 0, rows))
+    }
+
+    /// Device pointers of the projection inputs: qkvz `[rows, 2·Kd + 2·Vd]`, ba `[rows, 2·NV]`.
+    pub fn inputs(&self) -> (u64, u64) {
+        (self.qkvz.ptr(), self.ba.ptr())
+    }
+
+    /// Device pointer of the mixer output `[rows, Vd]` (before out_proj).
+    pub fn core(&self) -> u64 {
+        self.core.ptr()
     }
 
     fn new(dev: &Dev, z: [usize; 10]) -> DResult<GdnWs> {
@@ -521,56 +608,7 @@ impl CudaLlm {
 
     /// gdn_prep and gdn_delta over `t` rows of `hw.qkvz` / `hw.ba`, into `hw.core`.
     fn gdn_mix(&self, g: &DevGdn, t: usize, hw: &GdnWs, pdl: bool) -> DResult<()> {
-        let geo = &g.geo;
-        let k = &self.hybrid().k;
-        let dims = [
-            Arg::I32(geo.num_k_heads as i32),
-            Arg::I32(geo.num_v_heads as i32),
-            Arg::I32(geo.k_head_dim as i32),
-            Arg::I32(geo.v_head_dim as i32),
-        ];
-        let lanes = geo.conv_dim().max(geo.value_dim()).max(geo.num_v_heads);
-        let mut args = vec![
-            Arg::Ptr(hw.qkvz.ptr()),
-            Arg::I32(geo.qkvz_dim() as i32),
-            Arg::Ptr(hw.ba.ptr()),
-            Arg::I32(2 * geo.num_v_heads as i32),
-            Arg::I32(t as i32),
-            Arg::Ptr(g.conv.ptr()),
-            Arg::Ptr(g.ring.ptr()),
-            Arg::Ptr(g.a_log.ptr()),
-            Arg::Ptr(g.dt_bias.ptr()),
-        ];
-        args.extend(dims.iter().cloned());
-        args.extend([
-            Arg::I32(geo.conv_kernel as i32),
-            Arg::Ptr(hw.mixed.ptr()),
-            Arg::Ptr(hw.z.ptr()),
-            Arg::Ptr(hw.beta.ptr()),
-            Arg::Ptr(hw.decay.ptr()),
-        ]);
-        self.dev
-            .launch_ex(&k.prep, grid1(lanes, 256), (256, 1, 1), 0, &args, pdl)?;
-        let mut args = vec![
-            Arg::Ptr(hw.mixed.ptr()),
-            Arg::Ptr(hw.beta.ptr()),
-            Arg::Ptr(hw.decay.ptr()),
-            Arg::Ptr(hw.z.ptr()),
-            Arg::Ptr(g.state.ptr()),
-            Arg::Ptr(g.norm.ptr()),
-            Arg::F32(self.eps()),
-            Arg::I32(t as i32),
-        ];
-        args.extend(dims);
-        args.push(Arg::Ptr(hw.core.ptr()));
-        self.dev.launch_ex(
-            &k.delta,
-            (geo.num_v_heads as u32, 1, 1),
-            (delta_block(geo), 1, 1),
-            delta_smem(geo) as u32,
-            &args,
-            pdl,
-        )
+        launch_mix(&self.dev, &self.hybrid().k, g, t, hw, self.eps(), pdl)
     }
 
     /// Query values of hw.qg's `t` rows to `q_out` (row stride `ld`), gates to hw.gate.
