@@ -314,7 +314,8 @@ fn recurrent_state_refuses_other_positions() {
 /// and 5 rows in a row (the state carried between launches), each pass's outputs and at the end
 /// the conv ring (copied inputs: exact) and the delta state, L2-relative < 1e-4 (f32, only the
 /// summation order differs); the fixtures' geometry (dv 24: a partial warp), Qwen3-Next
-/// 80B's heads (dk = dv = 128, 16 key heads serving 32 value heads) and a 2-tap conv.
+/// 80B's heads (dk = dv = 128: four row groups of the state), a 2-tap conv, two row groups, and
+/// dk 80 (three row groups of 27 or 26 rows) with a 3-tap conv.
 #[test]
 fn gdn_kernels_match_the_reference() {
     use cmf_gpu::cuda::llm::gdn::{launch_mix, DevGdn, GdnKernels, GdnWs};
@@ -337,6 +338,8 @@ fn gdn_kernels_match_the_reference() {
         geo(2, 4, 16, 24, 4),
         geo(16, 32, 128, 128, 4),
         geo(1, 3, 32, 64, 2),
+        geo(2, 2, 64, 32, 4),
+        geo(1, 1, 80, 40, 3),
     ]
     .into_iter()
     .enumerate()

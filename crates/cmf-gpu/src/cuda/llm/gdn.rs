@@ -30,6 +30,12 @@ pub const GDN: &str = include_str!("kernels/gdn.cu");
 /// Most conv taps the kernel keeps in registers (`GDN_MAX_W` in gdn.cu).
 pub const GDN_MAX_W: usize = 8;
 
+/// State rows one gdn_delta thread keeps in registers (`GDN_ROWS` in gdn.cu).
+const GDN_ROWS: usize = 32;
+
+/// Most threads of a gdn_delta block (its `__launch_bounds__`).
+const GDN_DELTA_THREADS: usize = 512;
+
 /// The hybrid layers' kernels, loaded when a model has any.
 pub struct GdnKernels {
     prep: Func,
@@ -79,10 +85,11 @@ pub fn check(model: &LlmModel) -> Result<(), Refusal> {
                 geo.conv_kernel
             )));
         }
-        if geo.v_head_dim > 1024 || delta_smem(geo) > 48 * 1024 {
+        let (x, y) = delta_block(geo);
+        if (x * y) as usize > GDN_DELTA_THREADS || delta_smem(geo) > 48 * 1024 {
             return Err(shape(format!(
-                "layer {l}: GatedDeltaNet heads of dk {} / dv {} (at most 1024 values per head, \
-                 (2·dk + 32) floats of shared memory within 48 KiB)",
+                "layer {l}: GatedDeltaNet heads of dk {} / dv {} (the recurrence takes \
+                 ⌈dv / 32⌉·32 · ⌈dk / {GDN_ROWS}⌉ ≤ {GDN_DELTA_THREADS} threads a head)",
                 geo.k_head_dim, geo.v_head_dim
             )));
         }
@@ -97,14 +104,20 @@ pub fn check(model: &LlmModel) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Dynamic shared memory of gdn_delta: q and k of one key head and the reduction scratch.
+/// Dynamic shared memory of gdn_delta: q and k of one key head, the reduction scratch and the
+/// row groups' partial sums.
 fn delta_smem(geo: &GdnGeometry) -> usize {
-    4 * (2 * geo.k_head_dim + 32)
+    let (x, y) = delta_block(geo);
+    4 * (2 * geo.k_head_dim + 32 + (x * y) as usize)
 }
 
-/// gdn_delta's block: the value head's columns rounded up to whole warps.
-fn delta_block(geo: &GdnGeometry) -> u32 {
-    (geo.v_head_dim.div_ceil(32) * 32) as u32
+/// gdn_delta's block: the value head's columns rounded up to whole warps, times the row groups
+/// that hold its state rows in registers.
+fn delta_block(geo: &GdnGeometry) -> (u32, u32) {
+    (
+        (geo.v_head_dim.div_ceil(32) * 32) as u32,
+        geo.k_head_dim.div_ceil(GDN_ROWS).max(1) as u32,
+    )
 }
 
 /// A norm weight as the device applies it (`x̂·w` everywhere): `1 + w` for zero-centred norms.
@@ -230,7 +243,10 @@ pub fn launch_mix(
     dev.launch_ex(
         &k.delta,
         (geo.num_v_heads as u32, 1, 1),
-        (delta_block(geo), 1, 1),
+        {
+            let (x, y) = delta_block(geo);
+            (x, y, 1)
+        },
         delta_smem(geo) as u32,
         &args,
         pdl,

@@ -69,62 +69,113 @@ extern "C" __global__ void gdn_prep(const float* __restrict__ qkvz, int ld_qkvz,
     }
 }
 
+// Rows of the state one thread keeps in registers (`GDN_ROWS` in gdn.rs).
+#define GDN_ROWS 32
+
+// block_sum (common.cuh) over a 2-D block, `tid` the flat thread index; blockDim.x is a multiple
+// of 32, so every warp is full.
+__device__ __forceinline__ float gdn_block_sum(float v, float* red, int tid, int nthreads) {
+    const int lane = tid & 31, warp = tid >> 5, nw = (nthreads + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.f;
+    return warp_sum(v);
+}
+
 // The gated delta rule over T rows for value head blockIdx.x (reading key head
-// h / (NV / NK)), then the gated RMSNorm with z. Thread j < DV owns column j of the head's
-// state S [DK, DV] (row-major in `state`), so a row's reads and writes are coalesced and no two
-// threads touch one value. Per row: q, k l2-normalised (eps 1e-6 in the root; q also by
-// 1/√DK), then S ← e^g·S; d = β(v − Sᵀk); S ← S + k ⊗ d; o = Sᵀq;
+// h / (NV / NK)), then the gated RMSNorm with z. The head's state S [DK, DV] (row-major in
+// `state`) lives in registers for the whole launch: thread (j, p) holds column j's rows
+// p, p + P, … (P = blockDim.y = ⌈DK / GDN_ROWS⌉ row groups), loaded before pdl_wait (only this
+// kernel writes S, and the previous token's launch of it is long done) and stored at the end.
+// Per row: q, k l2-normalised (eps 1e-6 in the root; q also by 1/√DK), then S ← e^g·S;
+// d = β(v − Sᵀk); S ← S + k ⊗ d; o = Sᵀq (the row groups' partial sums meet in shared memory);
 // core[t, h·DV + j] = o / rms(o) · w[j] · silu(z[t, h·DV + j]).
-// Block: DV rounded up to a warp multiple (≤ 1024). Dynamic smem: (2·DK + 32) floats.
-extern "C" __global__ void gdn_delta(const float* __restrict__ mixed, const float* __restrict__ beta,
-                                     const float* __restrict__ decay, const float* __restrict__ z,
-                                     float* __restrict__ state, const float* __restrict__ norm_w, float eps, int T,
-                                     int NK, int NV, int DK, int DV, float* __restrict__ core) {
+// Block: (DV rounded up to a warp multiple, P), at most 512 threads. Dynamic smem:
+// (2·DK + 32 + P·blockDim.x) floats.
+extern "C" __global__ void __launch_bounds__(512)
+    gdn_delta(const float* __restrict__ mixed, const float* __restrict__ beta, const float* __restrict__ decay,
+              const float* __restrict__ z, float* __restrict__ state, const float* __restrict__ norm_w, float eps,
+              int T, int NK, int NV, int DK, int DV, float* __restrict__ core) {
     extern __shared__ float gdn_sm[];
+    const int P = blockDim.y, DVB = blockDim.x;
     float* qs = gdn_sm;
-    float* ks = gdn_sm + DK;
-    float* red = gdn_sm + 2 * DK;
-    pdl_wait();
-    const int hv = blockIdx.x, hk = hv / (NV / NK), j = threadIdx.x;
+    float* ks = qs + DK;
+    float* red = ks + DK;
+    float* part = red + 32;  // [P, DVB]
+    const int hv = blockIdx.x, hk = hv / (NV / NK), j = threadIdx.x, p = threadIdx.y;
+    const int tid = p * DVB + j, nthreads = DVB * P;
     const int KD = NK * DK, VD = NV * DV, C = 2 * KD + VD;
+    const bool col = j < DV;
     float* S = state + (size_t)hv * DK * DV;
+    float sv[GDN_ROWS];
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS; r++) {
+        const int i = p + r * P;
+        sv[r] = col && i < DK ? S[(size_t)i * DV + j] : 0.f;
+    }
+    pdl_wait();
     const float qscale = 1.f / sqrtf((float)DK);
     for (int t = 0; t < T; t++) {
         const float* row = mixed + (size_t)t * C;
-        __syncthreads();  // the previous row's readers of qs/ks are done
+        __syncthreads();  // the previous row's readers of qs/ks/part are done
         float sq = 0.f, sk = 0.f;
-        for (int i = j; i < DK; i += blockDim.x) {
+        for (int i = tid; i < DK; i += nthreads) {
             const float a = row[hk * DK + i], b = row[KD + hk * DK + i];
             qs[i] = a;
             ks[i] = b;
             sq += a * a;
             sk += b * b;
         }
-        sq = block_sum(sq, red);
-        sk = block_sum(sk, red);
+        sq = gdn_block_sum(sq, red, tid, nthreads);
+        sk = gdn_block_sum(sk, red, tid, nthreads);
         const float iq = 1.f / sqrtf(sq + 1e-6f) * qscale, ik = 1.f / sqrtf(sk + 1e-6f);
-        float o = 0.f;
-        if (j < DV) {
-            const float e = expf(decay[(size_t)t * NV + hv]), b = beta[(size_t)t * NV + hv];
-            float d = row[2 * KD + hv * DV + j];
-            for (int i = 0; i < DK; i++) {
-                const float s = S[(size_t)i * DV + j] * e;
-                S[(size_t)i * DV + j] = s;
-                d -= s * (ks[i] * ik);
-            }
-            d *= b;
-            for (int i = 0; i < DK; i++) {
-                const float s = S[(size_t)i * DV + j] + (ks[i] * ik) * d;
-                S[(size_t)i * DV + j] = s;
-                o += s * (qs[i] * iq);
+        const float e = expf(decay[(size_t)t * NV + hv]), b = beta[(size_t)t * NV + hv];
+        float kv = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++) {
+            const int i = p + r * P;
+            if (i < DK) {
+                sv[r] *= e;
+                kv += sv[r] * (ks[i] * ik);
             }
         }
-        const float ss = block_sum(j < DV ? o * o : 0.f, red);
-        if (j < DV) {
+        part[p * DVB + j] = kv;
+        __syncthreads();
+        float d = 0.f;
+        if (col) {
+            d = row[2 * KD + hv * DV + j];
+            for (int g = 0; g < P; g++) d -= part[g * DVB + j];
+            d *= b;
+        }
+        __syncthreads();  // every partial of kv read before the partials of o overwrite them
+        float o = 0.f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++) {
+            const int i = p + r * P;
+            if (i < DK) {
+                sv[r] += (ks[i] * ik) * d;
+                o += sv[r] * (qs[i] * iq);
+            }
+        }
+        part[p * DVB + j] = o;
+        __syncthreads();
+        const bool out = col && p == 0;
+        o = 0.f;
+        if (out)
+            for (int g = 0; g < P; g++) o += part[g * DVB + j];
+        const float ss = gdn_block_sum(out ? o * o : 0.f, red, tid, nthreads);
+        if (out) {
             const float inv = 1.f / sqrtf(ss / (float)DV + eps);
             const float zv = z[(size_t)t * VD + hv * DV + j];
             core[(size_t)t * VD + hv * DV + j] = o * inv * norm_w[j] * silu(zv);
         }
+    }
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS; r++) {
+        const int i = p + r * P;
+        if (col && i < DK) S[(size_t)i * DV + j] = sv[r];
     }
 }
 
