@@ -12,6 +12,9 @@ use cmf_gpu::llm::{
 
 /// Owned random weights of a small hybrid model: layers GDN, GDN, gated attention, GDN.
 struct Hybrid {
+    /// The codec of every matrix but the GatedDeltaNet's b/a projection (f32, as converted
+    /// files keep it).
+    dtype: Dtype,
     spec: LlmSpec,
     geo: GdnGeometry,
     embed: Vec<u8>,
@@ -33,7 +36,7 @@ struct HybridLayer {
 const MIXERS: [bool; 4] = [true, true, false, true];
 
 impl Hybrid {
-    fn new(seed: u64) -> Hybrid {
+    fn new(seed: u64, dtype: Dtype) -> Hybrid {
         let (h, f, nh, nkv, d, vocab) = (128, 192, 4, 2, 32, 300);
         // dv 40: the recurrence's block has a partial warp; conv of 4 taps as Qwen3-Next.
         let geo = GdnGeometry {
@@ -45,9 +48,9 @@ impl Hybrid {
         };
         let mut rng = Rng::new(seed);
         let mut s = seed;
-        let mut mat = |rows: usize, cols: usize| {
+        let mut mat = |rows: usize, cols: usize, d: Dtype| {
             s += 1;
-            random_matrix(Dtype::F32, rows, cols, 1.0 / (cols as f32).sqrt(), s)
+            random_matrix(d, rows, cols, 1.0 / (cols as f32).sqrt(), s)
         };
         // Partial rotary: 8 of the 16 frequency pairs (rotary dim 16 of head dim 32).
         let inv_freq = (0..8)
@@ -75,9 +78,9 @@ impl Hybrid {
             .map(|&gdn| {
                 let (m, vecs) = if gdn {
                     let m = vec![
-                        mat(geo.qkvz_dim(), h),
-                        mat(2 * geo.num_v_heads, h),
-                        mat(h, geo.value_dim()),
+                        mat(geo.qkvz_dim(), h, dtype),
+                        mat(2 * geo.num_v_heads, h, Dtype::F32),
+                        mat(h, geo.value_dim(), dtype),
                     ];
                     let a_log = rng.vec(geo.num_v_heads, 1.0);
                     let vecs = vec![
@@ -92,10 +95,10 @@ impl Hybrid {
                     (m, vecs)
                 } else {
                     let m = vec![
-                        mat(2 * nh * d, h),
-                        mat(nkv * d, h),
-                        mat(nkv * d, h),
-                        mat(h, nh * d),
+                        mat(2 * nh * d, h, dtype),
+                        mat(nkv * d, h, dtype),
+                        mat(nkv * d, h, dtype),
+                        mat(h, nh * d, dtype),
                     ];
                     (m, vec![rng.vec(d, 0.2), rng.vec(d, 0.2)])
                 };
@@ -103,13 +106,14 @@ impl Hybrid {
                     norms: [rng.vec(h, 0.2), rng.vec(h, 0.2)],
                     m,
                     vecs,
-                    mlp: [mat(f, h), mat(f, h), mat(h, f)],
+                    mlp: [mat(f, h, dtype), mat(f, h, dtype), mat(h, f, dtype)],
                 }
             })
             .collect();
         Hybrid {
-            embed: mat(vocab, h),
-            head: mat(vocab, h),
+            embed: mat(vocab, h, dtype),
+            head: mat(vocab, h, dtype),
+            dtype,
             final_norm: rng.vec(h, 0.2),
             spec,
             geo,
@@ -117,15 +121,19 @@ impl Hybrid {
         }
     }
 
-    fn model(&self) -> LlmModel<'_> {
-        fn w(data: &[u8], rows: usize, cols: usize) -> Weight<'_> {
-            Weight {
-                dtype: Dtype::F32,
-                rows,
-                cols,
-                data,
-            }
-        }
+    fn model<'a>(&'a self) -> LlmModel<'a> {
+        let w = |data: &'a [u8], rows, cols| Weight {
+            dtype: self.dtype,
+            rows,
+            cols,
+            data,
+        };
+        let f32w = |data: &'a [u8], rows, cols| Weight {
+            dtype: Dtype::F32,
+            rows,
+            cols,
+            data,
+        };
         let (s, g) = (&self.spec, &self.geo);
         let (h, f) = (s.hidden, s.intermediate);
         let layers = self
@@ -136,7 +144,7 @@ impl Hybrid {
                     Mixer::GatedDelta(GdnWeights {
                         geometry: *g,
                         qkvz: w(&l.m[0], g.qkvz_dim(), h),
-                        ba: w(&l.m[1], 2 * g.num_v_heads, h),
+                        ba: f32w(&l.m[1], 2 * g.num_v_heads, h),
                         out: w(&l.m[2], h, g.value_dim()),
                         conv: &l.vecs[0],
                         a_log: &l.vecs[1],
@@ -192,11 +200,19 @@ fn prompt(n: usize) -> Vec<u32> {
 }
 
 /// Prefill in chunks of 16 (every position's logits) and 12 teacher-forced decode steps
-/// against the reference, which runs the recurrence one token at a time.
+/// against the reference, which runs the recurrence one token at a time: f32 weights within
+/// 1e-4 and identical greedy ids; q8 weights (b/a projection in f32) within 6e-2, as the dense
+/// models' 8-bit bound.
 #[test]
 fn hybrid_model_matches_the_reference() {
     let Some(b) = backend() else { return };
-    let m = Hybrid::new(7);
+    for dtype in [Dtype::F32, Dtype::Q8Row] {
+        hybrid_against_reference(&b, dtype);
+    }
+}
+
+fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype) {
+    let m = Hybrid::new(7, dtype);
     let model = m.model();
     model.validate().unwrap();
     let mut dev = b
@@ -225,21 +241,24 @@ fn hybrid_model_matches_the_reference() {
         differ += (out.token != t) as usize;
         tok = t;
     }
-    println!("hybrid f32: prefill {e_prefill:.2e}, decode {e_decode:.2e}, {differ} ids differ");
+    println!("hybrid {dtype}: prefill {e_prefill:.2e}, decode {e_decode:.2e}, {differ} ids differ");
+    let tol = if dtype == Dtype::F32 { 1e-4 } else { 6e-2 };
     assert!(
-        e_prefill < 1e-4 && e_decode < 1e-4,
-        "{e_prefill} {e_decode}"
+        e_prefill < tol && e_decode < tol,
+        "{dtype}: {e_prefill} {e_decode}"
     );
-    assert_eq!(differ, 0);
+    if dtype == Dtype::F32 {
+        assert_eq!(differ, 0);
+    }
 }
 
 /// The state after a 40-token prefill (chunks of 16) equals the state after one token of
-/// prefill and 39 decode steps: the next step's logits agree (1e-5), and both equal the
-/// reference.
+/// prefill and 39 decode steps: the next step's logits agree (1e-4: GEMM against matvec
+/// summation orders; a state off by a token is off by far more), and both equal the reference.
 #[test]
 fn prefill_state_equals_token_by_token_decode() {
     let Some(b) = backend() else { return };
-    let m = Hybrid::new(11);
+    let m = Hybrid::new(11, Dtype::F32);
     let model = m.model();
     let all = Placement::all(model.spec.num_layers);
     let v = model.spec.vocab;
@@ -272,7 +291,7 @@ fn prefill_state_equals_token_by_token_decode() {
         .unwrap();
     let (ab, ar) = (rel_err(&la, &lb), rel_err(&la, &want));
     println!("state after prefill vs decode: next logits {ab:.2e}, vs reference {ar:.2e}");
-    assert!(ab < 1e-5 && ar < 1e-4, "{ab} {ar}");
+    assert!(ab < 1e-4 && ar < 1e-4, "{ab} {ar}");
 }
 
 /// A recurrent state goes on only from where it is: a decode 3 positions back is refused and
@@ -281,7 +300,7 @@ fn prefill_state_equals_token_by_token_decode() {
 #[test]
 fn recurrent_state_refuses_other_positions() {
     let Some(b) = backend() else { return };
-    let m = Hybrid::new(13);
+    let m = Hybrid::new(13, Dtype::F32);
     let model = m.model();
     let all = Placement::all(model.spec.num_layers);
     let v = model.spec.vocab;
