@@ -37,6 +37,9 @@ mod dit_attention;
 /// The DiT's row kernels (bf16 and fused e4m3 outputs) against CPU references.
 #[path = "cuda/dit_rows.rs"]
 mod dit_rows;
+/// Qwen3-Next's hybrid layers (GatedDeltaNet, output-gated attention, (1 + w) norms).
+#[path = "cuda/gdn.rs"]
+mod gdn;
 /// The FP8 and int8 GEMMs against exact products of their quantised inputs.
 #[path = "cuda/gemm8.rs"]
 mod gemm8;

@@ -20,13 +20,14 @@ use cmf_gpu::llm::{
     Logits, Mixer, RopeSpec, Sampler,
 };
 
-/// Why a hybrid linear-attention model (Qwen3-Next) runs on the CPU: the device graph has no
-/// GatedDeltaNet, gated-attention or `(1 + w)` norm kernels yet.
-pub const HYBRID_ON_CPU: &str =
-    "GatedDeltaNet layers, gated attention and (1 + w) norms have no device path yet";
+/// Why the batched engine runs a hybrid linear-attention model (Qwen3-Next) on the CPU: its
+/// device step has no recurrent-state slots. The single-sequence engine runs these models on
+/// the device.
+pub const HYBRID_ON_CPU: &str = "the batched engine has no device path for GatedDeltaNet layers";
 
-/// Why `model` runs on the CPU whatever the device can do, decided from its config alone so
-/// nothing is opened or uploaded first; None when the device graph can express it.
+/// Why the batched engine (`--parallel`) runs `model` on the CPU whatever the device can do,
+/// decided from its config alone so nothing is opened or uploaded first; None when its device
+/// step can express it.
 pub fn cpu_only(model: &Model) -> Option<&'static str> {
     let c = &model.config;
     if c.gdn.is_some() || c.attn_output_gate || c.norm_style != cmf_kernels::NormStyle::Plain {
@@ -74,17 +75,12 @@ fn describe_bound<'m>(
             );
         }
     }
-    if let Some(why) = cpu_only(model) {
-        return Err(why.into());
-    }
     let mut layers = Vec::with_capacity(w.layers.len());
     for (i, l) in w.layers.iter().enumerate() {
-        let MixerWeights::Attention(a) = &l.mixer else {
-            return Err(HYBRID_ON_CPU.into());
+        let (attn_norm, mixer) = match &l.mixer {
+            MixerWeights::Attention(a) => (&a.attn_norm[..], describe_attention(model, i, a)?),
+            MixerWeights::GatedDeltaNet(g) => (&g.in_norm[..], describe_gdn(model, i, g)?),
         };
-        if a.o.bias.is_some() {
-            return Err(format!("layer {i}: a bias on o_proj has no device kernel"));
-        }
         let ffn = match &l.ffn {
             crate::model::Ffn::Dense(mlp) => {
                 if mlp.gate.bias.is_some() || mlp.up.bias.is_some() || mlp.down.bias.is_some() {
@@ -101,18 +97,8 @@ fn describe_bound<'m>(
             crate::model::Ffn::Moe(m) => dev::Ffn::Moe(describe_moe(model, m)?),
         };
         layers.push(LayerWeights {
-            attn_norm: &a.attn_norm,
-            mixer: Mixer::Attention(AttentionWeights {
-                q: a.q.w,
-                k: a.k.w,
-                v: a.v.w,
-                o: a.o.w,
-                q_bias: a.q.bias.as_deref(),
-                k_bias: a.k.bias.as_deref(),
-                v_bias: a.v.bias.as_deref(),
-                q_norm: a.q_norm.as_deref(),
-                k_norm: a.k_norm.as_deref(),
-            }),
+            attn_norm,
+            mixer,
             ffn_norm: &l.ffn_norm,
             ffn,
         });
@@ -132,6 +118,7 @@ fn describe_bound<'m>(
         },
         sliding_window: c.sliding_window[..w.layers.len()].to_vec(),
         attn_scale: 1.0 / (c.head_dim as f32).sqrt(),
+        norm_style: c.norm_style,
     };
     Ok(LlmModel {
         spec,
@@ -140,6 +127,69 @@ fn describe_bound<'m>(
         final_norm,
         lm_head: w.lm_head,
     })
+}
+
+/// The neutral form of layer `i`'s attention (output-gated when the config says so).
+fn describe_attention<'m>(
+    model: &'m Model<'_>,
+    i: usize,
+    a: &'m crate::model::weights::AttentionWeights<'_>,
+) -> std::result::Result<Mixer<'m>, String> {
+    if a.o.bias.is_some() {
+        return Err(format!("layer {i}: a bias on o_proj has no device kernel"));
+    }
+    let output_gate = model.config.attn_output_gate;
+    if output_gate && a.q.bias.is_some() {
+        return Err(format!(
+            "layer {i}: a bias on an output-gated q_proj has no device kernel"
+        ));
+    }
+    Ok(Mixer::Attention(AttentionWeights {
+        q: a.q.w,
+        k: a.k.w,
+        v: a.v.w,
+        o: a.o.w,
+        q_bias: a.q.bias.as_deref(),
+        k_bias: a.k.bias.as_deref(),
+        v_bias: a.v.bias.as_deref(),
+        q_norm: a.q_norm.as_deref(),
+        k_norm: a.k_norm.as_deref(),
+        output_gate,
+    }))
+}
+
+/// The neutral form of layer `i`'s GatedDeltaNet mixer.
+fn describe_gdn<'m>(
+    model: &'m Model<'_>,
+    i: usize,
+    g: &'m crate::model::weights::GdnWeights<'_>,
+) -> std::result::Result<Mixer<'m>, String> {
+    let c = model
+        .config
+        .gdn
+        .as_ref()
+        .ok_or("a GatedDeltaNet layer without a linear-attention config")?;
+    if g.qkvz.bias.is_some() || g.ba.bias.is_some() || g.out.bias.is_some() {
+        return Err(format!(
+            "layer {i}: biases on the GatedDeltaNet projections have no device kernel"
+        ));
+    }
+    Ok(Mixer::GatedDelta(dev::GdnWeights {
+        geometry: dev::GdnGeometry {
+            num_k_heads: c.num_k_heads,
+            num_v_heads: c.num_v_heads,
+            k_head_dim: c.k_head_dim,
+            v_head_dim: c.v_head_dim,
+            conv_kernel: c.conv_kernel,
+        },
+        qkvz: g.qkvz.w,
+        ba: g.ba.w,
+        conv: &g.conv,
+        a_log: &g.a_log,
+        dt_bias: &g.dt_bias,
+        norm: &g.norm,
+        out: g.out.w,
+    }))
 }
 
 /// Bytes of weight matrices one decoded token reads (every layer matrix but the experts the
@@ -227,9 +277,6 @@ impl GpuModel {
         max_context: usize,
         layers: Option<&LayerSet>,
     ) -> std::result::Result<GpuModel, String> {
-        if let Some(why) = cpu_only(model) {
-            return Err(why.into());
-        }
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
         let desc = describe(model, max_context)?;
         let llm = load_llm(gpu, &desc, max_context, layers)?;
@@ -537,7 +584,14 @@ impl Engine for GpuEngine<'_, '_> {
     }
 
     fn truncate(&mut self, len: usize) {
-        self.ids.truncate(len);
+        // A recurrent state cannot rewind either on the device: keep all or nothing, as the
+        // CPU engine does (the device restarts its state at position 0).
+        let keep = if len < self.ids.len() && self.model.config.gdn.is_some() {
+            0
+        } else {
+            len
+        };
+        self.ids.truncate(keep);
         if let Some(c) = &mut self.cpu {
             c.truncate(len);
             // The CPU engine keeps less when its state cannot rewind.

@@ -6,7 +6,7 @@
 //! (the device runs test binaries from a copy of the repo root), else relative to this crate.
 //!
 //! Tolerances (max |Δ| / max |logit| per row, the fixtures README's measure):
-//! - f32 fixtures (the MoE ones included): f32 everywhere on the device (f32 KV cache, SGEMM
+//! - f32 fixtures (the MoE and Qwen3-Next ones included): f32 everywhere on the device (f32 KV cache, SGEMM
 //!   prefill, f32 router scores): 1e-4, greedy ids identical — in the default mode and in
 //!   `precise` mode;
 //! - qwen3-tiny (bf16 weights): `precise` mode is f32 throughout: 1e-4 and identical ids; the
@@ -143,12 +143,32 @@ fn qwen2_moe_tiny_on_gpu_matches_transformers() {
     check("qwen2-moe-tiny");
 }
 
+/// Qwen3-Next hybrids (f32): GatedDeltaNet layers with their state resident (the recurrence in
+/// the decode graph, over each 20-token chunk in prefill), output-gated partial-rotary attention,
+/// `(1 + w)` norms; with dense and with MoE feed-forward blocks.
+#[test]
+fn qwen3next_dense_tiny_on_gpu_matches_transformers() {
+    check("qwen3next-dense-tiny");
+}
+
+#[test]
+fn qwen3next_tiny_on_gpu_matches_transformers() {
+    check("qwen3next-tiny");
+}
+
 /// The generation engine with a refusal injected mid-run: it falls back to the CPU, rebuilds
-/// the cache from the ids it tracked, and the ids equal transformers'.
+/// the cache (and a hybrid's recurrent state) from the ids it tracked, and the ids equal
+/// transformers'.
 #[test]
 fn engine_falls_back_mid_run_with_identical_ids() {
+    for name in ["llama-tiny", "qwen3next-tiny"] {
+        falls_back_mid_run(name);
+    }
+}
+
+fn falls_back_mid_run(name: &str) {
     let Some(gpu) = gpu() else { return };
-    let dir = fixture_dir("llama-tiny");
+    let dir = fixture_dir(name);
     let files = read_weight_files(&dir);
     let source = SafetensorsSource::new(&files);
     let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
@@ -171,7 +191,7 @@ fn engine_falls_back_mid_run_with_identical_ids() {
         assert_eq!(engine.len(), prompt.len() + want_ids.len());
         gpu.inject_refusal_after(u64::MAX);
         println!(
-            "llama-tiny engine, refusal after {inject} calls: on the GPU at the end: {}",
+            "{name} engine, refusal after {inject} calls: on the GPU at the end: {}",
             engine.is_gpu()
         );
         assert_eq!(engine.is_gpu(), inject == u64::MAX);
@@ -214,6 +234,7 @@ fn generation_on_the_device_equals_the_cpu() {
         "qwen2-tiny",
         "qwen3-moe-tiny",
         "qwen2-moe-tiny",
+        "qwen3next-tiny",
     ] {
         let dir = fixture_dir(name);
         let files = read_weight_files(&dir);

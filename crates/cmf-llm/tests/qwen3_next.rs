@@ -2,8 +2,9 @@
 //! committed `qwen3next-dense-tiny` and `qwen3next-tiny` (MoE) fixtures
 //! (`scripts/make_llm_fixtures.py`): whole-model f32 logits within 1e-4 relative and greedy identical, each layer's residual stream and each GDN
 //! layer's recurrent state after the prompt; then the engine against itself: chunked prefill of a
-//! 600-token prompt equals token-by-token decoding (logits and state), a state cannot be rewound,
-//! and the device path refuses the family (fake backend) so the CPU runs it.
+//! 600-token prompt equals token-by-token decoding (logits and state), a state cannot be rewound;
+//! the device description (cmf-gpu's reference) equals the CPU model, the single-sequence engine
+//! runs the family on the (fake) device and falls back cleanly, the batched engine declines it.
 
 mod common;
 use cmf_gpu::facade::fake::FakeBackend;
@@ -209,32 +210,178 @@ fn truncate_keeps_all_or_nothing() {
     assert_eq!(model.prefill(&mut st, &prompt[..20]).unwrap(), &want[..]);
 }
 
-/// The device graph has no GDN or gated-attention kernels: the GPU hook declines both fixtures
-/// from their config before calling the device (the fake backend stands in for one and would
-/// panic on any call), so generation runs them on the CPU.
+/// The device description of both fixtures, run by cmf-gpu's reference (the CPU model of
+/// what the device computes, recurrence one token at a time), equals the CPU model decoding
+/// the same tokens one by one: logits within 1e-5 relative per row, and each GatedDeltaNet
+/// layer's conv ring and delta state after them.
 #[test]
-fn the_device_path_refuses_the_family() {
-    let backend = Arc::new(FakeBackend::new(1 << 40));
-    let faults = backend.faults.clone();
-    let gpu = Gpu::with_backend(GpuMode::Auto, backend);
-    faults.panic_next.store(true, Ordering::SeqCst);
+fn device_reference_equals_the_cpu_model() {
+    use cmf_gpu::llm::reference::{self, RefCache};
     for name in [DENSE, MOE] {
         let dir = fixture_dir(name);
         let files = read_weight_files(&dir);
         let source = SafetensorsSource::new(&files);
         let model = Model::from_source(&source, config(name), "").unwrap();
-        assert_eq!(cpu_only(&model), Some(HYBRID_ON_CPU), "{name}");
-        let Err(why) = describe(&model, 256) else {
-            panic!("{name}: the device description must refuse GDN layers");
-        };
-        assert_eq!(why, HYBRID_ON_CPU);
-        assert!(GpuModel::load(&gpu, &model, 256, None).is_none(), "{name}");
+        let desc = describe(&model, 256).expect("the hybrid is described");
+        desc.validate().unwrap();
+        assert!(desc.is_recurrent(), "{name}");
+        let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+        let mut cache = RefCache::new(desc.spec.num_layers);
+        let mut st = model.new_state(256);
+        let mut worst = 0f32;
+        for (pos, &t) in prompt.iter().enumerate() {
+            let want = model.decode(&mut st, t).unwrap().to_vec();
+            let got = reference::forward_token(&desc, t, pos, &mut cache);
+            worst = worst.max(rel_err(&got, &want));
+        }
+        println!("{name}: reference vs CPU model logits {worst:.2e}");
+        assert!(worst < 1e-5, "{name}: {worst:.2e}");
+        for l in 0..desc.spec.num_layers {
+            let (Some(r), Some(c)) = (cache.gdn_state(l), st.gdn_state(l)) else {
+                assert!(st.gdn_state(l).is_none() && cache.gdn_state(l).is_none());
+                continue;
+            };
+            assert_eq!(r.len, prompt.len());
+            let scale = c.delta().iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = max_abs_diff(&r.delta, c.delta()) / scale;
+            assert!(err < 1e-5, "{name} layer {l} delta state: {err:.2e}");
+            let scale = c.conv().iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = max_abs_diff(&r.conv, c.conv()) / scale;
+            assert!(err < 1e-5, "{name} layer {l} conv state: {err:.2e}");
+        }
+    }
+}
+
+fn fake_gpu() -> (Gpu, Arc<cmf_gpu::facade::fake::FakeFaults>) {
+    let backend = Arc::new(FakeBackend::new(1 << 40));
+    let faults = backend.faults.clone();
+    (Gpu::with_backend(GpuMode::Auto, backend), faults)
+}
+
+/// Prefill, 12 greedy steps, then a second turn that cuts the history back (the state
+/// cannot rewind, so the engine keeps nothing and re-runs the prompt): the logits of each step
+/// and the ids. `dev` and `cpu` see the same calls.
+fn drive(engine: &mut dyn cmf_llm::engine::Engine, prompt: &[u32]) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut all = vec![engine.prefill(prompt).unwrap().to_vec()];
+    let mut got = Vec::new();
+    for _ in 0..12 {
+        let t = cmf_gpu::llm::reference::argmax(all.last().unwrap());
+        got.push(t);
+        all.push(engine.decode(t).unwrap().to_vec());
+    }
+    engine.truncate(prompt.len() / 2);
+    let kept = engine.len();
+    all.push(engine.prefill(&prompt[kept..]).unwrap().to_vec());
+    (all, got)
+}
+
+/// The single-sequence engine runs both hybrids on the device (the fake backend runs the
+/// reference): the same logits as the CPU engine within 1e-4 relative (the CPU prefill runs the
+/// chunked delta rule, the device path the recurrence) and the same greedy ids, without
+/// falling back; the batched engine still declines them from the config.
+#[test]
+fn hybrids_run_on_the_fake_device_like_the_cpu() {
+    use cmf_llm::engine::{CpuEngine, Engine};
+    use cmf_llm::gpu::GpuEngine;
+    for name in [DENSE, MOE] {
+        let dir = fixture_dir(name);
+        let files = read_weight_files(&dir);
+        let source = SafetensorsSource::new(&files);
+        let model = Model::from_source(&source, config(name), "").unwrap();
+        assert_eq!(
+            cpu_only(&model),
+            Some(HYBRID_ON_CPU),
+            "{name}: batched engine"
+        );
+        let (gpu, _) = fake_gpu();
+        let g = GpuModel::try_load(&gpu, &model, 256, None).expect("the fake takes the hybrid");
+        let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+        let kv = cmf_kernels::KvDtype::F32;
+        let mut dev = GpuEngine::new(&model, g, 256, kv);
+        let mut cpu = CpuEngine::new(&model, 256, kv);
+        let (dl, dids) = drive(&mut dev, &prompt);
+        let (cl, cids) = drive(&mut cpu, &prompt);
+        assert!(dev.is_gpu(), "{name}: the device engine fell back");
+        assert_eq!(dev.len(), cpu.len());
+        let worst = dl
+            .iter()
+            .zip(&cl)
+            .map(|(a, b)| rel_err(a, b))
+            .fold(0f32, f32::max);
+        println!("{name}: fake device vs CPU engine logits {worst:.2e}, greedy {dids:?}");
+        assert!(worst < 1e-4, "{name}: {worst:.2e}");
+        assert_eq!(dids, cids, "{name}: greedy ids differ");
+    }
+}
+
+/// A device refusal in the middle of a hybrid run (an allocation failure at a decode step)
+/// moves the engine to the CPU, which replays the ids and continues with the same results; a
+/// device asked to resume its recurrent state at another position refuses.
+#[test]
+fn hybrid_device_refusal_falls_back_to_the_cpu() {
+    use cmf_llm::engine::{CpuEngine, Engine};
+    use cmf_llm::gpu::GpuEngine;
+    let dir = fixture_dir(MOE);
+    let files = read_weight_files(&dir);
+    let source = SafetensorsSource::new(&files);
+    let model = Model::from_source(&source, config(MOE), "").unwrap();
+    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+    let kv = cmf_kernels::KvDtype::F32;
+    let (gpu, faults) = fake_gpu();
+    let g = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
+    let mut dev = GpuEngine::new(&model, g, 256, kv);
+    let mut cpu = CpuEngine::new(&model, 256, kv);
+    let mut a = dev.prefill(&prompt).unwrap().to_vec();
+    let mut b = cpu.prefill(&prompt).unwrap().to_vec();
+    let mut worst = rel_err(&a, &b);
+    for step in 0..8 {
+        if step == 3 {
+            faults.fail_next_alloc.store(true, Ordering::SeqCst);
+        }
+        let t = argmax(&b);
+        assert_eq!(argmax(&a), t, "step {step}");
+        a = dev.decode(t).unwrap().to_vec();
+        b = cpu.decode(t).unwrap().to_vec();
+        worst = worst.max(rel_err(&a, &b));
     }
     assert!(
-        faults.panic_next.load(Ordering::SeqCst),
-        "the device was called for a hybrid model"
+        !dev.is_gpu(),
+        "the injected refusal must move the engine to the CPU"
     );
-    assert!(gpu.is_active());
+    assert!(worst < 1e-4, "{worst:.2e}");
+
+    let mut g = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
+    g.prefill(
+        &prompt,
+        0,
+        cmf_gpu::llm::Logits::Last,
+        model.config.vocab_size,
+    )
+    .unwrap();
+    assert!(
+        g.decode(prompt[0], prompt.len() - 3, false).is_err(),
+        "a recurrent state cannot resume 3 positions back"
+    );
+    assert!(g.decode(prompt[0], prompt.len(), false).is_ok());
+    // Position 0 restarts the state: the same logits as a fresh model.
+    let again = g
+        .prefill(
+            &prompt,
+            0,
+            cmf_gpu::llm::Logits::Last,
+            model.config.vocab_size,
+        )
+        .unwrap();
+    let mut fresh = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
+    let want = fresh
+        .prefill(
+            &prompt,
+            0,
+            cmf_gpu::llm::Logits::Last,
+            model.config.vocab_size,
+        )
+        .unwrap();
+    assert_eq!(again, want);
 }
 
 /// `cmf convert` of both fixtures in every codec, loaded from the CMF file: f32 matches

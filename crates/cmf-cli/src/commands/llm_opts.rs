@@ -47,18 +47,8 @@ impl EngineOpts {
                 .into());
             }
         }
-        // A model the device graph cannot express runs on the CPU, even under `--gpu cuda`.
-        let cpu_only = cmf_llm::gpu::cpu_only(model);
-        if let (Some(why), GpuMode::Cuda) = (cpu_only, mode) {
-            eprintln!("note: {why}: this model runs on the CPU");
-            return Ok(None);
-        }
         let gpu = Gpu::open(mode)?;
         if !gpu.is_active() {
-            return Ok(None);
-        }
-        if let Some(why) = cpu_only {
-            eprintln!("note: {why}: this model runs on the CPU");
             return Ok(None);
         }
         match cmf_llm::gpu::GpuModel::try_load(&gpu, model, ctx, None) {

@@ -3,6 +3,7 @@
 //! `cmf-prebuild-kernels`) and the compile check look sources up in.
 
 use super::dit::kernels::{ATTENTION_WG, DIT, WS_KEYS};
+use super::llm::gdn::GDN;
 use super::llm::kernels::{ATTENTION_DECODE, ATTENTION_PAGED, GEMM_Q8, SAMPLE};
 use super::llm::moe::MOE;
 use super::runtime::kernels::{ATTENTION, FP8, INT8, ROWOPS};
@@ -25,6 +26,7 @@ pub fn source_of(name: &str) -> Option<&'static str> {
         "fp8" => FP8,
         "int8" => INT8,
         "moe" => MOE,
+        "gdn" => GDN,
         _ => return None,
     })
 }
@@ -98,6 +100,7 @@ pub fn all_sources() -> SourceSet {
         ("fp8", FP8, vec![]),
         ("int8", INT8, vec![]),
         ("moe", MOE, MatvecConfig::DEFAULT.defines()),
+        ("gdn", GDN, vec![]),
     ]
 }
 

@@ -12,8 +12,8 @@ use crate::dit::{pad_rows, CondId, DitGeometry, DitItemSetup, DitModel, DitStepI
 use crate::llm::batch::{self, BatchOut, BatchSeq, PoolShape};
 use crate::llm::reference::{self, RefCache};
 use crate::llm::{
-    AttentionWeights, DecodeOutput, Ffn, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits,
-    Mixer, Mlp, MoeWeights, Routing, Sampler, SharedExpert,
+    AttentionWeights, DecodeOutput, Ffn, GdnGeometry, GdnWeights, LayerWeights, LlmModel,
+    LlmOptions, LlmSpec, Logits, Mixer, Mlp, MoeWeights, Routing, Sampler, SharedExpert,
 };
 use crate::vae::VaeModel;
 use cmf_format::Dtype;
@@ -219,6 +219,10 @@ struct OwnedLayer {
     m: Vec<OwnedWeight>,
     /// attn_norm, ffn_norm, q/k/v biases, q/k norms, the routing bias.
     vecs: [Option<Vec<f32>>; 8],
+    /// Whether the attention has an output gate.
+    output_gate: bool,
+    /// A GatedDeltaNet mixer: its geometry and conv taps, A_log, dt_bias, gated-norm weight.
+    gdn: Option<(GdnGeometry, [Vec<f32>; 4])>,
     ffn: OwnedFfn,
 }
 
@@ -254,6 +258,10 @@ impl OwnedModel {
             .iter()
             .map(|w| {
                 let a = w.attention();
+                let gdn = w.gated_delta().map(|g| {
+                    let v = [g.conv, g.a_log, g.dt_bias, g.norm].map(|v| v.to_vec());
+                    (g.geometry, v)
+                });
                 let (ffn, bias) = match &w.ffn {
                     Ffn::Dense(_) => (OwnedFfn::Dense, None),
                     Ffn::Moe(x) => {
@@ -284,14 +292,16 @@ impl OwnedModel {
                     vecs: [
                         Some(w.attn_norm),
                         Some(w.ffn_norm),
-                        a.q_bias,
-                        a.k_bias,
-                        a.v_bias,
-                        a.q_norm,
-                        a.k_norm,
+                        a.and_then(|a| a.q_bias),
+                        a.and_then(|a| a.k_bias),
+                        a.and_then(|a| a.v_bias),
+                        a.and_then(|a| a.q_norm),
+                        a.and_then(|a| a.k_norm),
                         bias,
                     ]
                     .map(|v| v.map(|s| s.to_vec())),
+                    output_gate: a.is_some_and(|a| a.output_gate),
+                    gdn,
                     ffn,
                 }
             })
@@ -319,17 +329,32 @@ impl OwnedModel {
             .map(|l| {
                 let v = |i: usize| l.vecs[i].as_deref();
                 let mut m = l.m.iter().map(OwnedWeight::view);
-                let mixer = Mixer::Attention(AttentionWeights {
-                    q: next(&mut m),
-                    k: next(&mut m),
-                    v: next(&mut m),
-                    o: next(&mut m),
-                    q_bias: v(2),
-                    k_bias: v(3),
-                    v_bias: v(4),
-                    q_norm: v(5),
-                    k_norm: v(6),
-                });
+                let mixer = match &l.gdn {
+                    Some((geometry, [conv, a_log, dt_bias, norm])) => {
+                        Mixer::GatedDelta(GdnWeights {
+                            geometry: *geometry,
+                            qkvz: next(&mut m),
+                            ba: next(&mut m),
+                            out: next(&mut m),
+                            conv,
+                            a_log,
+                            dt_bias,
+                            norm,
+                        })
+                    }
+                    None => Mixer::Attention(AttentionWeights {
+                        q: next(&mut m),
+                        k: next(&mut m),
+                        v: next(&mut m),
+                        o: next(&mut m),
+                        q_bias: v(2),
+                        k_bias: v(3),
+                        v_bias: v(4),
+                        q_norm: v(5),
+                        k_norm: v(6),
+                        output_gate: l.output_gate,
+                    }),
+                };
                 let ffn = match l.ffn {
                     OwnedFfn::Dense => Ffn::Dense(mlp(&mut m)),
                     OwnedFfn::Moe {
@@ -416,6 +441,17 @@ struct FakeLlm {
 }
 
 impl FakeLlm {
+    /// As the CUDA backend: a recurrent state goes on from where it is, or restarts at 0.
+    fn resume(&self, op: &'static str, pos: usize) -> Result<(), Refusal> {
+        if self.cache.can_resume(pos) {
+            return Ok(());
+        }
+        Err(fake_refusal(
+            op,
+            &format!("the recurrent state cannot resume at position {pos}"),
+        ))
+    }
+
     fn need_whole(&self, op: &'static str) -> Result<(), Refusal> {
         if !self.placement.is_whole_model() {
             return Err(Refusal::new(
@@ -455,6 +491,7 @@ impl LlmDevice for FakeLlm {
                 RefusalReason::UnsupportedShape(why),
             ));
         }
+        self.resume("llm.decode", pos)?;
         let kv = self.model.spec.kv_dim();
         self.cache.truncate(pos, kv);
         self.ids.truncate(pos);
@@ -489,6 +526,7 @@ impl LlmDevice for FakeLlm {
                 RefusalReason::UnsupportedShape("logits buffer size".into()),
             ));
         }
+        self.resume("llm.prefill", start)?;
         self.cache.truncate(start, self.model.spec.kv_dim());
         self.ids.truncate(start);
         self.ids.extend_from_slice(tokens);
@@ -527,6 +565,7 @@ impl LlmDevice for FakeLlm {
             ));
         }
         self.faults.before("llm.forward_layers")?;
+        self.resume("llm.forward_layers", start)?;
         let h = self.model.spec.hidden;
         let kv = self.model.spec.kv_dim();
         let model = self.model.view();
@@ -556,6 +595,13 @@ impl LlmDevice for FakeLlm {
         self.faults.before("llm.kv_pool")?;
         if block_size == 0 {
             return Err(fake_refusal("llm.kv_pool", "block size 0"));
+        }
+        // As the CUDA backend: the batched step has no recurrent-state slots.
+        if self.model.layers.iter().any(|l| l.gdn.is_some()) {
+            return Err(fake_refusal(
+                "llm.kv_pool",
+                "the batched step has no GatedDeltaNet layers",
+            ));
         }
         let blocks = (bytes / self.block_bytes(block_size)) as usize;
         if blocks == 0 {

@@ -7,6 +7,8 @@
 //! The graph is the Llama family's: pre-norm RMSNorm, GQA attention with RoPE (rotate-half),
 //! optional q/k/v biases (Qwen2) and per-head q/k RMSNorm (Qwen3); the feed-forward block is a
 //! SwiGLU MLP or a mixture of SwiGLU experts (Qwen3-MoE, Qwen2-MoE with its shared expert).
+//! Hybrid models (Qwen3-Next) mix GatedDeltaNet layers ([`GdnWeights`]) with output-gated
+//! attention and use zero-centred `(1 + w)` norms ([`LlmSpec::norm_style`]).
 
 pub mod batch;
 pub mod batch_check;
@@ -15,6 +17,7 @@ pub mod sample;
 pub mod synth;
 
 use crate::facade::refusal::{Refusal, RefusalReason};
+pub use cmf_kernels::NormStyle;
 use cmf_kernels::Weight;
 
 /// Rotary embedding, precomputed by the model crate so every scaling scheme (linear, Llama-3,
@@ -44,6 +47,9 @@ pub struct LlmSpec {
     pub sliding_window: Vec<Option<usize>>,
     /// Multiplies q·k before the softmax (1/√D for every supported family).
     pub attn_scale: f32,
+    /// How the layer norms, the q/k norms and the final norm apply their weight: `x̂·w`, or
+    /// `x̂·(1 + w)` (Qwen3-Next). The GatedDeltaNet's gated norm is always `x̂·w`.
+    pub norm_style: NormStyle,
 }
 
 impl LlmSpec {
@@ -68,17 +74,89 @@ pub struct LayerWeights<'a> {
     pub ffn: Ffn<'a>,
 }
 
-/// The token mixer of a layer. Only softmax attention has a device graph; model crates refuse
-/// the other kinds (gated attention, GatedDeltaNet) before describing a model.
+/// The token mixer of a layer.
 #[derive(Debug, Clone)]
 pub enum Mixer<'a> {
     Attention(AttentionWeights<'a>),
+    /// A GatedDeltaNet linear-attention layer (Qwen3-Next).
+    GatedDelta(GdnWeights<'a>),
 }
 
-/// GQA attention with RoPE.
+/// The shape of a GatedDeltaNet layer: `num_k_heads` q/k heads of `k_head_dim`, `num_v_heads`
+/// value heads of `v_head_dim` (a multiple of the key heads; value head h reads key head
+/// h / (v_heads / k_heads)), and a causal convolution of `conv_kernel` taps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnGeometry {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl GdnGeometry {
+    /// Kd = k_heads · dk.
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.k_head_dim
+    }
+    /// Vd = v_heads · dv.
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.v_head_dim
+    }
+    /// Channels of the convolution: q | k | v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Rows of the fused q|k|v|z projection.
+    pub fn qkvz_dim(&self) -> usize {
+        2 * self.key_dim() + 2 * self.value_dim()
+    }
+    /// Value heads per key head.
+    pub fn v_per_k(&self) -> usize {
+        self.num_v_heads / self.num_k_heads.max(1)
+    }
+    /// Floats of one sequence's recurrent state: the conv ring `[C, W − 1]` and the delta
+    /// state `[v_heads, dk, dv]`.
+    pub fn state_floats(&self) -> (usize, usize) {
+        (
+            self.conv_dim() * self.conv_kernel.saturating_sub(1),
+            self.num_v_heads * self.k_head_dim * self.v_head_dim,
+        )
+    }
+}
+
+/// A GatedDeltaNet mixer, as transformers' `Qwen3NextGatedDeltaNet`:
+///
+/// ```text
+/// q,k,v,z = xn·W_qkvzᵀ   b,a = xn·W_baᵀ        (rows grouped per key head:
+///                                              [q | k | v (r heads) | z (r heads)], [b (r) | a (r)])
+/// q,k,v   = silu(causal depthwise conv(q|k|v))
+/// q,k     = l2norm(q)/√dk, l2norm(k);  β = sigmoid(b);  g = −exp(A_log)·softplus(a + dt_bias)
+/// per value head, state S [dk, dv]:  S ← e^g·S;  S ← S + k ⊗ β(v − Sᵀk);  o = Sᵀq
+/// x += (rmsnorm(o)·w ⊙ silu(z))·W_outᵀ
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct GdnWeights<'a> {
+    pub geometry: GdnGeometry,
+    /// [2·Kd + 2·Vd, H]
+    pub qkvz: Weight<'a>,
+    /// [2·v_heads, H]
+    pub ba: Weight<'a>,
+    /// [C, W] taps per channel, oldest input first.
+    pub conv: &'a [f32],
+    /// [v_heads] each.
+    pub a_log: &'a [f32],
+    pub dt_bias: &'a [f32],
+    /// [dv] the gated norm's weight (plain `x̂·w`).
+    pub norm: &'a [f32],
+    /// [H, Vd]
+    pub out: Weight<'a>,
+}
+
+/// GQA attention with RoPE (partial rotary when the spec's RoPE covers fewer dimensions).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionWeights<'a> {
-    /// [NH·D, H], [NKV·D, H], [NKV·D, H], [H, NH·D].
+    /// [NH·D, H] ([2·NH·D, H] with `output_gate`), [NKV·D, H], [NKV·D, H], [H, NH·D].
     pub q: Weight<'a>,
     pub k: Weight<'a>,
     pub v: Weight<'a>,
@@ -90,6 +168,9 @@ pub struct AttentionWeights<'a> {
     /// Qwen3: [D] RMSNorm over each head of q and k, before RoPE.
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
+    /// Qwen3-Next: q emits per head D query values then D gate values, and the attention
+    /// output is multiplied by `sigmoid(gate)` before `o`.
+    pub output_gate: bool,
 }
 
 /// The feed-forward block of a layer.
@@ -184,17 +265,29 @@ impl<'a> Ffn<'a> {
 }
 
 impl<'a> LayerWeights<'a> {
-    /// The attention weights (the only mixer with a device graph).
-    pub fn attention(&self) -> &AttentionWeights<'a> {
+    /// The attention weights; None for a GatedDeltaNet layer.
+    pub fn attention(&self) -> Option<&AttentionWeights<'a>> {
         match &self.mixer {
-            Mixer::Attention(a) => a,
+            Mixer::Attention(a) => Some(a),
+            Mixer::GatedDelta(_) => None,
         }
     }
 
-    /// Every matrix of the layer.
+    /// The GatedDeltaNet weights; None for an attention layer.
+    pub fn gated_delta(&self) -> Option<&GdnWeights<'a>> {
+        match &self.mixer {
+            Mixer::GatedDelta(g) => Some(g),
+            Mixer::Attention(_) => None,
+        }
+    }
+
+    /// Every matrix of the layer: the mixer's (q, k, v, o or qkvz, ba, out), then the
+    /// feed-forward block's.
     pub fn matrices(&self) -> Vec<Weight<'a>> {
-        let a = self.attention();
-        let mut v = vec![a.q, a.k, a.v, a.o];
+        let mut v = match &self.mixer {
+            Mixer::Attention(a) => vec![a.q, a.k, a.v, a.o],
+            Mixer::GatedDelta(g) => vec![g.qkvz, g.ba, g.out],
+        };
         v.extend(self.ffn.matrices());
         v
     }
@@ -374,25 +467,50 @@ impl LlmModel<'_> {
         let (h, i, q, kv) = (s.hidden, s.intermediate, s.q_dim(), s.kv_dim());
         for (l, w) in self.layers.iter().enumerate() {
             let n = |t: &str| format!("layer {l} {t}");
-            let a = w.attention();
-            check(&n("q"), &a.q, q, h)?;
-            check(&n("k"), &a.k, kv, h)?;
-            check(&n("v"), &a.v, kv, h)?;
-            check(&n("o"), &a.o, h, q)?;
             vec(&n("attn_norm"), w.attn_norm, h)?;
             vec(&n("ffn_norm"), w.ffn_norm, h)?;
-            for (t, b, len) in [
-                ("q_bias", a.q_bias, q),
-                ("k_bias", a.k_bias, kv),
-                ("v_bias", a.v_bias, kv),
-            ] {
-                if let Some(b) = b {
-                    vec(&n(t), b, len)?;
+            match &w.mixer {
+                Mixer::Attention(a) => {
+                    let q_rows = if a.output_gate { 2 * q } else { q };
+                    check(&n("q"), &a.q, q_rows, h)?;
+                    check(&n("k"), &a.k, kv, h)?;
+                    check(&n("v"), &a.v, kv, h)?;
+                    check(&n("o"), &a.o, h, q)?;
+                    if a.output_gate && a.q_bias.is_some() {
+                        return bad(n("q_bias with an output gate"));
+                    }
+                    for (t, b, len) in [
+                        ("q_bias", a.q_bias, q),
+                        ("k_bias", a.k_bias, kv),
+                        ("v_bias", a.v_bias, kv),
+                    ] {
+                        if let Some(b) = b {
+                            vec(&n(t), b, len)?;
+                        }
+                    }
+                    for (t, b) in [("q_norm", a.q_norm), ("k_norm", a.k_norm)] {
+                        if let Some(b) = b {
+                            vec(&n(t), b, s.head_dim)?;
+                        }
+                    }
                 }
-            }
-            for (t, b) in [("q_norm", a.q_norm), ("k_norm", a.k_norm)] {
-                if let Some(b) = b {
-                    vec(&n(t), b, s.head_dim)?;
+                Mixer::GatedDelta(g) => {
+                    let geo = &g.geometry;
+                    if geo.num_k_heads == 0
+                        || geo.num_v_heads % geo.num_k_heads != 0
+                        || geo.k_head_dim == 0
+                        || geo.v_head_dim == 0
+                        || geo.conv_kernel == 0
+                    {
+                        return bad(n(&format!("gated delta geometry {geo:?}")));
+                    }
+                    check(&n("in_proj_qkvz"), &g.qkvz, geo.qkvz_dim(), h)?;
+                    check(&n("in_proj_ba"), &g.ba, 2 * geo.num_v_heads, h)?;
+                    check(&n("out_proj"), &g.out, h, geo.value_dim())?;
+                    vec(&n("conv1d"), g.conv, geo.conv_dim() * geo.conv_kernel)?;
+                    vec(&n("A_log"), g.a_log, geo.num_v_heads)?;
+                    vec(&n("dt_bias"), g.dt_bias, geo.num_v_heads)?;
+                    vec(&n("gated norm"), g.norm, geo.v_head_dim)?;
                 }
             }
             let mlp = |what: &str, m: &Mlp, f: usize| -> Result<(), Refusal> {
@@ -436,6 +554,11 @@ impl LlmModel<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Whether any layer is a GatedDeltaNet (its state cannot be rewound to a shorter prefix).
+    pub fn is_recurrent(&self) -> bool {
+        self.layers.iter().any(|l| l.gated_delta().is_some())
     }
 
     /// Whether lm_head is the embedding matrix itself (tied), by identity of the bytes.

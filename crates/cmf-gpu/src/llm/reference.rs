@@ -5,16 +5,45 @@
 //! Numerics follow Hugging Face transformers `modeling_qwen3.py` / `modeling_llama.py`:
 //! RMSNorm `x · rsqrt(mean(x²) + eps) · w`, rotate-half RoPE, q/k norm before RoPE, softmax
 //! over scaled scores, SwiGLU `silu(gate) · up`; mixture-of-experts blocks as cmf-llm's `model::moe`
-//! (transformers `Qwen3MoeSparseMoeBlock` / `Qwen2MoeSparseMoeBlock`).
+//! (transformers `Qwen3MoeSparseMoeBlock` / `Qwen2MoeSparseMoeBlock`). Hybrid models follow
+//! `modeling_qwen3_next.py`: GatedDeltaNet layers as cmf-llm's `model::gdn` decode path (the
+//! recurrence one token at a time), output-gated attention, `(1 + w)` norms.
 
-use super::{Ffn, LayerWeights, LlmModel, LlmSpec, Mlp, MoeWeights, Routing};
+use super::{
+    AttentionWeights, Ffn, GdnGeometry, GdnWeights, LayerWeights, LlmModel, LlmSpec, Mixer, Mlp,
+    MoeWeights, NormStyle, Routing,
+};
 use cmf_kernels::reference::{decode_row, matvec};
 
-/// The KV cache of the reference forward: per layer, `[S, NKV·D]` keys and values.
+/// The KV cache of the reference forward: per layer, `[S, NKV·D]` keys and values; for a
+/// GatedDeltaNet layer its recurrent state instead.
 #[derive(Debug, Clone, Default)]
 pub struct RefCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    gdn: Vec<Option<GdnState>>,
+}
+
+/// One GatedDeltaNet layer's recurrent state after `len` tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GdnState {
+    /// The last W−1 convolution inputs per channel, `[C, W − 1]`, oldest first.
+    pub conv: Vec<f32>,
+    /// `[v_heads, dk, dv]`.
+    pub delta: Vec<f32>,
+    /// Tokens folded in.
+    pub len: usize,
+}
+
+impl GdnState {
+    pub fn new(g: &GdnGeometry) -> GdnState {
+        let (conv, delta) = g.state_floats();
+        GdnState {
+            conv: vec![0.0; conv],
+            delta: vec![0.0; delta],
+            len: 0,
+        }
+    }
 }
 
 impl RefCache {
@@ -22,20 +51,33 @@ impl RefCache {
         RefCache {
             k: vec![Vec::new(); num_layers],
             v: vec![Vec::new(); num_layers],
+            gdn: vec![None; num_layers],
         }
     }
 
-    /// Forgets positions ≥ `len`.
+    /// Forgets positions ≥ `len`. A recurrent state cannot be cut back: it is cleared at
+    /// `len` 0 and otherwise kept (callers check [`RefCache::can_resume`] first).
     pub fn truncate(&mut self, len: usize, kv_dim: usize) {
         for l in 0..self.k.len() {
-            self.k[l].truncate(len * kv_dim);
-            self.v[l].truncate(len * kv_dim);
+            self.truncate_layer(l, len, kv_dim);
         }
+    }
+
+    /// Whether the next token may go at `pos`: every recurrent state is at `pos` (or is
+    /// restarted, at 0).
+    pub fn can_resume(&self, pos: usize) -> bool {
+        pos == 0 || self.gdn.iter().flatten().all(|s| s.len == pos)
+    }
+
+    /// The recurrent state of layer `l`, once a token went through it.
+    pub fn gdn_state(&self, l: usize) -> Option<&GdnState> {
+        self.gdn.get(l).and_then(Option::as_ref)
     }
 
     /// A cache holding per layer `[S, NKV·D]` keys `k[l]` and values `v[l]`.
     pub fn from_rows(k: Vec<Vec<f32>>, v: Vec<Vec<f32>>) -> RefCache {
-        RefCache { k, v }
+        let gdn = vec![None; k.len()];
+        RefCache { k, v, gdn }
     }
 
     /// Layer `l`'s keys and values, `[S, NKV·D]` each.
@@ -43,17 +85,29 @@ impl RefCache {
         (&self.k[l], &self.v[l])
     }
 
-    /// Forgets positions ≥ `len` of one layer.
+    /// Forgets positions ≥ `len` of one layer (a recurrent state only at `len` 0).
     pub fn truncate_layer(&mut self, layer: usize, len: usize, kv_dim: usize) {
         self.k[layer].truncate(len * kv_dim);
         self.v[layer].truncate(len * kv_dim);
+        if len == 0 {
+            self.gdn[layer] = None;
+        }
     }
 }
 
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_styled(x, w, eps, NormStyle::Plain, out)
+}
+
+/// RMSNorm with the weight applied as `style` says (`w` or `1 + w`).
+pub fn rms_norm_styled(x: &[f32], w: &[f32], eps: f32, style: NormStyle, out: &mut [f32]) {
     let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let inv = 1.0 / (ms + eps).sqrt();
     for ((o, a), b) in out.iter_mut().zip(x).zip(w) {
+        let b = match style {
+            NormStyle::Plain => *b,
+            NormStyle::OnePlus => 1.0 + b,
+        };
         *o = a * inv * b;
     }
 }
@@ -89,16 +143,69 @@ pub fn embed(model: &LlmModel, token: u32) -> Vec<f32> {
 pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut RefCache) {
     let s = &model.spec;
     let w: &LayerWeights = &model.layers[l];
-    let a = w.attention();
-    let (d, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
     let mut xn = vec![0f32; s.hidden];
-    rms_norm(x, w.attn_norm, s.rms_eps, &mut xn);
-    let mut q = vec![0f32; s.q_dim()];
+    rms_norm_styled(x, w.attn_norm, s.rms_eps, s.norm_style, &mut xn);
+    let mut o = vec![0f32; s.hidden];
+    match &w.mixer {
+        Mixer::Attention(a) => attention(s, a, l, &xn, pos, cache, &mut o),
+        Mixer::GatedDelta(g) => {
+            let st = cache.gdn[l].get_or_insert_with(|| GdnState::new(&g.geometry));
+            assert_eq!(
+                st.len, pos,
+                "reference recurrent state out of step at layer {l}"
+            );
+            gated_delta(g, &xn, s.rms_eps, st, &mut o);
+        }
+    }
+    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+
+    rms_norm_styled(x, w.ffn_norm, s.rms_eps, s.norm_style, &mut xn);
+    match &w.ffn {
+        Ffn::Dense(m) => mlp(m, &xn, &mut o),
+        Ffn::Moe(m) => moe(m, &xn, &mut o),
+    }
+    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+}
+
+/// out[H] = attention of the normed `xn[H]` at `pos` (output-gated when the weights say so);
+/// appends this token's k, v to `cache`.
+fn attention(
+    s: &LlmSpec,
+    a: &AttentionWeights,
+    l: usize,
+    xn: &[f32],
+    pos: usize,
+    cache: &mut RefCache,
+    out: &mut [f32],
+) {
+    let (d, nh, nkv) = (s.head_dim, s.num_heads, s.num_kv_heads);
+    let q_rows = if a.output_gate {
+        2 * s.q_dim()
+    } else {
+        s.q_dim()
+    };
+    let mut qg = vec![0f32; q_rows];
     let mut k = vec![0f32; s.kv_dim()];
     let mut v = vec![0f32; s.kv_dim()];
-    matvec(&a.q, &xn, &mut q);
-    matvec(&a.k, &xn, &mut k);
-    matvec(&a.v, &xn, &mut v);
+    matvec(&a.q, xn, &mut qg);
+    matvec(&a.k, xn, &mut k);
+    matvec(&a.v, xn, &mut v);
+    // Per head the gated projection holds [query | gate].
+    let (mut q, gate) = if a.output_gate {
+        let q: Vec<f32> = qg
+            .chunks_exact(2 * d)
+            .flat_map(|h| &h[..d])
+            .copied()
+            .collect();
+        let g: Vec<f32> = qg
+            .chunks_exact(2 * d)
+            .flat_map(|h| &h[d..])
+            .copied()
+            .collect();
+        (q, Some(g))
+    } else {
+        (qg, None)
+    };
     for (t, b) in [(&mut q, a.q_bias), (&mut k, a.k_bias), (&mut v, a.v_bias)] {
         if let Some(b) = b {
             t.iter_mut().zip(b).for_each(|(a, b)| *a += b);
@@ -108,7 +215,7 @@ pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut 
     for (heads, norm) in [(&mut q, a.q_norm), (&mut k, a.k_norm)] {
         for h in heads.chunks_mut(d) {
             if let Some(nw) = norm {
-                rms_norm(h, nw, s.rms_eps, &mut tmp);
+                rms_norm_styled(h, nw, s.rms_eps, s.norm_style, &mut tmp);
                 h.copy_from_slice(&tmp);
             }
             rope(h, pos, s);
@@ -148,16 +255,162 @@ pub fn layer(model: &LlmModel, l: usize, x: &mut [f32], pos: usize, cache: &mut 
             }
         }
     }
-    let mut o = vec![0f32; s.hidden];
-    matvec(&a.o, &att, &mut o);
-    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-
-    rms_norm(x, w.ffn_norm, s.rms_eps, &mut xn);
-    match &w.ffn {
-        Ffn::Dense(m) => mlp(m, &xn, &mut o),
-        Ffn::Moe(m) => moe(m, &xn, &mut o),
+    if let Some(gate) = gate {
+        att.iter_mut()
+            .zip(&gate)
+            .for_each(|(a, g)| *a *= sigmoid(*g));
     }
-    x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+    matvec(&a.o, &att, out);
+}
+
+/// torch's `softplus` (beta 1, threshold 20: linear above it).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// out[H] = the GatedDeltaNet mixer of the normed `xn[H]` for one token, advancing `st`.
+pub fn gated_delta(g: &GdnWeights, xn: &[f32], eps: f32, st: &mut GdnState, out: &mut [f32]) {
+    let geo = &g.geometry;
+    let mut qkvz = vec![0f32; geo.qkvz_dim()];
+    let mut ba = vec![0f32; 2 * geo.num_v_heads];
+    matvec(&g.qkvz, xn, &mut qkvz);
+    matvec(&g.ba, xn, &mut ba);
+    let (mixed, z, beta, decay) = gdn_inputs(g, &qkvz, &ba);
+    let mut mixed = mixed;
+    gdn_conv(geo, g.conv, &mut mixed, &mut st.conv);
+    gdn_l2norm(geo, &mut mixed);
+    let mut core = vec![0f32; geo.value_dim()];
+    gdn_recurrence(geo, &mixed, &beta, &decay, &mut st.delta, &mut core);
+    gdn_gated_norm(geo, &mut core, &z, g.norm, eps);
+    matvec(&g.out, &core, out);
+    st.len += 1;
+}
+
+/// The projections of one token split into the conv input `[q | k | v]` (all heads), z,
+/// β = sigmoid(b) and the log decay g = −exp(A_log)·softplus(a + dt_bias), undoing the
+/// per-key-head grouping of the fused projections.
+pub fn gdn_inputs(
+    g: &GdnWeights,
+    qkvz: &[f32],
+    ba: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let geo = &g.geometry;
+    let (dk, dv, r, nk, nv) = (
+        geo.k_head_dim,
+        geo.v_head_dim,
+        geo.v_per_k(),
+        geo.num_k_heads,
+        geo.num_v_heads,
+    );
+    let kd = geo.key_dim();
+    let group = 2 * dk + 2 * r * dv;
+    let mut mixed = vec![0f32; geo.conv_dim()];
+    let mut z = vec![0f32; geo.value_dim()];
+    let (mut beta, mut decay) = (vec![0f32; nv], vec![0f32; nv]);
+    for hk in 0..nk {
+        let src = &qkvz[hk * group..(hk + 1) * group];
+        mixed[hk * dk..(hk + 1) * dk].copy_from_slice(&src[..dk]);
+        mixed[kd + hk * dk..kd + (hk + 1) * dk].copy_from_slice(&src[dk..2 * dk]);
+        mixed[2 * kd + hk * r * dv..2 * kd + (hk + 1) * r * dv]
+            .copy_from_slice(&src[2 * dk..2 * dk + r * dv]);
+        z[hk * r * dv..(hk + 1) * r * dv].copy_from_slice(&src[2 * dk + r * dv..]);
+        for j in 0..r {
+            let hv = hk * r + j;
+            beta[hv] = sigmoid(ba[hk * 2 * r + j]);
+            let a = ba[hk * 2 * r + r + j];
+            decay[hv] = -g.a_log[hv].exp() * softplus(a + g.dt_bias[hv]);
+        }
+    }
+    (mixed, z, beta, decay)
+}
+
+/// Causal depthwise conv + SiLU of one token in place: channel c becomes
+/// `silu(Σ_j w[c][j]·in[t − (W−1) + j])` over the ring's W−1 older inputs and this one; the
+/// ring then holds the newest W−1.
+pub fn gdn_conv(geo: &GdnGeometry, w: &[f32], x: &mut [f32], ring: &mut [f32]) {
+    let (c, k) = (geo.conv_dim(), geo.conv_kernel);
+    let past = k - 1;
+    for ch in 0..c {
+        let taps = &w[ch * k..(ch + 1) * k];
+        let hist = &mut ring[ch * past..(ch + 1) * past];
+        let mut acc = taps[past] * x[ch];
+        for (tap, &h) in taps.iter().zip(hist.iter()) {
+            acc += tap * h;
+        }
+        if past > 0 {
+            hist.copy_within(1.., 0);
+            hist[past - 1] = x[ch];
+        }
+        x[ch] = silu(acc);
+    }
+}
+
+/// L2-normalises each q and k head (eps 1e-6 inside the sqrt) and scales q by 1/√dk.
+pub fn gdn_l2norm(geo: &GdnGeometry, mixed: &mut [f32]) {
+    let (dk, kd) = (geo.k_head_dim, geo.key_dim());
+    let scale = 1.0 / (dk as f32).sqrt();
+    for (i, head) in mixed[..2 * kd].chunks_exact_mut(dk).enumerate() {
+        let ss: f32 = head.iter().map(|v| v * v).sum();
+        let mut inv = 1.0 / (ss + 1e-6).sqrt();
+        if i < geo.num_k_heads {
+            inv *= scale;
+        }
+        head.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// The gated delta rule for one token over every value head: `state [v_heads, dk, dv]`,
+/// `core [Vd]` the read-out.
+pub fn gdn_recurrence(
+    geo: &GdnGeometry,
+    mixed: &[f32],
+    beta: &[f32],
+    decay: &[f32],
+    state: &mut [f32],
+    core: &mut [f32],
+) {
+    let (dk, dv, kd, r) = (geo.k_head_dim, geo.v_head_dim, geo.key_dim(), geo.v_per_k());
+    let mut delta = vec![0f32; dv];
+    for hv in 0..geo.num_v_heads {
+        let hk = hv / r;
+        let q = &mixed[hk * dk..(hk + 1) * dk];
+        let k = &mixed[kd + hk * dk..kd + (hk + 1) * dk];
+        let v = &mixed[2 * kd + hv * dv..2 * kd + (hv + 1) * dv];
+        let s = &mut state[hv * dk * dv..(hv + 1) * dk * dv];
+        let e = decay[hv].exp();
+        s.iter_mut().for_each(|x| *x *= e);
+        delta.copy_from_slice(v);
+        for (i, srow) in s.chunks_exact(dv).enumerate() {
+            for (d, &sv) in delta.iter_mut().zip(srow) {
+                *d -= sv * k[i];
+            }
+        }
+        delta.iter_mut().for_each(|d| *d *= beta[hv]);
+        let o = &mut core[hv * dv..(hv + 1) * dv];
+        o.fill(0.0);
+        for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
+            for ((sv, &d), ov) in srow.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                *sv += k[i] * d;
+                *ov += *sv * q[i];
+            }
+        }
+    }
+}
+
+/// Per value head: o ← rmsnorm(o)·w ⊙ silu(z).
+pub fn gdn_gated_norm(geo: &GdnGeometry, core: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+    let dv = geo.v_head_dim;
+    for (o, zz) in core.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+        let ms = o.iter().map(|v| v * v).sum::<f32>() / dv as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((ov, &wv), &zv) in o.iter_mut().zip(w).zip(zz) {
+            *ov = *ov * inv * wv * silu(zv);
+        }
+    }
 }
 
 /// out[H] = down(silu(gate·x) ⊙ up·x).
@@ -271,8 +524,9 @@ pub fn moe(m: &MoeWeights, x: &[f32], out: &mut [f32]) {
 
 /// Final norm and lm_head: logits [V] of the hidden state `x[H]`.
 pub fn head(model: &LlmModel, x: &[f32]) -> Vec<f32> {
-    let mut xn = vec![0f32; model.spec.hidden];
-    rms_norm(x, model.final_norm, model.spec.rms_eps, &mut xn);
+    let s = &model.spec;
+    let mut xn = vec![0f32; s.hidden];
+    rms_norm_styled(x, model.final_norm, s.rms_eps, s.norm_style, &mut xn);
     let mut logits = vec![0f32; model.spec.vocab];
     matvec(&model.lm_head, &xn, &mut logits);
     logits

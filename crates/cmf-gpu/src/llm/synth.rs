@@ -164,6 +164,7 @@ pub fn qwen3_spec(
         },
         sliding_window: vec![None; num_layers],
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        norm_style: crate::llm::NormStyle::Plain,
     }
 }
 
@@ -316,6 +317,7 @@ impl SynthModel {
                     v_bias: l.bias.as_ref().map(|b| b[2].as_slice()),
                     q_norm: l.qk_norm.as_ref().map(|b| b[0].as_slice()),
                     k_norm: l.qk_norm.as_ref().map(|b| b[1].as_slice()),
+                    output_gate: false,
                 }),
                 ffn_norm: &l.ffn_norm,
                 ffn: Ffn::Dense(Mlp {

@@ -160,7 +160,7 @@ impl CudaLlm {
     /// Decode attention for layer `l` with the q/k norm, RoPE and the KV write of the new
     /// token fused in (attention_decode.cu): reads the q|k|v matvec output, writes `ws.attn`.
     /// In the short-context chain (`enqueue_short`) one block per kv head, staged or not.
-    fn attention_decode(&self, l: usize) -> DResult<()> {
+    pub(super) fn attention_decode(&self, l: usize) -> DResult<()> {
         let s = &self.spec;
         let (func, grid_y, smem) = match (self.enqueue_short.get(), self.short) {
             (true, super::ShortDecode::Staged) => {
@@ -188,6 +188,9 @@ impl CudaLlm {
     ];
 
     pub(super) fn decode_stage(&self, l: usize, stage: usize) -> DResult<()> {
+        if let Some(r) = self.hybrid_decode_stage(l, stage) {
+            return r;
+        }
         let (dev, ck, ws) = (&*self.dev, &*self.ck, &self.ws);
         let d = self.layer(l);
         let opt = |b: &Option<super::DBuf>| b.as_ref().map_or(0, |b| b.ptr());
@@ -617,6 +620,9 @@ impl CudaLlm {
 
     /// One stage of layer `l` over pf.h[t, H] at positions *pf.start + i.
     pub(super) fn prefill_stage(&self, l: usize, t: usize, stage: usize) -> DResult<()> {
+        if let Some(r) = self.hybrid_prefill_stage(l, t, stage) {
+            return r;
+        }
         let (s, pf, d) = (
             &self.spec,
             self.pf.as_ref().expect("prefill workspace"),
@@ -805,6 +811,7 @@ impl CudaLlm {
     ) -> DResult<Vec<f32>> {
         self.settle()?;
         self.ensure_prefill_ws()?;
+        self.ensure_hybrid_prefill_ws()?;
         self.dev_inputs = None;
         let (v, cap) = (self.spec.vocab, self.opts.prefill_chunk);
         let mut out = vec![0f32; logits.len(tokens.len(), v)];

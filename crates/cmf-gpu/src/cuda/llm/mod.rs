@@ -14,6 +14,7 @@
 mod ahead;
 mod batched;
 mod forward;
+pub mod gdn;
 pub(crate) mod kernels;
 pub mod moe;
 mod profile;
@@ -57,6 +58,11 @@ pub(crate) struct DevLayer {
     pub window: i32,
     pub k_cache: DBuf,
     pub v_cache: DBuf,
+    /// A GatedDeltaNet layer (gdn.rs): its weights and state; q/k/v/o and the caches are then
+    /// empty stand-ins.
+    pub gdn: Option<gdn::DevGdn>,
+    /// Output-gated attention: q holds [query | gate] rows per head.
+    pub gated: bool,
 }
 
 pub struct CudaLlm {
@@ -106,6 +112,8 @@ pub struct CudaLlm {
     pool: Option<batched::KvPool>,
     /// Set while a batched step enqueues: its q8_row GEMMs run on int8 tensor cores.
     q8_step: std::cell::Cell<bool>,
+    /// Kernels, scratch and state position of GatedDeltaNet / output-gated layers (gdn.rs).
+    hybrid: Option<gdn::Hybrid>,
 }
 
 /// Which prefill attention kernel runs: `Fa2` where it applies, else `Simple`. The earlier
@@ -258,11 +266,30 @@ fn plan(
             opts.max_context, opts.prefill_chunk
         )));
     }
+    gdn::check(model)?;
     weights::check(&model.embed, "embed")?;
     weights::check(&model.lm_head, "lm_head")?;
     let mut all_float = true;
     for (l, w) in model.layers.iter().enumerate() {
-        let a = w.attention();
+        let Some(a) = w.attention() else {
+            // A GatedDeltaNet layer (gdn::check took its matrices).
+            if let Ffn::Moe(m) = &w.ffn {
+                moe::check(m, l)?;
+            }
+            if let Ffn::Dense(m) = &w.ffn {
+                let g = weights::check(&m.gate, &format!("layer {l} gate"))?;
+                let u = weights::check(&m.up, &format!("layer {l} up"))?;
+                weights::check(&m.down, &format!("layer {l} down"))?;
+                if g != u {
+                    return Err(shape(format!("layer {l}: gate/up in different codecs")));
+                }
+            }
+            all_float &= w
+                .matrices()
+                .iter()
+                .all(|m| matches!(m.dtype, cmf_format::Dtype::F32 | cmf_format::Dtype::F16));
+            continue;
+        };
         let mut named = vec![("q", a.q), ("k", a.k), ("v", a.v), ("o", a.o)];
         if let Ffn::Dense(m) = &w.ffn {
             named.extend([("gate", m.gate), ("up", m.up), ("down", m.down)]);
@@ -319,9 +346,10 @@ fn plan(
 fn layer_weight_bytes(w: &LayerWeights) -> u64 {
     let a = w.attention();
     w.matrices().iter().map(weights::device_bytes).sum::<u64>()
+        + w.gated_delta().map_or(0, gdn::vector_bytes)
         + 4 * (2 * w.attn_norm.len()
-            + a.q_bias.map_or(0, |b| b.len()) * 3
-            + a.q_norm.map_or(0, |b| b.len()) * 2) as u64
+            + a.and_then(|a| a.q_bias).map_or(0, |b| b.len()) * 3
+            + a.and_then(|a| a.q_norm).map_or(0, |b| b.len()) * 2) as u64
         + match &w.ffn {
             // The expert table.
             Ffn::Moe(m) => 72 * m.experts.len() as u64,
@@ -346,10 +374,11 @@ fn moe_blocks<'a>(model: &'a LlmModel<'a>) -> impl Iterator<Item = &'a crate::ll
 
 pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footprint, Refusal> {
     let p = plan(dev, model, opts, DecodeTuning::default())?;
+    // A GatedDeltaNet layer keeps its recurrent state instead of a KV cache.
     let layer_bytes = model
         .layers
         .iter()
-        .map(|w| layer_weight_bytes(w) + p.kv_layer_bytes)
+        .map(|w| layer_weight_bytes(w) + w.gated_delta().map_or(p.kv_layer_bytes, gdn::state_bytes))
         .collect();
     let head_bytes = weights::device_bytes(&model.embed)
         + if model.head_is_tied() {
@@ -362,7 +391,9 @@ pub fn footprint(dev: &Dev, model: &LlmModel, opts: &LlmOptions) -> Result<Footp
         + PrefillWs::bytes(model, opts.prefill_chunk, opts.precise)
         + MoeDecodeWs::bytes(moe_blocks(model), model.spec.hidden)
         + MoePrefillWs::sizes(moe_blocks(model), model.spec.hidden, opts.prefill_chunk)
-            .map_or(0, |z| z.iter().sum::<usize>() as u64);
+            .map_or(0, |z| z.iter().sum::<usize>() as u64)
+        + gdn::GdnWs::bytes(model, 1)
+        + gdn::GdnWs::bytes(model, opts.prefill_chunk);
     Ok(Footprint {
         layer_bytes,
         head_bytes,
@@ -437,7 +468,32 @@ impl CudaLlm {
         let uploaded = dev
             .each_parallel(&on_device, Dev::LOADER_THREADS, |&l| {
                 let w = &model.layers[l];
-                let a = w.attention();
+                let norm = |v: &[f32]| upload_f32(&dev, &gdn::norm_weight(s, v));
+                let Some(a) = w.attention() else {
+                    let g = w
+                        .gated_delta()
+                        .expect("a layer is attention or GatedDeltaNet");
+                    let none = || gdn::no_weight(&dev);
+                    return Ok(DevLayer {
+                        q: none()?,
+                        k: none()?,
+                        v: none()?,
+                        o: none()?,
+                        ffn: DevFfn::upload(&dev, &w.ffn)?,
+                        attn_norm: norm(w.attn_norm)?,
+                        ffn_norm: norm(w.ffn_norm)?,
+                        q_bias: None,
+                        k_bias: None,
+                        v_bias: None,
+                        q_norm: None,
+                        k_norm: None,
+                        window: 0,
+                        k_cache: dev.alloc(0)?,
+                        v_cache: dev.alloc(0)?,
+                        gdn: Some(gdn::DevGdn::upload(&dev, g)?),
+                        gated: false,
+                    });
+                };
                 let up = |m| DevWeight::upload(&dev, m);
                 Ok(DevLayer {
                     q: up(&a.q)?,
@@ -445,17 +501,19 @@ impl CudaLlm {
                     v: up(&a.v)?,
                     o: up(&a.o)?,
                     ffn: DevFfn::upload(&dev, &w.ffn)?,
-                    attn_norm: upload_f32(&dev, w.attn_norm)?,
-                    ffn_norm: upload_f32(&dev, w.ffn_norm)?,
+                    attn_norm: norm(w.attn_norm)?,
+                    ffn_norm: norm(w.ffn_norm)?,
                     q_bias: upload_opt(&dev, a.q_bias)?,
                     k_bias: upload_opt(&dev, a.k_bias)?,
                     v_bias: upload_opt(&dev, a.v_bias)?,
-                    q_norm: upload_opt(&dev, a.q_norm)?,
-                    k_norm: upload_opt(&dev, a.k_norm)?,
+                    q_norm: a.q_norm.map(&norm).transpose()?,
+                    k_norm: a.k_norm.map(&norm).transpose()?,
                     window: s.sliding_window[l].map_or(0, |w| w.min(i32::MAX as usize) as i32),
                     // Zeroed: prefill attention stages whole tiles, and garbage could be NaN.
                     k_cache: dev.alloc_zeroed(kv_half)?,
                     v_cache: dev.alloc_zeroed(kv_half)?,
+                    gdn: None,
+                    gated: a.output_gate,
                 })
             })
             .map_err(err)?;
@@ -473,7 +531,7 @@ impl CudaLlm {
             (
                 Some(embed),
                 lm_head,
-                Some(upload_f32(&dev, model.final_norm).map_err(err)?),
+                Some(upload_f32(&dev, &gdn::norm_weight(s, model.final_norm)).map_err(err)?),
             )
         } else {
             (None, None, None)
@@ -495,6 +553,14 @@ impl CudaLlm {
             None => None,
         };
         let blas = Blas::new(&dev).ok();
+        let hybrid = if gdn::is_hybrid(model) {
+            Some(gdn::Hybrid::load(&dev, model, opts.prefill_chunk).map_err(err)?)
+        } else {
+            None
+        };
+        // A step launched ahead would advance a recurrent state past what the caller keeps.
+        let mut ahead = DecodeAhead::new().map_err(err)?;
+        ahead.enabled &= !model.is_recurrent();
         Ok(CudaLlm {
             dev,
             ck,
@@ -529,9 +595,10 @@ impl CudaLlm {
             },
             enqueue_short: std::cell::Cell::new(false),
             dev_inputs: None,
-            ahead: DecodeAhead::new().map_err(err)?,
+            ahead,
             attn: AttnKernel::Fa2,
             pool: None,
+            hybrid,
         }
         .with_attention(AttnKernel::Fa2))
     }
@@ -634,7 +701,8 @@ impl CudaLlm {
     /// was read (tests compare it with decoding one token ahead, the default).
     pub fn set_decode_ahead(&mut self, on: bool) {
         let _ = self.settle();
-        self.ahead.enabled = on;
+        // Never for a recurrent model: a step launched ahead advances its state.
+        self.ahead.enabled = on && !self.layers.iter().flatten().any(|d| d.gdn.is_some());
     }
 
     /// Whether the KV cache is f32 (f32/f16 models) rather than f16.
@@ -701,9 +769,10 @@ impl LlmDevice for CudaLlm {
         }
         self.check_sampler(sampler)?;
         self.bind(OP)?;
-        let (tok, logits) = self
-            .decode_step(token, pos, sampler, want_logits)
-            .map_err(|e| e.refusal(OP))?;
+        self.hybrid_begin(OP, pos)?;
+        let step = self.decode_step(token, pos, sampler, want_logits);
+        self.hybrid_end(step.is_ok().then_some(pos + 1));
+        let (tok, logits) = step.map_err(|e| e.refusal(OP))?;
         out.token = tok;
         out.logits = logits;
         Ok(())
@@ -756,11 +825,12 @@ impl LlmDevice for CudaLlm {
             ));
         }
         self.bind(OP)?;
+        self.hybrid_begin(OP, start)?;
         self.record_history(tokens, start)
             .map_err(|e| e.refusal(OP))?;
-        let result = self
-            .prefill_all(tokens, start, logits)
-            .map_err(|e| e.refusal(OP))?;
+        let result = self.prefill_all(tokens, start, logits);
+        self.hybrid_end(result.is_ok().then_some(start + tokens.len()));
+        let result = result.map_err(|e| e.refusal(OP))?;
         out.copy_from_slice(&result);
         Ok(())
     }
@@ -777,6 +847,12 @@ impl LlmDevice for CudaLlm {
             return Err(Refusal::new(
                 OP,
                 RefusalReason::NotResident(format!("layers {layers:?}")),
+            ));
+        }
+        if self.hybrid.is_some() {
+            return Err(Self::refuse(
+                OP,
+                "hybrid placement of GatedDeltaNet or output-gated layers".into(),
             ));
         }
         if t == 0 || x.len() != t * self.spec.hidden || start + t > self.opts.max_context {
@@ -826,6 +902,12 @@ impl LlmDevice for CudaLlm {
     fn kv_pool(&mut self, bytes: u64, block_size: usize) -> Result<PoolShape, Refusal> {
         const OP: &str = "llm.kv_pool";
         self.need_whole(OP)?;
+        if self.hybrid.is_some() {
+            return Err(Self::refuse(
+                OP,
+                "the batched step has no GatedDeltaNet or output-gated layers".into(),
+            ));
+        }
         self.bind(OP)?;
         self.alloc_pool(bytes, block_size)
     }
@@ -855,6 +937,7 @@ pub fn weight_bytes_resident(llm: &CudaLlm) -> u64 {
         .map(|d| {
             [&d.q, &d.k, &d.v, &d.o]
                 .into_iter()
+                .chain(d.gdn.iter().flat_map(|g| g.weights()))
                 .chain(d.ffn.weights())
                 .map(|w| w.bytes())
                 .sum::<u64>()
@@ -866,6 +949,10 @@ pub fn weight_bytes_resident(llm: &CudaLlm) -> u64 {
 impl CudaLlm {
     /// Codec of layer 0's q projection (for reports).
     pub fn codec(&self) -> Option<DevCodec> {
-        self.layers.iter().flatten().next().map(|l| l.q.codec)
+        self.layers
+            .iter()
+            .flatten()
+            .next()
+            .map(|l| l.gdn.as_ref().map_or(l.q.codec, |g| g.qkvz.codec))
     }
 }
