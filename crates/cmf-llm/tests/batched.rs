@@ -67,6 +67,8 @@ struct Run {
     /// Every choice's tokens and log-probabilities.
     choices: HashMap<(RequestId, usize), Vec<Sampled>>,
     choices_finished: HashMap<(RequestId, usize), FinishReason>,
+    /// The prompt log-probabilities of the requests that asked.
+    prompts: HashMap<RequestId, Vec<TokenLogprob>>,
     /// The requests in submission order (the order of the returned ids).
     submitted: Vec<Request>,
 }
@@ -85,6 +87,7 @@ fn drive(
         finished: HashMap::new(),
         choices: HashMap::new(),
         choices_finished: HashMap::new(),
+        prompts: HashMap::new(),
         submitted: first.to_vec(),
     };
     for step in 0..10_000 {
@@ -122,6 +125,16 @@ fn drive(
                     if choice == 0 {
                         run.finished.insert(id, reason);
                     }
+                }
+                Event::Prompt { id, logprobs } => {
+                    assert!(
+                        !run.choices.keys().any(|k| k.0 == id),
+                        "{id}: the prompt's log-probabilities came after a token"
+                    );
+                    assert!(
+                        run.prompts.insert(id, logprobs).is_none(),
+                        "{id}: the prompt's log-probabilities came twice"
+                    );
                 }
                 Event::Failed { id, error } => panic!("request {id} failed: {error}"),
             }
@@ -842,6 +855,112 @@ fn a_failing_processor_ends_only_its_request() {
             vec![fails()]
         )
         .is_err());
+}
+
+/// The prompt's log-probabilities from a teacher-forced single-sequence pass (f32 cache).
+fn teacher_forced(model: &Model, prompt: &[u32], top: usize) -> Vec<TokenLogprob> {
+    let mut st = model.new_state_with(prompt.len(), KvDtype::F32);
+    let mut out = Vec::new();
+    model
+        .forward_scored(&mut st, prompt, 0, |i, logits| {
+            if i + 1 < prompt.len() {
+                out.push(token_logprob(logits, prompt[i + 1], top));
+            }
+        })
+        .unwrap();
+    out
+}
+
+/// A request that wants its prompt's log-probabilities (`echo`) joins the batch: its prompt
+/// goes in chunks beside decoding sequences, every row scored once (also when preempted mid-way
+/// in a short pool, and when an earlier request cached its prefix), equal to a teacher-forced
+/// pass within 1e-5; its choices and the others' tokens are what they are alone.
+#[test]
+fn prompt_logprobs_join_the_batch() {
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 21,
+        ..SamplingParams::default()
+    };
+    // (fixture, blocks, block size)
+    for (name, blocks, bs) in [
+        ("llama-tiny", 64, 16),
+        ("qwen3next-tiny", 64, 16),
+        ("qwen3-tiny", 24, 4),
+    ] {
+        let f = fixture(name);
+        let source = SafetensorsSource::new(&f.files);
+        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+        let cfg = SchedulerConfig {
+            max_running: 4,
+            step_tokens: 16,
+        };
+        let mut s = scheduler(&model, blocks, bs, cfg);
+        let short = blocks < 32;
+        let shared = prompt(30, 40);
+        let mut tail = shared.clone();
+        tail.extend(prompt(31, 11));
+        // The plain one caches `shared`'s blocks before the scored ones arrive.
+        let plain = greedy(shared, if short { 20 } else { 6 });
+        let cases: Vec<(Request, MakeProcessors)> = vec![
+            (
+                Request {
+                    prompt: prompt(32, 45),
+                    max_tokens: 7,
+                    sampling: seeded,
+                    n: 2,
+                    logprobs: Some(1),
+                    prompt_logprobs: Some(2),
+                    ..Request::default()
+                },
+                no_processors,
+            ),
+            (
+                Request {
+                    prompt_logprobs: Some(0),
+                    ..greedy(tail, 5)
+                },
+                no_processors,
+            ),
+        ];
+        let later = [(1, cases[0].0.clone()), (2, cases[1].0.clone())];
+        let (all, run) = drive(&mut s, &[plain], &later, |_, _| {});
+        let (first, ids) = (all[0], &all[1..]);
+        assert_choices(&model, name, &cases, ids, &run);
+        for ((req, _), id) in cases.iter().zip(ids) {
+            let top = req.prompt_logprobs.unwrap();
+            let want = teacher_forced(&model, &req.prompt, top);
+            let got = &run.prompts[id];
+            assert_eq!(got.len(), req.prompt.len() - 1, "{name}: {id}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.id, w.id, "{name}: {id} token {}", i + 1);
+                assert!(
+                    (g.logprob - w.logprob).abs() < 1e-5,
+                    "{name}: {id} token {}: {} vs {}",
+                    i + 1,
+                    g.logprob,
+                    w.logprob
+                );
+                assert_eq!(g.top.len(), top);
+                for (a, b) in g.top.iter().zip(&w.top) {
+                    assert!(
+                        a.0 == b.0 && (a.1 - b.1).abs() < 1e-5,
+                        "{name}: {a:?} vs {b:?}"
+                    );
+                }
+            }
+        }
+        assert!(!run.prompts.contains_key(&first));
+        if short {
+            assert!(
+                s.stats().preemptions > 0,
+                "{name}: the pool was never short"
+            );
+        }
+        assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
+    }
 }
 
 #[path = "batched/device.rs"]

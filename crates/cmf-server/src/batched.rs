@@ -10,9 +10,11 @@
 //!
 //! Every request kind joins the batch: log-probabilities, logit bias and grammars are applied to
 //! each sequence's own logits after the step (`cmf_llm::batch::scheduler`), and `n` choices are
-//! forks of one prompt computed once. Only a completions request that echoes its prompt with
-//! log-probabilities (every prompt row's logits) runs alone on a single-sequence engine between
-//! steps, as the one-at-a-time worker runs it; the batch waits meanwhile.
+//! forks of one prompt computed once; a completions request that echoes its prompt with
+//! log-probabilities gets every prompt row's logits from the steps that compute its prompt. Only
+//! on a device batch, whose step returns last rows only, does such a request run alone on a
+//! single-sequence CPU engine between steps, as the one-at-a-time worker runs it; the batch waits
+//! meanwhile.
 
 use crate::generation::{Event, Job};
 use crate::observe::RequestRecord;
@@ -81,9 +83,9 @@ pub(crate) fn pool_positions(
 }
 
 /// Whether a job needs the single-sequence path: the prompt's own log-probabilities need every
-/// prompt row's logits, which the batched step does not return.
-fn needs_alone(job: &Job) -> bool {
-    job.options.prompt_logprobs.is_some()
+/// prompt row's logits, which a device step does not return.
+fn needs_alone(job: &Job, sched: &Scheduler) -> bool {
+    job.options.prompt_logprobs.is_some() && sched.engine().is_device()
 }
 
 /// Each choice's logit processors: the bias, then a fresh fork of the grammar.
@@ -154,8 +156,8 @@ pub(crate) fn run(
     w.stats
         .kv_blocks_total
         .store(sched.engine().config().kv_blocks as u64, Ordering::Relaxed);
-    // For the jobs that run alone.
-    let mut single = CpuEngine::new(model, w.ctx, w.kv_dtype);
+    // For the jobs that run alone (made on the first such job).
+    let mut single: Option<CpuEngine> = None;
     let _ = ready.send(Ok(()));
     drop(ready);
 
@@ -183,10 +185,11 @@ pub(crate) fn run(
                 w.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if needs_alone(&job) {
+            if needs_alone(&job, &sched) {
                 w.stats.running.fetch_add(1, Ordering::Relaxed);
-                if w.serve_one(&mut single, job, record) {
-                    single = CpuEngine::new(model, w.ctx, w.kv_dtype);
+                let engine = single.get_or_insert_with(|| CpuEngine::new(model, w.ctx, w.kv_dtype));
+                if w.serve_one(engine, job, record) {
+                    single = None; // it panicked: a fresh one next time
                 }
                 w.stats.running.fetch_sub(1, Ordering::Relaxed);
                 continue;
@@ -202,6 +205,7 @@ pub(crate) fn run(
                 eos_ids: job.gen.eos_ids.clone(),
                 n: job.options.n.max(1),
                 logprobs: job.options.logprobs,
+                prompt_logprobs: job.options.prompt_logprobs,
             };
             match sched.submit_with(req, processors(&job)) {
                 Ok(id) => {
@@ -292,6 +296,12 @@ pub(crate) fn run(
         };
         for e in events {
             let id = match e {
+                batch::Event::Prompt { id, logprobs } => {
+                    if let Some(a) = active.get(&id) {
+                        let _ = a.job.events.send(Event::Prompt(logprobs));
+                    }
+                    continue;
+                }
                 batch::Event::Token {
                     id,
                     choice,

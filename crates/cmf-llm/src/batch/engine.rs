@@ -19,7 +19,7 @@ use super::blocks::{BlockId, BlockPool, PoolStats};
 use super::device::DeviceBatch;
 use super::recurrent::{RecurrentSlots, SlotId};
 use crate::error::{LlmError, Result};
-use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, Segment, SeqRows};
+use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, RowLogits, Segment, SeqRows};
 use cmf_gpu::llm::batch::{BatchOut, BatchSeq};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
@@ -99,6 +99,8 @@ struct Sequence {
     hashes: Vec<u64>,
     /// Recurrent state (hybrid models), held while `table` is; None ⇒ nothing computed.
     slot: Option<SlotId>,
+    /// Every row a step computes returns its logits (a prompt being scored), not only the last.
+    every_row: bool,
 }
 
 pub struct BatchEngine<'m, 'a> {
@@ -293,6 +295,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 table: Vec::new(),
                 hashes: Vec::new(),
                 slot: None,
+                every_row: false,
             },
         );
         Ok(id)
@@ -320,6 +323,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             hashes: p.hashes.clone(),
             slot: p.slot,
             table,
+            every_row: false,
         };
         for &b in &child.table {
             self.pool.retain(b);
@@ -361,6 +365,27 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     pub fn pending(&self, id: SeqId) -> usize {
         let s = self.seq(id);
         s.tokens.len() - s.computed
+    }
+
+    /// Whether each row `id` computes from now on returns its logits (a prompt whose
+    /// log-probabilities are wanted) instead of only the row of its last known token. The CPU
+    /// step only: a device engine refuses a step with such a sequence.
+    pub fn set_every_row(&mut self, id: SeqId, on: bool) {
+        self.seqs
+            .get_mut(&id)
+            .expect("unknown sequence id")
+            .every_row = on;
+    }
+
+    /// The logits rows `w` gets from [`Self::step`]: all its tokens for a sequence that wants
+    /// every row, else one when it reaches the last known token, else none.
+    pub fn rows_out(&self, w: &Work) -> usize {
+        let s = self.seq(w.seq);
+        if s.every_row {
+            w.tokens
+        } else {
+            usize::from(s.computed + w.tokens == s.tokens.len())
+        }
     }
 
     /// Appends a generated token (computed by a later step). Refused past the length limit.
@@ -477,11 +502,13 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
 
     /// Runs one step: for each item, its sequence's next `tokens` uncomputed tokens. Returns the
     /// logits (`[m, vocab]`) of the items that reach their sequence's last known token, in the
-    /// items' order. Each sequence may appear once and must have reserved its blocks.
+    /// items' order (every row of an item whose sequence wants them all: [`Self::rows_out`]).
+    /// Each sequence may appear once and must have reserved its blocks.
     pub fn step(&mut self, work: &[Work]) -> Result<&[f32]> {
         self.check_work(work)?;
         self.check_rows(work)?;
         if self.device.is_some() {
+            self.check_last_rows(work)?;
             match self.step_device(work, false) {
                 Ok(m) => return Ok(&self.dev_logits[..m * self.model.config.vocab_size]),
                 Err(r) => self.fall_back(r)?,
@@ -495,6 +522,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     pub fn step_greedy(&mut self, work: &[Work]) -> Result<Vec<u32>> {
         self.check_work(work)?;
         self.check_rows(work)?;
+        self.check_last_rows(work)?;
         if self.device.is_some() {
             match self.step_device(work, true) {
                 Ok(m) => return Ok(self.dev_logits[..m].iter().map(|&x| x.to_bits()).collect()),
@@ -605,10 +633,15 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         for w in work {
             let s = &seqs[&w.seq];
             let end = s.computed + w.tokens;
+            let logits = match (s.every_row, end == s.tokens.len()) {
+                (true, _) => RowLogits::All,
+                (false, true) => RowLogits::Last,
+                (false, false) => RowLogits::None,
+            };
             rows.push(SeqRows {
                 tokens: &s.tokens[s.computed..end],
                 start: s.computed,
-                logits: end == s.tokens.len(),
+                logits,
             });
             tables.push(s.table.as_slice());
             of_segment.push(s.slot);
@@ -646,6 +679,18 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses sequences that want every row's logits (the device step and the arg-max step
+    /// return one output per sequence).
+    fn check_last_rows(&self, work: &[Work]) -> Result<()> {
+        match work.iter().find(|w| self.seq(w.seq).every_row) {
+            Some(w) => Err(LlmError::Other(format!(
+                "step: sequence {} wants every row's logits, which only the CPU step returns",
+                w.seq
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn check_work(&self, work: &[Work]) -> Result<()> {

@@ -16,6 +16,10 @@
 //! tokens, and log-probabilities from the unprocessed logits. A request with `n` choices is one
 //! sequence until its prompt's logits come; then `n - 1` forks share its blocks
 //! ([`BatchEngine::fork`]) and every choice samples its first token from those logits.
+//!
+//! A request that wants its prompt's own log-probabilities (OpenAI's `echo`) has every prompt
+//! row's logits returned by the steps that compute its prompt (the other sequences of the step
+//! keep their last row only); it takes no cached prefix, since a cached row has no logits.
 
 use super::engine::{BatchEngine, SeqId, Work};
 use crate::error::{LlmError, Result};
@@ -59,6 +63,10 @@ pub struct Request {
     /// `Some(k)`: each token's log-probability and its `k` most likely alternatives, from the
     /// logits before any processor (as `crate::guided` reports them).
     pub logprobs: Option<usize>,
+    /// `Some(k)`: the prompt's log-probabilities too (each token from the second on, with its
+    /// `k` most likely alternatives), in one [`Event::Prompt`] before the first token. Needs
+    /// the CPU step (a device engine refuses the request).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// One choice's logit processors (bias, grammar mask), applied in order before sampling.
@@ -66,6 +74,12 @@ pub type Processors = Vec<Box<dyn LogitProcessor>>;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The log-probabilities of a request's prompt tokens from the second on (when asked),
+    /// before its first token.
+    Prompt {
+        id: RequestId,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The next generated token of one choice of a request.
     Token {
         id: RequestId,
@@ -103,6 +117,14 @@ struct Unforked {
     processors: Processors,
 }
 
+/// A prompt's log-probabilities as its rows come.
+struct PromptScores {
+    /// Alternatives per token.
+    top: usize,
+    /// Of tokens 1..=len, in order (a row recomputed after preemption is not scored twice).
+    scores: Vec<TokenLogprob>,
+}
+
 /// One sequence: one choice of a request.
 struct Entry {
     request: RequestId,
@@ -115,6 +137,8 @@ struct Entry {
     generated: usize,
     /// The request's other choices, on its first sequence until the prompt's logits come.
     unforked: Vec<Unforked>,
+    /// Until the prompt's last row: its log-probabilities, when asked.
+    prompt_scores: Option<PromptScores>,
 }
 
 pub struct Scheduler<'m, 'a> {
@@ -193,6 +217,13 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                 processors.len()
             )));
         }
+        if req.prompt_logprobs.is_some() && self.engine.is_device() {
+            return Err(LlmError::Other(
+                "the prompt's log-probabilities need every prompt row's logits, which the \
+                 device step does not return"
+                    .into(),
+            ));
+        }
         let c = *self.engine.config();
         // The prompt plus the first generated token must fit the pool on its own.
         let pool_tokens = c.kv_blocks * c.block_size;
@@ -203,6 +234,13 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             });
         }
         let id = self.engine.add(req.prompt)?;
+        let prompt_scores = req.prompt_logprobs.map(|top| {
+            self.engine.set_every_row(id, true);
+            PromptScores {
+                top,
+                scores: Vec::new(),
+            }
+        });
         let mut processors = processors.into_iter();
         let mut choices = (0..n).map(|choice| {
             let mut sampling = req.sampling;
@@ -226,6 +264,7 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                 eos_ids: req.eos_ids,
                 generated: 0,
                 unforked: choices.collect(),
+                prompt_scores,
             },
         );
         self.waiting.push_back(id);
@@ -279,19 +318,37 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         if plan.is_empty() {
             return Ok(events);
         }
-        // Items that reach their last known token get logits, in plan order.
-        let sampled: Vec<RequestId> = plan
+        // Each item's logits rows, in plan order: (sequence, first position, rows, whether
+        // it reaches the last known token).
+        let outputs: Vec<(SeqId, usize, usize, bool)> = plan
             .iter()
-            .filter(|w| w.tokens == self.engine.pending(w.seq))
-            .map(|w| w.seq)
+            .map(|w| {
+                let e = &self.engine;
+                let last = w.tokens == e.pending(w.seq);
+                (w.seq, e.computed(w.seq), e.rows_out(w), last)
+            })
+            .filter(|o| o.2 > 0)
             .collect();
         let logits = self.engine.step(&plan)?;
         let mut rows = std::mem::take(&mut self.logits);
         rows.clear();
         rows.extend_from_slice(logits);
         let vocab = self.engine.model().config.vocab_size;
-        for (j, seq) in sampled.into_iter().enumerate() {
-            let row = &rows[j * vocab..(j + 1) * vocab];
+        let mut at = 0;
+        for (seq, start, n, last) in outputs {
+            let block = &rows[at * vocab..(at + n) * vocab];
+            at += n;
+            if self
+                .entries
+                .get(&seq)
+                .is_some_and(|e| e.prompt_scores.is_some())
+            {
+                self.score_prompt(seq, start, block, last, &mut events);
+            }
+            if !last {
+                continue;
+            }
+            let row = &block[(n - 1) * vocab..];
             // Every choice of a request samples its first token from the prompt's logits.
             for seq in std::iter::once(seq).chain(self.fork_choices(seq)) {
                 self.sample(seq, row, &mut events);
@@ -299,6 +356,38 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         }
         self.logits = rows;
         Ok(events)
+    }
+
+    /// Scores the prompt rows `block` (positions from `start`) of `seq`: row `p` gives token
+    /// `p + 1`'s log-probability. At the prompt's last row the scores go out and the engine
+    /// returns only last rows again.
+    fn score_prompt(
+        &mut self,
+        seq: SeqId,
+        start: usize,
+        block: &[f32],
+        last: bool,
+        events: &mut Vec<Event>,
+    ) {
+        let vocab = self.engine.model().config.vocab_size;
+        let tokens = self.engine.tokens(seq);
+        let e = self.entries.get_mut(&seq).expect("checked");
+        let ps = e.prompt_scores.as_mut().expect("checked");
+        for (i, row) in block.chunks_exact(vocab).enumerate() {
+            let p = start + i;
+            // Rows scored before a preemption are not scored again.
+            if p + 1 < tokens.len() && p == ps.scores.len() {
+                ps.scores.push(token_logprob(row, tokens[p + 1], ps.top));
+            }
+        }
+        if last {
+            let ps = e.prompt_scores.take().expect("checked");
+            self.engine.set_every_row(seq, false);
+            events.push(Event::Prompt {
+                id: e.request,
+                logprobs: ps.scores,
+            });
+        }
     }
 
     /// Starts the choices still waiting on `seq`'s prompt: one fork of it each, running.
@@ -324,6 +413,7 @@ impl<'m, 'a> Scheduler<'m, 'a> {
                     eos_ids: eos_ids.clone(),
                     generated: 0,
                     unforked: Vec::new(),
+                    prompt_scores: None,
                 },
             );
             if self.running.contains(&seq) {
@@ -414,7 +504,11 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             if !self.running.is_empty() && self.running.len() + 1 + forks > self.cfg.max_running {
                 break;
             }
-            let reused = self.engine.reuse_prefix(id);
+            // A prompt being scored computes every row: no cached prefix.
+            let reused = match self.entries[&id].prompt_scores {
+                Some(_) => 0,
+                None => self.engine.reuse_prefix(id),
+            };
             let need = self.engine.blocks_needed(id, self.engine.pending(id)) + forks;
             if need > self.engine.blocks_available() {
                 // Wait; give the reused blocks back so they stay evictable meanwhile.

@@ -15,14 +15,25 @@ use cmf_kernels::RopeTable;
 pub(crate) struct SeqRows<'t> {
     pub tokens: &'t [u32],
     pub start: usize,
-    /// Whether the logits of the last of `tokens` are wanted.
-    pub logits: bool,
+    /// Which of its rows' logits are wanted.
+    pub logits: RowLogits,
+}
+
+/// The rows of a sequence whose logits a batched pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowLogits {
+    None,
+    /// The last row (where sampling continues).
+    Last,
+    /// Every row (a prompt being scored).
+    All,
 }
 
 impl Model<'_> {
     /// Runs every sequence's rows through every layer, its keys and values stored in and read
-    /// from `kv`, its GatedDeltaNet states (hybrid models) advanced in `recurrent`, and returns the logits (`[m, vocab]`, in `seqs`' order) of the sequences that
-    /// want them. Token ids must already be checked against the vocabulary.
+    /// from `kv`, its GatedDeltaNet states (hybrid models) advanced in `recurrent`, and returns
+    /// the logits (`[m, vocab]`, in `seqs`' order) of the rows wanted ([`RowLogits`]). Token ids
+    /// must already be checked against the vocabulary.
     /// (Called inside `cmf_kernels::run_in_pool`.)
     pub(crate) fn forward_batch<'b>(
         &self,
@@ -78,11 +89,14 @@ impl Model<'_> {
         // read), then one lm_head product over them.
         let mut m = 0;
         for (s, seg) in seqs.iter().zip(&segs) {
-            if s.logits {
-                let r = seg.row0 + seg.n - 1;
-                act.x.copy_within(r * h..(r + 1) * h, m * h);
-                m += 1;
-            }
+            let wanted = match s.logits {
+                RowLogits::None => continue,
+                RowLogits::Last => seg.row0 + seg.n - 1..seg.row0 + seg.n,
+                RowLogits::All => seg.row0..seg.row0 + seg.n,
+            };
+            let k = wanted.len();
+            act.x.copy_within(wanted.start * h..wanted.end * h, m * h);
+            m += k;
         }
         if m == 0 {
             return &[];

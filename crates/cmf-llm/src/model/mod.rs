@@ -27,7 +27,7 @@ pub mod weights;
 
 use crate::error::{LlmError, Result};
 use crate::profile::{time, Op};
-pub(crate) use batched::SeqRows;
+pub(crate) use batched::{RowLogits, SeqRows};
 use cmf_kernels::ops::{self, NormStyle, RopeStyle, RopeTable};
 use cmf_kernels::{AttnParams, KvDtype};
 pub use config::{Family, GdnConfig, Mixer, ModelConfig};

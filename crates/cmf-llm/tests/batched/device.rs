@@ -272,3 +272,21 @@ fn fake_device_choices_equal_alone() {
         assert_eq!(s.engine().pool_stats().held, 0, "blocks leaked");
     }
 }
+
+/// The device step returns last rows only: a request for its prompt's log-probabilities is
+/// refused at submission (the server runs it on the CPU), and nothing is queued.
+#[test]
+fn fake_device_refuses_prompt_logprobs() {
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let gpu = fake_gpu();
+    let mut s = device_scheduler(&model, &gpu, 16, 16, SchedulerConfig::default());
+    let req = Request {
+        prompt_logprobs: Some(1),
+        ..greedy(prompt(1, 10), 4)
+    };
+    let e = s.submit(req).unwrap_err().to_string();
+    assert!(e.contains("prompt's log-probabilities"), "{e}");
+    assert!(s.is_idle());
+}

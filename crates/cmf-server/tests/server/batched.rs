@@ -250,9 +250,10 @@ fn choices(a: SocketAddr, path: &str, body: &Value) -> Value {
     r.json()["choices"].clone()
 }
 
-/// Requests with several choices, log-probabilities, a logit bias and a grammar, sent at once to
-/// `--parallel 4` (so they share steps), answer what the one-at-a-time server answers: the same
-/// texts and finish reasons, log-probabilities within 1e-5.
+/// Requests with several choices, log-probabilities, a logit bias, a grammar and an echoed prompt
+/// with its log-probabilities, sent at once to `--parallel 4` (so they share steps), answer what
+/// the one-at-a-time server answers: the same texts and finish reasons, log-probabilities within
+/// 1e-5.
 #[test]
 fn every_request_kind_batched_equals_alone() {
     let chat = "/v1/chat/completions";
@@ -287,11 +288,17 @@ fn every_request_kind_batched_equals_alone() {
                       "seed": 4, "n": 2, "response_format": {"type": "json_schema",
                       "json_schema": {"name": "t", "strict": true, "schema": schema}}}),
         ),
-        // Echo with log-probabilities: the one kind that still runs alone.
+        // Echo with log-probabilities: every prompt row's logits from the batched steps.
         (
             COMPLETIONS,
             json!({"prompt": "And the evening", "max_tokens": 4, "echo": true,
                              "logprobs": 1, "temperature": 0}),
+        ),
+        (
+            COMPLETIONS,
+            json!({"prompt": "In the beginning God created the heaven and the earth. And the \
+                             earth was without form", "max_tokens": 6, "echo": true,
+                             "logprobs": 2, "n": 2, "temperature": 0.8, "seed": 5}),
         ),
     ];
     let alone = start_parallel(1, 16, None);
@@ -324,6 +331,43 @@ fn every_request_kind_batched_equals_alone() {
         "cmf_kv_blocks_in_use"
     ) == 0.0
         && metric(a, "cmf_requests_running") == 0.0));
+}
+
+/// A completions request echoing its prompt with log-probabilities runs in the batch (the
+/// engine's prompt-rows counter counts its prompt) and its prompt's log-probabilities are a
+/// teacher-forced pass's, as `cmf ppl` scores them.
+#[test]
+fn echo_logprobs_run_in_the_batch_and_match_a_teacher_forced_pass() {
+    let mut cfg = config();
+    cfg.engine.parallel = 4;
+    cfg.engine.kv_dtype = cmf_kernels::KvDtype::F32;
+    let srv = start(cfg);
+    let a = srv.addr();
+    let prompt = "And God called the light Day, and the darkness he called Night.";
+    let ids = text_ids(prompt);
+    let want = crate::features::teacher_forced(&ids);
+    let body = json!({"prompt": prompt, "max_tokens": 1, "echo": true, "logprobs": 1,
+                      "temperature": 0});
+    let r = post(a, COMPLETIONS, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let got = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(got[0].is_null());
+    assert!(got.len() > ids.len(), "{v}");
+    for (i, w) in want.iter().enumerate() {
+        let g = got[i + 1].as_f64().unwrap();
+        assert!((g - w).abs() < 1e-4, "token {}: {g} vs {w}", i + 1);
+    }
+    let computed = || metric(a, "cmf_prompt_tokens_computed_total");
+    wait_until(Duration::from_secs(10), || computed() == ids.len() as f64);
+    assert_eq!(
+        computed(),
+        ids.len() as f64,
+        "the prompt ran outside the batch"
+    );
 }
 
 /// A request that shares a long system prompt with an earlier one computes only its suffix:
