@@ -145,6 +145,25 @@ pub fn reaches(cum: u64, top_p: f32, total: u64) -> bool {
     cum as f64 >= top_p as f64 * total as f64
 }
 
+/// Words of a token mask over `vocab` tokens (bit `i % 32` of word `i / 32` stands for token `i`).
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
+/// Sets to −∞ the logits of the tokens whose bit in `allowed` is clear (a grammar's mask, applied
+/// before the sampler: `kernels/sample.cu`'s `apply_token_mask` does the same on the device).
+/// Tokens past the mask's words count as disallowed.
+pub fn apply_token_mask(logits: &mut [f32], allowed: &[u32]) {
+    for (i, l) in logits.iter_mut().enumerate() {
+        let on = allowed
+            .get(i / 32)
+            .is_some_and(|w| (w >> (i % 32)) & 1 == 1);
+        if !on {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Index of the largest logit; the lowest index wins ties; NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
