@@ -118,3 +118,145 @@ fn constrained_decode_throughput() {
         1e3 / free
     );
 }
+
+/// A processor that times another (the host's work on a constrained sequence's logits).
+struct Timed<P> {
+    inner: P,
+    spent: std::rc::Rc<std::cell::Cell<f64>>,
+}
+
+impl<P: LogitProcessor> LogitProcessor for Timed<P> {
+    fn process(&mut self, logits: &mut [f32]) -> cmf_llm::Result<()> {
+        let t = Instant::now();
+        let r = self.inner.process(logits);
+        self.spent.set(self.spent.get() + t.elapsed().as_secs_f64());
+        r
+    }
+    fn accept(&mut self, token: u32) -> cmf_llm::Result<()> {
+        let t = Instant::now();
+        let r = self.inner.accept(token);
+        self.spent.set(self.spent.get() + t.elapsed().as_secs_f64());
+        r
+    }
+    fn allowed(&self, token: u32) -> bool {
+        self.inner.allowed(token)
+    }
+    fn finished(&self) -> bool {
+        self.inner.finished()
+    }
+}
+
+/// The same with 4 sequences at once on the batched engine (as `cmf serve --parallel 4`):
+/// aggregate decode throughput of 4 requests with the schema against 4 without, alternating, and
+/// the share of each step the grammars take on the host (mask and advance, timed directly: robust
+/// to other load on the machine). Ignored by default; run as the test above with
+/// `constrained_batch_throughput`.
+#[test]
+#[ignore]
+fn constrained_batch_throughput() {
+    use cmf_llm::batch::{BatchConfig, BatchEngine, Event, Request, Scheduler, SchedulerConfig};
+    let Ok(path) = std::env::var("CMF_BENCH_MODEL") else {
+        println!("SKIPPED: set CMF_BENCH_MODEL to a .cmf LLM");
+        return;
+    };
+    let file = CmfModel::open(&path).unwrap();
+    let model = Model::load(&file).unwrap();
+    let assets = TextAssets::from_cmf(&file).unwrap();
+    let grammars = Grammars::new(
+        file.vocab().unwrap(),
+        &assets.eos_ids,
+        model.config.vocab_size,
+    )
+    .unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {"items": {"type": "array",
+        "items": {"type": "string", "maxLength": 24}, "minItems": 100, "maxItems": 100}},
+        "required": ["items"], "additionalProperties": false});
+    let questions = ["fruits", "cities", "colours", "animals"];
+    let prompts: Vec<Vec<u32>> = questions
+        .iter()
+        .map(|q| {
+            let msgs = [cmf_llm::chat::Message::new(
+                "user",
+                &format!("List one hundred {q} as JSON."),
+            )];
+            let text = assets.template.render(&msgs, true).unwrap();
+            assets.tokenizer.encode(&text, false).unwrap()
+        })
+        .collect();
+    let n = 192;
+    let (mut rates, mut shares) = ([Vec::new(), Vec::new()], Vec::new());
+    for round in 0..10 {
+        let constrained = round % 2 == 1;
+        let cfg = BatchConfig::from_budget(&model, 64 << 20, cmf_kernels::KvDtype::F16, 1024);
+        let engine = BatchEngine::new(&model, cfg).unwrap();
+        let mut s = Scheduler::new(
+            engine,
+            SchedulerConfig {
+                max_running: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let spent = std::rc::Rc::new(std::cell::Cell::new(0.0));
+        for p in &prompts {
+            let ban_eos = LogitBias(assets.eos_ids.iter().map(|&e| (e, -1000.0)).collect());
+            let mut procs: Vec<Box<dyn LogitProcessor>> = vec![Box::new(ban_eos)];
+            if constrained {
+                let c = grammars
+                    .constrain(&Grammar::JsonSchema(schema.clone()))
+                    .unwrap();
+                procs.push(Box::new(Timed {
+                    inner: c,
+                    spent: spent.clone(),
+                }));
+            }
+            let req = Request {
+                prompt: p.clone(),
+                max_tokens: n,
+                ..Request::default()
+            };
+            s.submit_with(req, vec![procs]).unwrap();
+        }
+        // Prompts first, then time the decode steps alone.
+        let (mut tokens, mut t0, mut decode_steps) = (0usize, None, 0);
+        while !s.is_idle() {
+            let events = s.step().unwrap();
+            let got = events
+                .iter()
+                .filter(|e| matches!(e, Event::Token { .. }))
+                .count();
+            if t0.is_none() && got == prompts.len() {
+                t0 = Some(Instant::now());
+                spent.set(0.0);
+                continue;
+            }
+            if t0.is_some() {
+                tokens += got;
+                decode_steps += 1;
+            }
+        }
+        let secs = t0.unwrap().elapsed().as_secs_f64();
+        let rate = tokens as f64 / secs;
+        let share = spent.get() / secs;
+        println!(
+            "{}: {tokens} tokens in {decode_steps} steps, {rate:.1} tok/s; grammars on the host: {:.2} ms a step ({:.1} % of it)",
+            if constrained { "json schema" } else { "free      " },
+            spent.get() / decode_steps as f64 * 1e3,
+            share * 100.0
+        );
+        rates[constrained as usize].push(rate);
+        if constrained {
+            shares.push(share);
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (free, cons) = (med(&mut rates[0]), med(&mut rates[1]));
+    println!(
+        "median over 4 sequences: free {free:.1} tok/s, constrained {cons:.1} tok/s ({:.1} % slower); the grammars take {:.1} % of a constrained step",
+        (1.0 - cons / free) * 100.0,
+        med(&mut shares) * 100.0
+    );
+}
