@@ -177,7 +177,7 @@ fn constrained_batch_throughput() {
         .map(|q| {
             let msgs = [cmf_llm::chat::Message::new(
                 "user",
-                &format!("List one hundred {q} as JSON."),
+                format!("List one hundred {q} as JSON."),
             )];
             let text = assets.template.render(&msgs, true).unwrap();
             assets.tokenizer.encode(&text, false).unwrap()
