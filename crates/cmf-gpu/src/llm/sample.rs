@@ -448,6 +448,33 @@ mod tests {
     }
 
     #[test]
+    fn a_token_mask_keeps_the_set_bits_only() {
+        let v = 70; // three words, the last one partly used
+        let mut allowed = vec![0u32; mask_words(v)];
+        assert_eq!(allowed.len(), 3);
+        for t in [0usize, 31, 32, 33, 69] {
+            allowed[t / 32] |= 1 << (t % 32);
+        }
+        let mut logits: Vec<f32> = (0..v).map(|i| i as f32).collect();
+        apply_token_mask(&mut logits, &allowed);
+        for (i, &l) in logits.iter().enumerate() {
+            let kept = [0, 31, 32, 33, 69].contains(&i);
+            assert_eq!(l, if kept { i as f32 } else { f32::NEG_INFINITY }, "token {i}");
+        }
+        // A masked greedy draw takes the best allowed token; a sampled one never a masked one.
+        assert_eq!(argmax(&logits), 69);
+        for seed in 0..50 {
+            let s = SampleSpec { seed, ..spec(5.0) };
+            let t = sample(&mut logits.clone(), &[], &s, 3) as usize;
+            assert!([0, 31, 32, 33, 69].contains(&t), "drew {t}");
+        }
+        // Words missing from a short mask count as disallowed.
+        let mut l = vec![1.0f32; v];
+        apply_token_mask(&mut l, &[u32::MAX]);
+        assert!(l[..32].iter().all(|&x| x == 1.0) && l[32..].iter().all(|&x| x.is_infinite()));
+    }
+
+    #[test]
     fn fixed_point_helpers() {
         assert_eq!(fixed(1.0), 1 << 40);
         assert_eq!(draw_target(1 << 23, 1000), 500);
