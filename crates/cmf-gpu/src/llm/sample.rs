@@ -459,7 +459,11 @@ mod tests {
         apply_token_mask(&mut logits, &allowed);
         for (i, &l) in logits.iter().enumerate() {
             let kept = [0, 31, 32, 33, 69].contains(&i);
-            assert_eq!(l, if kept { i as f32 } else { f32::NEG_INFINITY }, "token {i}");
+            assert_eq!(
+                l,
+                if kept { i as f32 } else { f32::NEG_INFINITY },
+                "token {i}"
+            );
         }
         // A masked greedy draw takes the best allowed token; a sampled one never a masked one.
         assert_eq!(argmax(&logits), 69);
