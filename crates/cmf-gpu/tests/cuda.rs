@@ -46,6 +46,9 @@ mod gemm8;
 /// The resident LLM (decode, prefill, sampling, hybrid placement) against the CPU reference.
 #[path = "cuda/llm.rs"]
 mod llm;
+/// The grammar mask kernel and the masked decode step against the host.
+#[path = "cuda/masked.rs"]
+mod masked;
 /// The mixture-of-experts kernels (routing, indexed expert matvec) and a MoE model.
 #[path = "cuda/moe.rs"]
 mod moe;

@@ -127,6 +127,23 @@ impl LogitProcessor for Constrained {
         Ok(())
     }
 
+    fn masks_only(&self) -> bool {
+        true
+    }
+
+    fn mask_bits(&mut self, words: &mut [u32]) -> Result<()> {
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|_| self.fail("computing the token mask"))?;
+        let have = mask.as_slice();
+        for (i, w) in words.iter_mut().enumerate() {
+            *w &= have.get(i).copied().unwrap_or(0);
+        }
+        self.mask = Some(mask);
+        Ok(())
+    }
+
     fn accept(&mut self, token: u32) -> Result<()> {
         self.mask = None;
         self.matcher

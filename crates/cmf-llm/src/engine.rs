@@ -30,6 +30,20 @@ pub trait Engine {
         Ok(None)
     }
 
+    /// [`Engine::decode_sampled`] drawing only among the tokens a mask allows: `mask` fills the
+    /// allowed-token bitset (`cmf_gpu::llm::sample::mask_words(vocab)` words, all ones on
+    /// entry; a grammar's, computed while the device runs the forward), the engine sets the other
+    /// logits to −∞ and samples as the host would from the masked logits. None, having run
+    /// nothing, when the engine cannot (the caller decodes and masks on the host).
+    fn decode_masked(
+        &mut self,
+        _token: u32,
+        _spec: &SampleSpec,
+        _mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<Option<u32>> {
+        Ok(None)
+    }
+
     /// Runs `tokens` after the cached ones and calls `f(i, logits_i)` for every one of them
     /// (scoring a prompt, OpenAI's `echo` with `logprobs`). By default one token at a time.
     fn prefill_scored(

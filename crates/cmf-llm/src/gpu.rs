@@ -333,6 +333,20 @@ impl GpuModel {
         Ok(out.token)
     }
 
+    /// One token at position `pos`, drawn on the device by `sampler` among the tokens `mask`
+    /// allows (`LlmDevice::decode_masked`); only the token comes back.
+    pub fn decode_masked(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        mask: &mut dyn FnMut(&mut [u32]),
+    ) -> std::result::Result<u32, Refusal> {
+        let next = self.llm.decode_masked(token, pos, sampler, mask)?;
+        self.pos = pos + 1;
+        Ok(next)
+    }
+
     /// One token at position `pos`, greedy on the device: the arg-max (and the logits when
     /// `want_logits`).
     pub fn decode(
@@ -479,6 +493,9 @@ pub struct GpuEngine<'m, 'a> {
     logits: Vec<f32>,
     limit: usize,
     kv_dtype: cmf_kernels::KvDtype,
+    /// The device refused a masked step: masks go to the host from then on (the device still
+    /// runs the forward).
+    no_masked: bool,
 }
 
 impl<'m, 'a> GpuEngine<'m, 'a> {
@@ -498,6 +515,7 @@ impl<'m, 'a> GpuEngine<'m, 'a> {
             logits: Vec::new(),
             limit,
             kv_dtype,
+            no_masked: false,
         }
     }
 
@@ -570,6 +588,32 @@ impl Engine for GpuEngine<'_, '_> {
             Err(_) => {
                 // Nothing of this step was kept; the CPU takes over from the cached ids.
                 self.fall_back()?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn decode_masked(
+        &mut self,
+        token: u32,
+        spec: &SampleSpec,
+        mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<Option<u32>> {
+        let Some(g) = &mut self.gpu else {
+            return Ok(None);
+        };
+        if self.no_masked || spec.device_limit().is_some() {
+            return Ok(None);
+        }
+        match g.decode_masked(token, self.ids.len(), &Sampler::of(spec), mask) {
+            Ok(next) => {
+                self.ids.push(token);
+                Ok(Some(next))
+            }
+            Err(_) => {
+                // Nothing of this step was kept. A real device fault refuses the plain decode
+                // the caller runs next too, and that moves the engine to the CPU.
+                self.no_masked = true;
                 Ok(None)
             }
         }

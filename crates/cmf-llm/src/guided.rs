@@ -5,7 +5,9 @@
 //!
 //! It is the one generation loop: [`crate::generate::generate_cancellable`] is this loop without
 //! hooks. Without hooks a step's token may be drawn by the engine's own sampler (the device's,
-//! `Engine::decode_sampled`); with any hook active the logits come to the host.
+//! `Engine::decode_sampled`); so may it when the only hooks are masks (a grammar): the engine
+//! takes the mask as a bitset, computed here while the device runs the step
+//! (`Engine::decode_masked`). With any other hook active the logits come to the host.
 
 use crate::chat::Tokenizer;
 use crate::engine::Engine;
@@ -104,6 +106,10 @@ pub fn generate_guided(
     stats.prefill_time = t0.elapsed();
     // Without hooks the engine may sample on its own (the device: only token ids come back).
     let plain = hooks.processors.is_empty() && hooks.logprobs.is_none();
+    // Only masks: the engine may apply them and draw on its own too.
+    let masked = !hooks.processors.is_empty()
+        && hooks.processors.iter().all(|p| p.masks_only())
+        && hooks.logprobs.is_none();
     let spec = cfg.sampling;
     // The token the engine drew on its own sampler, when it did (then `logits` is stale).
     let mut drawn: Option<u32> = None;
@@ -124,17 +130,28 @@ pub fn generate_guided(
         if hooks.logprobs.is_some() {
             raw.clone_from(&logits);
         }
-        for p in hooks.processors.iter_mut() {
-            p.process(&mut logits)?;
-        }
-        let mut token = match drawn.take() {
-            Some(t) => t,
-            None => sampler.sample(&mut logits, history),
+        let token = match drawn.take() {
+            // Drawn by the engine, after the masks (`mask_bits`) where there are any.
+            Some(t) => {
+                if !hooks.processors.iter().all(|p| p.allowed(t)) {
+                    return Err(crate::error::LlmError::Other(format!(
+                        "the device drew token {t}, which the grammar forbids"
+                    )));
+                }
+                t
+            }
+            None => {
+                for p in hooks.processors.iter_mut() {
+                    p.process(&mut logits)?;
+                }
+                let mut token = sampler.sample(&mut logits, history);
+                if !hooks.processors.iter().all(|p| p.allowed(token)) {
+                    // The draw fell on a masked token through rounding: the best allowed one.
+                    token = argmax(&logits);
+                }
+                token
+            }
         };
-        if !hooks.processors.iter().all(|p| p.allowed(token)) {
-            // The draw fell on a masked token through rounding: take the best allowed one.
-            token = argmax(&logits);
-        }
         if stats.generated_tokens == 0 {
             stats.time_to_first_token = t0.elapsed();
         }
@@ -166,6 +183,20 @@ pub fn generate_guided(
         let t = Instant::now();
         if plain {
             drawn = engine.decode_sampled(token, &spec)?;
+        } else if masked {
+            let procs = &mut hooks.processors;
+            let mut failed = None;
+            drawn = engine.decode_masked(token, &spec, &mut |words: &mut [u32]| {
+                for p in procs.iter_mut() {
+                    if let Err(e) = p.mask_bits(words) {
+                        failed.get_or_insert(e);
+                    }
+                }
+            })?;
+            // (When the engine declined, `process` computes the mask again next step.)
+            if let (Some(e), Some(_)) = (failed, drawn) {
+                return Err(e);
+            }
         }
         if drawn.is_none() {
             logits.copy_from_slice(engine.decode(token)?);

@@ -3,8 +3,9 @@
 //! an API reports (OpenAI's `logprobs` / `top_logprobs`).
 //!
 //! A processor sees the logits of every step before the sampler and is told the token chosen.
-//! The mask is a plain `-inf` on the host today; a device sampler can take the same allowed set
-//! from [`LogitProcessor::allowed`] and apply it on the device instead.
+//! A processor that only masks ([`LogitProcessor::masks_only`]) can also hand its allowed set
+//! over as a bitset ([`LogitProcessor::mask_bits`]), which a device applies to logits that never
+//! leave it.
 
 use crate::error::Result;
 
@@ -20,6 +21,21 @@ pub trait LogitProcessor {
     /// a sampler fallback onto a masked token.
     fn allowed(&self, _token: u32) -> bool {
         true
+    }
+
+    /// Whether the processor only forbids tokens (no value changes), so that
+    /// [`LogitProcessor::mask_bits`] can stand in for [`LogitProcessor::process`].
+    fn masks_only(&self) -> bool {
+        false
+    }
+
+    /// This step's allowed set, cleared into `words` (bit `i % 32` of word `i / 32` for token
+    /// `i`; the caller sets them all first, so several masks combine): what `process` would do
+    /// to logits elsewhere. Afterwards `allowed` and `accept` behave as after `process`.
+    fn mask_bits(&mut self, _words: &mut [u32]) -> Result<()> {
+        Err(crate::error::LlmError::Other(
+            "this logit processor has no token mask".into(),
+        ))
     }
 
     /// True when no further token can follow (a grammar reached its end): the loop stops as if

@@ -3,12 +3,16 @@
 //! number of tokens), on the model named by `CMF_BENCH_MODEL`. Ignored by default (it needs a
 //! real model); run with
 //! `CMF_BENCH_MODEL=model.cmf cargo test --release -p cmf-llm --test constraint_overhead -- --ignored --nocapture`.
+//! With `CMF_BENCH_GPU=1` the single-stream measurement runs on the CUDA device instead, where
+//! the grammar's mask is applied on the device: there no bias bans the end of sequence (a bias
+//! would bring the logits to the host), so the free answer may be shorter; rates are per token.
 
 use cmf_format::CmfModel;
 use cmf_llm::chat::TextAssets;
 use cmf_llm::constraint::{Grammar, Grammars};
-use cmf_llm::engine::CpuEngine;
+use cmf_llm::engine::{CpuEngine, Engine};
 use cmf_llm::generate::GenerationConfig;
+use cmf_llm::gpu::{GpuEngine, GpuModel};
 use cmf_llm::guided::{generate_guided, Hooks};
 use cmf_llm::logits::{LogitBias, LogitProcessor};
 use cmf_llm::Model;
@@ -53,14 +57,28 @@ fn constrained_decode_throughput() {
     let ban_eos = LogitBias(assets.eos_ids.iter().map(|&e| (e, -1000.0)).collect());
     let mut rates = [Vec::new(), Vec::new()];
     let mut outsides = [Vec::new(), Vec::new()];
+    let gpu = std::env::var("CMF_BENCH_GPU")
+        .is_ok_and(|v| v == "1")
+        .then(|| {
+            cmf_gpu::Gpu::open(cmf_gpu::GpuMode::Cuda).expect("CMF_BENCH_GPU=1 needs a CUDA device")
+        });
     for round in 0..10 {
         let constrained = round % 2 == 1;
-        let mut engine = CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16);
+        let mut engine: Box<dyn Engine> = match &gpu {
+            Some(g) => {
+                let m = GpuModel::try_load(g, &model, 1024, None).expect("the model on the device");
+                Box::new(GpuEngine::new(&model, m, 1024, cmf_kernels::KvDtype::F16))
+            }
+            None => Box::new(CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16)),
+        };
         let mut bias = ban_eos.clone();
         let mut c = grammars
             .constrain(&Grammar::JsonSchema(schema.clone()))
             .unwrap();
-        let mut processors: Vec<&mut dyn LogitProcessor> = vec![&mut bias];
+        let mut processors: Vec<&mut dyn LogitProcessor> = Vec::new();
+        if gpu.is_none() {
+            processors.push(&mut bias);
+        }
         if constrained {
             processors.push(&mut c);
         }
@@ -72,7 +90,7 @@ fn constrained_decode_throughput() {
         let t0 = Instant::now();
         let mut count = 0;
         let stats = generate_guided(
-            &mut engine,
+            engine.as_mut(),
             &assets.tokenizer,
             &ids,
             &mut Vec::new(),

@@ -130,6 +130,24 @@ pub trait LlmDevice: Send {
         want_logits: bool,
         out: &mut DecodeOutput,
     ) -> Result<(), Refusal>;
+    /// [`Self::decode`] whose draw considers only the tokens a host-side mask allows (a
+    /// grammar's): `mask` fills the allowed-token bitset (`llm::sample::mask_words(V)` words,
+    /// bit `i % 32` of word `i / 32` for token `i`; all ones on entry) while the device runs the
+    /// forward, the device sets the other logits to −∞ (`llm::sample::apply_token_mask`) and
+    /// samples as `decode` does. Returns the token; no logits come back. Backends without it
+    /// refuse.
+    fn decode_masked(
+        &mut self,
+        _token: u32,
+        _pos: usize,
+        _sampler: &Sampler,
+        _mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<u32, Refusal> {
+        Err(Refusal::new(
+            "llm.decode_masked",
+            RefusalReason::UnsupportedShape("this backend has no masked decode".into()),
+        ))
+    }
     /// `tokens` at positions `start..start+T` through the whole model, filling the KV cache;
     /// `out` receives `logits.len(T, V)` floats. Needs `placement().is_whole_model()`.
     fn prefill(

@@ -510,6 +510,42 @@ impl LlmDevice for FakeLlm {
         Ok(())
     }
 
+    fn decode_masked(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<u32, Refusal> {
+        self.need_whole("llm.decode_masked")?;
+        self.faults.before("llm.decode_masked")?;
+        if let Sampler::Sample(spec) = sampler {
+            if let Some(why) = spec.device_limit() {
+                return Err(Refusal::new(
+                    "llm.decode_masked",
+                    RefusalReason::UnsupportedShape(why),
+                ));
+            }
+        }
+        let kv = self.model.spec.kv_dim();
+        self.cache.truncate(pos, kv);
+        self.ids.truncate(pos);
+        self.ids.push(token);
+        let mut logits = reference::forward_token(&self.model.view(), token, pos, &mut self.cache);
+        let mut bits = vec![u32::MAX; crate::llm::sample::mask_words(logits.len())];
+        mask(&mut bits);
+        crate::llm::sample::apply_token_mask(&mut logits, &bits);
+        let token = match sampler {
+            Sampler::Greedy => crate::llm::sample::argmax(&logits),
+            Sampler::Sample(spec) => {
+                let window = &self.ids[self.ids.len().saturating_sub(spec.penalty_last_n)..];
+                crate::llm::sample::sample(&mut logits, window, spec, pos as u64)
+            }
+        };
+        self.stats.add_downloaded(4);
+        Ok(token)
+    }
+
     fn prefill(
         &mut self,
         tokens: &[u32],

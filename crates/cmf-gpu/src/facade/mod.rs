@@ -527,6 +527,20 @@ impl GpuLlm {
         })
     }
 
+    /// See [`LlmDevice::decode_masked`].
+    pub fn decode_masked(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<u32, Refusal> {
+        // Timed apart from `decode`: its time includes the host's mask.
+        self.gate.run("llm.decode_masked", 1, || {
+            self.dev.decode_masked(token, pos, sampler, mask)
+        })
+    }
+
     /// See [`LlmDevice::prefill`].
     pub fn prefill(
         &mut self,

@@ -145,6 +145,25 @@ pub fn reaches(cum: u64, top_p: f32, total: u64) -> bool {
     cum as f64 >= top_p as f64 * total as f64
 }
 
+/// Words of a token mask over `vocab` tokens (bit `i % 32` of word `i / 32` stands for token `i`).
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
+/// Sets to −∞ the logits of the tokens whose bit in `allowed` is clear (a grammar's mask, applied
+/// before the sampler: `kernels/sample.cu`'s `apply_token_mask` does the same on the device).
+/// Tokens past the mask's words count as disallowed.
+pub fn apply_token_mask(logits: &mut [f32], allowed: &[u32]) {
+    for (i, l) in logits.iter_mut().enumerate() {
+        let on = allowed
+            .get(i / 32)
+            .is_some_and(|w| (w >> (i % 32)) & 1 == 1);
+        if !on {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Index of the largest logit; the lowest index wins ties; NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -426,6 +445,37 @@ mod tests {
         // Position 7 alone draws what position 7 drew inside the run.
         let alone = sample(&mut logits.clone(), &[], &spec(0.8).with_seed(3), 7);
         assert_eq!(alone, run(3)[7]);
+    }
+
+    #[test]
+    fn a_token_mask_keeps_the_set_bits_only() {
+        let v = 70; // three words, the last one partly used
+        let mut allowed = vec![0u32; mask_words(v)];
+        assert_eq!(allowed.len(), 3);
+        for t in [0usize, 31, 32, 33, 69] {
+            allowed[t / 32] |= 1 << (t % 32);
+        }
+        let mut logits: Vec<f32> = (0..v).map(|i| i as f32).collect();
+        apply_token_mask(&mut logits, &allowed);
+        for (i, &l) in logits.iter().enumerate() {
+            let kept = [0, 31, 32, 33, 69].contains(&i);
+            assert_eq!(
+                l,
+                if kept { i as f32 } else { f32::NEG_INFINITY },
+                "token {i}"
+            );
+        }
+        // A masked greedy draw takes the best allowed token; a sampled one never a masked one.
+        assert_eq!(argmax(&logits), 69);
+        for seed in 0..50 {
+            let s = SampleSpec { seed, ..spec(5.0) };
+            let t = sample(&mut logits.clone(), &[], &s, 3) as usize;
+            assert!([0, 31, 32, 33, 69].contains(&t), "drew {t}");
+        }
+        // Words missing from a short mask count as disallowed.
+        let mut l = vec![1.0f32; v];
+        apply_token_mask(&mut l, &[u32::MAX]);
+        assert!(l[..32].iter().all(|&x| x == 1.0) && l[32..].iter().all(|&x| x.is_infinite()));
     }
 
     #[test]

@@ -373,7 +373,7 @@ impl CudaLlm {
 
     /// Captures the whole-token graph; `short`: the chain for contexts of at most
     /// `one_block` keys (one decode-attention block per kv head).
-    fn capture(&self, sampler: &Sampler, short: bool) -> DResult<Graph> {
+    pub(super) fn capture(&self, sampler: &Sampler, short: bool) -> DResult<Graph> {
         self.enqueue_short.set(short);
         let graph = self.dev.capture(|| self.enqueue_token(sampler));
         self.enqueue_short.set(false);
@@ -448,7 +448,7 @@ impl CudaLlm {
 
     /// Launches the captured graph for `pos` (the device inputs must hold it) and records its
     /// completion event.
-    fn launch_decode_graph(&self, pos: usize) -> DResult<()> {
+    pub(super) fn launch_decode_graph(&self, pos: usize) -> DResult<()> {
         let (_, g) = self.graphs[self.short_graph_at(pos) as usize]
             .as_ref()
             .expect("captured before launching");

@@ -31,6 +31,8 @@ pub struct CommonKernels {
     pub topk_partial: Func,
     pub sample_final: Func,
     pub penalize: Func,
+    /// A host-computed token mask applied to the logits (`apply_token_mask`).
+    pub token_mask: Func,
     /// The vocabulary passes of sampled specs without top-k (sample.cu).
     pub sample_max: Func,
     pub sample_weights: Func,
@@ -69,6 +71,7 @@ impl CommonKernels {
         let topk_partial = sample.func("topk_partial")?;
         let sample_final = sample.func("sample_final")?;
         let penalize = sample.func("penalize")?;
+        let token_mask = sample.func("apply_token_mask")?;
         let sample_max = sample.func("sample_max")?;
         let sample_weights = sample.func("sample_weights")?;
         let sample_radix = sample.func("sample_radix")?;
@@ -81,6 +84,7 @@ impl CommonKernels {
             topk_partial,
             sample_final,
             penalize,
+            token_mask,
             sample_max,
             sample_weights,
             sample_radix,

@@ -16,6 +16,7 @@ mod batched;
 mod forward;
 pub mod gdn;
 pub(crate) mod kernels;
+mod masked;
 pub mod moe;
 mod profile;
 mod sampler;
@@ -776,6 +777,35 @@ impl LlmDevice for CudaLlm {
         out.token = tok;
         out.logits = logits;
         Ok(())
+    }
+
+    fn decode_masked(
+        &mut self,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        mask: &mut dyn FnMut(&mut [u32]),
+    ) -> Result<u32, Refusal> {
+        const OP: &str = "llm.decode_masked";
+        if !self.placement.is_whole_model() || pos >= self.opts.max_context {
+            return Err(Refusal::new(
+                OP,
+                RefusalReason::NotResident(format!(
+                    "position {pos} with the model wholly resident to {} positions",
+                    self.opts.max_context
+                )),
+            ));
+        }
+        if token as usize >= self.spec.vocab {
+            return Err(Self::refuse(
+                OP,
+                format!("token {token} ≥ vocab {}", self.spec.vocab),
+            ));
+        }
+        self.check_sampler(sampler)?;
+        self.bind(OP)?;
+        self.decode_masked_step(token, pos, sampler, mask)
+            .map_err(|e| e.refusal(OP))
     }
 
     fn prefill(

@@ -143,6 +143,18 @@ __device__ __forceinline__ float key_value(u32 key) {
     return __uint_as_float(u);
 }
 
+// Grid ceil(V / 256) blocks of 256, one token per thread: sets to -inf the logits of the tokens
+// whose bit in `allowed` (bit i % 32 of word i / 32, V / 32 words rounded up) is clear. The mask
+// is a grammar's, computed on the host; it runs before `penalize` and the draw, as the host
+// applies its mask before sampling (llm/sample.rs `apply_token_mask`).
+extern "C" __global__ void __launch_bounds__(256)
+apply_token_mask(float* logits, int V, const unsigned* allowed) {
+    pdl_trigger();
+    pdl_wait();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < V && ((allowed[i >> 5] >> (i & 31)) & 1u) == 0u) logits[i] = NEG_INF;
+}
+
 // One block of 1024 with one entry per thread; edits the logits of the ids in the penalty window
 // (positions pos-n+1 ..= pos, n = min(last_n, pos + 1)): divide a positive logit by `repeat`,
 // multiply a negative one, subtract presence + frequency · count; each id once. The window's
