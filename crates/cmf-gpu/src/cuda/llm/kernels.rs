@@ -18,6 +18,7 @@ pub const ATTENTION_DECODE: &str = concat!(
 pub const ATTENTION_PAGED: &str = concat!(
     include_str!("../runtime/kernels/kv.cuh"),
     include_str!("../runtime/kernels/rope.cuh"),
+    include_str!("../runtime/kernels/rope_rows.cuh"),
     include_str!("kernels/attention_paged.cu")
 );
 /// The batched step's q8_row GEMMs on int8 tensor cores (input rows quantised in blocks of 32).

@@ -22,6 +22,7 @@ use std::sync::Arc;
 pub const ROWOPS: &str = concat!(
     include_str!("kernels/kv.cuh"),
     include_str!("kernels/rope.cuh"),
+    include_str!("kernels/rope_rows.cuh"),
     include_str!("kernels/rowops.cu")
 );
 /// Prefill attention (the LLM) and full attention (the DiT's `DIT_FULL` variants).

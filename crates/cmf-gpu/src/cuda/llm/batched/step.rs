@@ -146,7 +146,11 @@ impl CudaLlm {
         // MoE layers always run the grouped GEMMs of prefill (`moe_prefill`), which read the
         // routing back once a layer: such steps are neither row by row nor captured.
         let all_q8 = self.layers.iter().flatten().all(|d| self.batched_q8(&d.q));
-        let moe = self.layers.iter().flatten().any(|d| matches!(d.ffn, DevFfn::Moe(_)));
+        let moe = self
+            .layers
+            .iter()
+            .flatten()
+            .any(|d| matches!(d.ffn, DevFfn::Moe(_)));
         let by_rows = !self.opts.precise && !moe && (t == 1 || (t <= MATVEC_ROWS && !all_q8));
         let mut wanted = Vec::with_capacity(m);
         let mut row = 0;

@@ -9,8 +9,8 @@
 // Compile-time: HD, GQA, KV_F32 (kv.cuh). Reference: llm/batch.rs `paged_attention_reference`
 // (attention) and llm/reference.rs `layer` (norms, RoPE).
 
-// rope_qk_kv (rowops.cu) with a position and a pool slot per row: bias, q/k RMSNorm, RoPE, q to
-// q_out, k and v into the pool. Grid (ceil((NH + 2·NKV) / 4), T), 128 threads: a warp per
+// rope_qk_kv (rowops.cu) with a position and a pool slot per row (rope_rows.cuh): bias, q/k
+// RMSNorm, RoPE, q to q_out, k and v into the pool. Grid (ceil((NH + 2·NKV) / 4), T), 128 threads: a warp per
 // (row, head).
 extern "C" __global__ void __launch_bounds__(128)
 rope_rows_paged(const float* qkv, int ld, const float* q_bias, const float* k_bias, const float* v_bias,
@@ -21,32 +21,8 @@ rope_rows_paged(const float* qkv, int ld, const float* q_bias, const float* k_bi
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hh = blockIdx.x * 4 + warp, t = blockIdx.y;
     if (hh >= NH + 2 * NKV) return;
-    const int pos = row_pos[t];
-    int kind, h, off;
-    const float *bias, *norm;
-    if (hh < NH) { kind = 0; h = hh; off = h * HD; bias = q_bias; norm = q_norm; }
-    else if (hh < NH + NKV) { kind = 1; h = hh - NH; off = NH * HD + h * HD; bias = k_bias; norm = k_norm; }
-    else { kind = 2; h = hh - NH - NKV; off = (NH + NKV) * HD + h * HD; bias = v_bias; norm = 0; }
-    const float* src = qkv + (long long)t * ld + off;
-    float v[RJ];
-#pragma unroll
-    for (int j = 0; j < RJ; j++) {
-        int e = lane + 32 * j;
-        v[j] = e < HD ? src[e] + (bias ? bias[h * HD + e] : 0.f) : 0.f;
-    }
-    head_rmsnorm(v, norm, eps, lane);
-    if (kind < 2) head_rope(v, buf[warp], pos, inv_freq, R, attn_factor, lane);
-    if (kind == 0) {
-        float* dst = q_out + ((long long)t * NH + h) * HD;
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) dst[lane + 32 * j] = v[j];
-    } else {
-        kv_t* dst = (kind == 1 ? k_pool : v_pool) + ((long long)h * S_pool + row_slot[t]) * HD;
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) dst[lane + 32 * j] = to_kv(v[j]);
-    }
+    rope_row_head(qkv, ld, q_bias, k_bias, v_bias, q_norm, k_norm, eps, inv_freq, R, attn_factor, NH, NKV, hh, t,
+                  row_pos[t], row_slot[t], q_out, k_pool, v_pool, S_pool, buf[warp], lane);
 }
 
 // Keys per round of attn_paged: each lane scores one key of the round.

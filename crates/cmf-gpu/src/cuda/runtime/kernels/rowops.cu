@@ -114,30 +114,6 @@ rope_qk_kv(const float* qkv, int ld, const float* q_bias, const float* k_bias, c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int hh = blockIdx.x * 4 + warp, t = blockIdx.y;
     if (hh >= NH + 2 * NKV) return;
-    const int pos = pos_ptr[0] + t;
-    int kind, h, off;
-    const float *bias, *norm;
-    if (hh < NH) { kind = 0; h = hh; off = h * HD; bias = q_bias; norm = q_norm; }
-    else if (hh < NH + NKV) { kind = 1; h = hh - NH; off = NH * HD + h * HD; bias = k_bias; norm = k_norm; }
-    else { kind = 2; h = hh - NH - NKV; off = (NH + NKV) * HD + h * HD; bias = v_bias; norm = 0; }
-    const float* src = qkv + (long long)t * ld + off;
-    float v[RJ];
-#pragma unroll
-    for (int j = 0; j < RJ; j++) {
-        int e = lane + 32 * j;
-        v[j] = e < HD ? src[e] + (bias ? bias[h * HD + e] : 0.f) : 0.f;
-    }
-    head_rmsnorm(v, norm, eps, lane);
-    if (kind < 2) head_rope(v, buf[warp], pos, inv_freq, R, attn_factor, lane);
-    if (kind == 0) {
-        float* dst = q_out + ((long long)t * NH + h) * HD;
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) dst[lane + 32 * j] = v[j];
-    } else {
-        kv_t* dst = (kind == 1 ? k_cache : v_cache) + ((long long)h * S_max + pos) * HD;
-#pragma unroll
-        for (int j = 0; j < RJ; j++)
-            if (lane + 32 * j < HD) dst[lane + 32 * j] = to_kv(v[j]);
-    }
+    rope_row_head(qkv, ld, q_bias, k_bias, v_bias, q_norm, k_norm, eps, inv_freq, R, attn_factor, NH, NKV, hh, t,
+                  pos_ptr[0] + t, pos_ptr[0] + t, q_out, k_cache, v_cache, S_max, buf[warp], lane);
 }
