@@ -176,6 +176,42 @@ pub fn paged_attention_reference(
     }
 }
 
+/// The batched step's q8_row GEMM in plain arithmetic (its parity tests' oracle): each input
+/// row rounded to bf16 and quantised in blocks of 32 (s8 at scale amax / 127, ties to even),
+/// exact integer sums per block, f32 sums over blocks times the block's input scale, times the
+/// weight row's scale. `w` s8 `[n, k]`, `x` `[t, k]`; returns `[t, n]`.
+pub fn q8_gemm_reference(w: &[i8], scales: &[half::f16], k: usize, x: &[f32]) -> Vec<f32> {
+    let (n, t) = (scales.len(), x.len() / k);
+    let mut out = vec![0f32; t * n];
+    for r in 0..t {
+        let mut xq = vec![0i32; k];
+        let mut xd = vec![0f32; k / 32];
+        for b in 0..k / 32 {
+            let vals: Vec<f32> = x[r * k + 32 * b..r * k + 32 * b + 32]
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_f32())
+                .collect();
+            let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for (i, v) in vals.iter().enumerate() {
+                xq[32 * b + i] = (v * inv).round_ties_even() as i32;
+            }
+            xd[b] = d;
+        }
+        for c in 0..n {
+            let wr = &w[c * k..(c + 1) * k];
+            let mut acc = 0f32;
+            for (b, d) in xd.iter().enumerate() {
+                let s: i32 = (32 * b..32 * b + 32).map(|i| xq[i] * wr[i] as i32).sum();
+                acc += s as f32 * d;
+            }
+            out[r * n + c] = acc * scales[c].to_f32();
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,40 +315,4 @@ mod tests {
         assert_eq!(pos, [15, 16, 17, 0]);
         assert_eq!(slots, [7 * 16 + 15, 2 * 16, 2 * 16 + 1, 5 * 16]);
     }
-}
-
-/// The batched step's q8_row GEMM in plain arithmetic (its parity tests' oracle): each input
-/// row rounded to bf16 and quantised in blocks of 32 (s8 at scale amax / 127, ties to even),
-/// exact integer sums per block, f32 sums over blocks times the block's input scale, times the
-/// weight row's scale. `w` s8 `[n, k]`, `x` `[t, k]`; returns `[t, n]`.
-pub fn q8_gemm_reference(w: &[i8], scales: &[half::f16], k: usize, x: &[f32]) -> Vec<f32> {
-    let (n, t) = (scales.len(), x.len() / k);
-    let mut out = vec![0f32; t * n];
-    for r in 0..t {
-        let mut xq = vec![0i32; k];
-        let mut xd = vec![0f32; k / 32];
-        for b in 0..k / 32 {
-            let vals: Vec<f32> = x[r * k + 32 * b..r * k + 32 * b + 32]
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_f32())
-                .collect();
-            let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (i, v) in vals.iter().enumerate() {
-                xq[32 * b + i] = (v * inv).round_ties_even() as i32;
-            }
-            xd[b] = d;
-        }
-        for c in 0..n {
-            let wr = &w[c * k..(c + 1) * k];
-            let mut acc = 0f32;
-            for b in 0..k / 32 {
-                let s: i32 = (32 * b..32 * b + 32).map(|i| xq[i] * wr[i] as i32).sum();
-                acc += s as f32 * xd[b];
-            }
-            out[r * n + c] = acc * scales[c].to_f32();
-        }
-    }
-    out
 }

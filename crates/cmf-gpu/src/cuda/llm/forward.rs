@@ -246,7 +246,7 @@ impl CudaLlm {
                         MvMode::SwiGlu,
                     )
                 }
-                DevFfn::Moe(m) => self.moe_decode_up(d.ffn_norm.ptr(), m),
+                DevFfn::Moe(m) => self.moe_decode_up(self.ws.h.ptr(), d.ffn_norm.ptr(), m),
             },
             _ => match &d.ffn {
                 DevFfn::Dense(m) => mv(
@@ -259,7 +259,7 @@ impl CudaLlm {
                     ws.h.ptr(),
                     MvMode::Accumulate,
                 ),
-                DevFfn::Moe(m) => self.moe_decode_down(m),
+                DevFfn::Moe(m) => self.moe_decode_down(self.ws.h.ptr(), m),
             },
         }
     }

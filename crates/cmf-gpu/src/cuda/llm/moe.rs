@@ -554,16 +554,16 @@ impl CudaLlm {
             .expect("MoE decode buffers allocated with MoE layers")
     }
 
-    /// Decode stage 3 of a MoE layer: router (RMSNorm fused; the shared-expert gate's logit
-    /// beside it), routing, the chosen experts' gate|up with SwiGLU (and the shared expert's).
-    pub(super) fn moe_decode_up(&self, norm: u64, m: &DevMoe) -> DResult<()> {
+    /// Decode stage 3 of a MoE layer over the hidden row at `h` (the decode graph's, or one row
+    /// of a batched step): router (RMSNorm fused; the shared-expert gate's logit beside it),
+    /// routing, the chosen experts' gate|up with SwiGLU (and the shared expert's).
+    pub(super) fn moe_decode_up(&self, h: u64, norm: u64, m: &DevMoe) -> DResult<()> {
         let (dev, ck, mw, mk) = (
             &*self.dev,
             &*self.ck,
             self.moe_decode_ws(),
             self.moe_kernels(),
         );
-        let h = self.ws.h.ptr();
         let (e, k, f) = (m.experts.len(), m.top_k, m.width());
         let mv = |w: &[MvSeg], x: u64, norm: u64, y: u64, mode: MvMode| {
             matvec::launch(dev, &ck.matvec, w, x, norm, self.eps(), y, mode, true)
@@ -632,8 +632,8 @@ impl CudaLlm {
     }
 
     /// Decode stage 4 of a MoE layer: the chosen experts' down (and the shared expert's), then
-    /// their weighted sum into the residual stream.
-    pub(super) fn moe_decode_down(&self, m: &DevMoe) -> DResult<()> {
+    /// their weighted sum added to the hidden row at `h`.
+    pub(super) fn moe_decode_down(&self, h: u64, m: &DevMoe) -> DResult<()> {
         let (dev, ck, mw, mk) = (
             &*self.dev,
             &*self.ck,
@@ -686,7 +686,7 @@ impl CudaLlm {
             (256, 1, 1),
             0,
             &[
-                Arg::Ptr(self.ws.h.ptr()),
+                Arg::Ptr(h),
                 Arg::Ptr(mw.y.ptr()),
                 Arg::Ptr(mw.weights.ptr()),
                 Arg::I32(k as i32),
