@@ -846,3 +846,6 @@ fn a_failing_processor_ends_only_its_request() {
 
 #[path = "batched/device.rs"]
 mod device;
+
+#[path = "batched/hybrid_prefix.rs"]
+mod hybrid_prefix;
