@@ -146,7 +146,7 @@ pub(crate) fn run(
             None => BatchEngine::new(model, cfg),
         }
         .and_then(|mut e| {
-            let per_stream = STATE_CACHE_PER_STREAM * e.slot_bytes();
+            let per_stream = STATE_CACHE_PER_STREAM * e.checkpoint_bytes(w.ctx);
             e.set_state_cache(w.state_cache_bytes.unwrap_or(w.parallel * per_stream));
             Scheduler::new(e, sched_cfg)
         })

@@ -248,6 +248,16 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.states = StateCache::new(bytes);
     }
 
+    /// Bytes one checkpoint over `tokens` tokens takes from the state cache's budget (0 for a
+    /// model without GatedDeltaNet layers).
+    pub fn checkpoint_bytes(&self, tokens: usize) -> usize {
+        if !self.slots.needed() {
+            return 0;
+        }
+        let bs = self.cfg.block_size;
+        StateCache::bytes_of(self.slots.slot_bytes(), tokens, tokens / bs)
+    }
+
     pub fn state_cache_stats(&self) -> StateCacheStats {
         self.states.stats()
     }

@@ -73,7 +73,7 @@ impl StateCache {
     }
 
     /// Bytes a checkpoint takes from the budget: its state, tokens and chain.
-    fn bytes_of(state_bytes: usize, tokens: usize, blocks: usize) -> usize {
+    pub fn bytes_of(state_bytes: usize, tokens: usize, blocks: usize) -> usize {
         state_bytes + tokens * 4 + blocks * 8 + std::mem::size_of::<Checkpoint>()
     }
 
@@ -212,5 +212,55 @@ impl StateCache {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stores a (stateless) checkpoint of `bytes` over one block of `tokens` under `hash`.
+    fn put(c: &mut StateCache, chain: &[u64], tokens: &[u32], bytes: usize) {
+        c.store(chain, tokens, bytes, Vec::new);
+        c.check(tokens.len() / chain.len()).unwrap();
+    }
+
+    #[test]
+    fn least_recently_used_goes_first_within_the_budget() {
+        let one = StateCache::bytes_of(1000, 2, 1);
+        let mut c = StateCache::new(2 * one);
+        put(&mut c, &[1], &[7, 7], 1000);
+        put(&mut c, &[2], &[8, 8], 1000);
+        assert!(c.restore(1, &[7, 7]).is_some(), "1 is now the most recent");
+        put(&mut c, &[3], &[9, 9], 1000);
+        assert!(c.contains(1, &[7, 7]) && c.contains(3, &[9, 9]));
+        assert!(!c.contains(2, &[8, 8]), "2 was the least recently used");
+        let s = c.stats();
+        assert_eq!(
+            (s.entries, s.bytes, s.stored, s.dropped),
+            (2, 2 * one, 3, 1)
+        );
+        // Larger than the whole budget: not kept, nothing evicted for it.
+        put(&mut c, &[4], &[1, 1], 10 * one);
+        assert_eq!(c.stats().entries, 2);
+    }
+
+    #[test]
+    fn a_checkpoint_needs_its_tokens_and_its_blocks() {
+        let mut c = StateCache::new(1 << 20);
+        put(&mut c, &[1, 2], &[5, 5, 6, 6], 100);
+        put(&mut c, &[1, 3], &[5, 5, 4, 4], 100);
+        put(&mut c, &[9], &[1, 1], 100);
+        // Same hash, other tokens (a collision): a miss.
+        assert!(c.restore(2, &[5, 5, 6, 7]).is_none());
+        assert!(c.restore(2, &[5, 5, 6, 6]).is_some());
+        // Block 1 evicted: both checkpoints over it go, the other stays.
+        c.forget_through(1);
+        assert!(!c.contains(2, &[5, 5, 6, 6]) && !c.contains(3, &[5, 5, 4, 4]));
+        assert!(c.contains(9, &[1, 1]));
+        c.check(2).unwrap();
+        c.clear();
+        assert_eq!(c.stats().bytes, 0);
+        assert!(!StateCache::new(0).enabled());
     }
 }
