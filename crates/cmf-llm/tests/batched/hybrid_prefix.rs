@@ -287,3 +287,27 @@ fn hybrid_preemption_with_checkpoints_keeps_outputs() {
         assert_eq!(s.engine().pool_stats().held, 0);
     }
 }
+
+/// Where a prompt parts from a cached one between checkpoints, the request resumes from the
+/// checkpoint before and checkpoints the parting point, so the next request sharing that prefix
+/// resumes exactly there (blocks of 8; a 150-token system prompt, 40-token questions: the
+/// first prompt's checkpoints are at 184, 176, 168, 152 and 120, the shared blocks end at 144).
+#[test]
+fn hybrid_parting_point_is_checkpointed_for_the_next_request() {
+    let f = fixture("qwen3next-dense-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let mut s = scheduler_with_states(&model, 96, 8, SchedulerConfig::default(), 1 << 20);
+    let system = prompt(77, 150);
+    let mut reused = Vec::new();
+    for seed in 1..4 {
+        let req = greedy(joined(&[&system, &prompt(seed, 40)]), 4);
+        let before = s.stats().prefix_tokens_reused;
+        let (ids, run) = drive(&mut s, std::slice::from_ref(&req), &[], |_, _| {});
+        assert_same(&model, "qwen3next-dense-tiny", &[req], &ids, &run);
+        reused.push(s.stats().prefix_tokens_reused - before);
+    }
+    assert_eq!(reused, [0, 120, 144]);
+    assert_eq!(s.engine().pool_stats().held, 0);
+    assert_eq!(s.engine().slots_in_use(), 0);
+}
