@@ -3,7 +3,9 @@ system prompt, then of a second request with the same system prompt and another 
 Each round uses a new system prompt, so its first request finds nothing cached. Needs the
 `openai` package. One JSON line per round.
 
-usage: python3 bench/prefix_ttft.py BASE_URL ROUNDS
+usage: python3 bench/prefix_ttft.py BASE_URL ROUNDS [WORDS]
+  WORDS: words of the system prompt (default 1900: ~1,930 tokens with SmolLM2's tokenizer; a
+  model with a smaller vocabulary needs fewer for the same token count)
   e.g. cmf serve smollm2-135m-instruct.cmf --parallel 4 --port 18571 -t 2 &
        python3 bench/prefix_ttft.py http://127.0.0.1:18571 3
 """
@@ -18,10 +20,12 @@ words = ("the of and to in a is that for it as was with be by on not he this are
          "so no will more out up into do any your what some can only other new time could these "
          "two may first then its also after way many must before years where most such").split()
 
+n_words = int(sys.argv[3]) if len(sys.argv) > 3 else 1900
+
 def system_prompt(seed):
     r = random.Random(seed)
     return "You are a helpful assistant. Background notes: " + " ".join(
-        r.choice(words) for _ in range(1900)) + "."
+        r.choice(words) for _ in range(n_words)) + "."
 
 def ask(system, question):
     t0 = time.perf_counter()

@@ -150,31 +150,58 @@ fn completion(addr: SocketAddr, prompt: &str) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
-/// A hybrid (Qwen3-Next) model served with `--parallel 3`: three concurrent greedy answers equal
-/// those of `--parallel 1`.
+/// The value of the `/metrics` line `name` of the server at `addr`.
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let text = http(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// A hybrid (Qwen3-Next) model served with `--parallel 3`: three concurrent greedy answers, then
+/// a long prompt twice, equal those of `--parallel 1`; the second long prompt resumes from the
+/// first's recurrent-state checkpoint (prefix hits in `/metrics`), and with `--state-cache 0`
+/// nothing is reused.
 #[test]
 fn serve_parallel_runs_a_hybrid_model() {
     let dir = tempfile::tempdir().unwrap();
     let model = fixture_model(dir.path(), "qwen3next-tiny");
     let m = model.to_str().unwrap();
     let prompts = ["hello there", "the quick brown fox jumps", "one two"];
-    let answers = |parallel: &str| -> Vec<String> {
-        let (mut child, addr) =
-            serve(&[m, "--port", "0", "--threads", "1", "--parallel", parallel]);
-        let got = std::thread::scope(|s| {
+    let long =
+        "and the earth was without form and void and darkness was upon the face of the deep "
+            .repeat(3);
+    let answers = |flags: &[&str]| -> (Vec<String>, f64) {
+        let mut args = vec![m, "--port", "0", "--threads", "1"];
+        args.extend(flags);
+        let (mut child, addr) = serve(&args);
+        let mut got = std::thread::scope(|s| {
             let hs: Vec<_> = prompts
                 .iter()
                 .map(|p| s.spawn(move || completion(addr, p)))
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
         });
+        got.push(completion(addr, &long));
+        got.push(completion(addr, &long));
+        let hits = metric(addr, "cmf_prefix_cache_hits_total");
         let _ = child.kill();
         let _ = child.wait();
-        got
+        (got, hits)
     };
-    let batched = answers("3");
-    assert_eq!(batched, answers("1"));
+    let (alone, _) = answers(&["--parallel", "1"]);
+    let (batched, hits) = answers(&["--parallel", "3"]);
+    assert_eq!(batched, alone);
     assert!(batched.iter().all(|t| !t.is_empty()), "{batched:?}");
+    assert!(hits > 0.0, "the repeated prompt took no prefix hit");
+    let (off, hits) = answers(&["--parallel", "3", "--state-cache", "0"]);
+    assert_eq!(off, alone);
+    assert_eq!(hits, 0.0);
 }
 
 #[test]
@@ -198,6 +225,7 @@ fn serve_refuses_bad_flags_files_and_ports() {
         ("--queue", "0"),
         ("--max-tokens-default", "0"),
         ("--ctx", "1"),
+        ("--state-cache", "lots"),
         ("--threads", "0"),
         ("--api-key", " "),
         ("--gpu", "sometimes"),

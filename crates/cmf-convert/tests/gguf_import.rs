@@ -439,14 +439,20 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
     let (_d, imported, _) = import(&gguf, None);
     let (_dir, converted) = convert_f32("qwen3-moe-tiny");
 
+    let a = assert_same_moe_model(&imported, &converted);
+    assert!(tensor_names(&a).contains(&"model.layers.2.mlp.experts.7.down_proj.weight".to_string()));
+}
+
+/// The two files hold the same qwen3_moe header, tensors (bit for bit) and logits; returns the
+/// first.
+fn assert_same_moe_model(imported: &Path, converted: &Path) -> cmf_format::CmfModel {
     let (a, b) = (
-        cmf_format::CmfModel::open(&imported).unwrap(),
-        cmf_format::CmfModel::open(&converted).unwrap(),
+        cmf_format::CmfModel::open(imported).unwrap(),
+        cmf_format::CmfModel::open(converted).unwrap(),
     );
     assert_eq!(a.header().arch.arch_name, "qwen3_moe");
     assert_eq!(a.header().arch.moe, b.header().arch.moe);
     assert_eq!(tensor_names(&a), tensor_names(&b));
-    assert!(tensor_names(&a).contains(&"model.layers.2.mlp.experts.7.down_proj.weight".to_string()));
     for n in tensor_names(&b) {
         let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
         assert_eq!(
@@ -456,16 +462,11 @@ fn qwen3moe_gguf_imports_like_the_hf_conversion() {
         );
         assert!(x.data == y.data, "{n}: values differ");
     }
-
     let prompt: Vec<u32> = (3..40).collect();
-    let logits = |m: &cmf_format::CmfModel| {
-        let model = cmf_llm::Model::load(m).unwrap();
-        let mut st = model.new_state(64);
-        model.prefill(&mut st, &prompt).unwrap().to_vec()
-    };
-    let (la, lb) = (logits(&a), logits(&b));
+    let (la, lb) = (prefill_logits(&a, &prompt), prefill_logits(&b, &prompt));
     assert_eq!(la.len(), 512);
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+    a
 }
 
 /// llama.cpp's own converter (`convert_hf_to_gguf.py`, scripts/make_gguf_import_fixture.py) on
@@ -490,27 +491,13 @@ fn llama_cpp_converted_qwen3moe_imports_like_the_hf_conversion() {
     cfg["norm_topk_prob"] = serde_json::Value::Bool(true);
     std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
     let (_dir, converted) = convert_f32_dir(src.path());
-
-    let (a, b) = (
-        cmf_format::CmfModel::open(&imported).unwrap(),
-        cmf_format::CmfModel::open(&converted).unwrap(),
-    );
-    assert_eq!(a.header().arch.arch_name, "qwen3_moe");
-    assert_eq!(a.header().arch.moe, b.header().arch.moe);
-    assert_eq!(tensor_names(&a), tensor_names(&b));
-    for n in tensor_names(&b) {
-        let (x, y) = (a.tensor(&n).unwrap(), b.tensor(&n).unwrap());
-        assert_eq!(
-            (x.dtype, x.shape.as_slice()),
-            (y.dtype, y.shape.as_slice()),
-            "{n}"
-        );
-        assert!(x.data == y.data, "{n}: values differ");
-    }
-    let prompt: Vec<u32> = (3..40).collect();
-    let (la, lb) = (prefill_logits(&a, &prompt), prefill_logits(&b, &prompt));
-    assert_eq!(la.len(), 512);
-    assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
+    let a = assert_same_moe_model(&imported, &converted);
+    assert!(a
+        .header()
+        .arch
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.norm_topk_prob));
 }
 
 /// `cmf convert --quant f32` of the Hugging Face fixture `name` into a scratch directory.

@@ -965,3 +965,6 @@ fn prompt_logprobs_join_the_batch() {
 
 #[path = "batched/device.rs"]
 mod device;
+
+#[path = "batched/hybrid_prefix.rs"]
+mod hybrid_prefix;

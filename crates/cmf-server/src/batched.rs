@@ -60,6 +60,10 @@ impl Active<'_> {
     }
 }
 
+/// Recurrent-state checkpoints a hybrid model keeps per stream unless `--state-cache` says
+/// otherwise: a prompt takes up to five (its last block boundaries), a finished answer one.
+pub(crate) const STATE_CACHE_PER_STREAM: usize = 8;
+
 /// Bytes of the KV pool: `--kv-pool`, else `parallel` full contexts.
 pub(crate) fn pool_bytes(
     c: &cmf_llm::ModelConfig,
@@ -143,7 +147,11 @@ pub(crate) fn run(
             Some(d) => BatchEngine::on_device(model, cfg, d),
             None => BatchEngine::new(model, cfg),
         }
-        .and_then(|e| Scheduler::new(e, sched_cfg))
+        .and_then(|mut e| {
+            let per_stream = STATE_CACHE_PER_STREAM * e.checkpoint_bytes(w.ctx);
+            e.set_state_cache(w.state_cache_bytes.unwrap_or(w.parallel * per_stream));
+            Scheduler::new(e, sched_cfg)
+        })
         .map_err(|e| e.to_string())
     };
     let mut sched = match new_scheduler() {

@@ -46,6 +46,9 @@ pub struct EngineOptions {
     /// holds `kv_pool_bytes` (default: `parallel` full contexts).
     pub parallel: usize,
     pub kv_pool_bytes: Option<usize>,
+    /// Bytes of a hybrid model's recurrent-state checkpoints, its prefix reuse (`parallel` > 1;
+    /// 0: off; default: [`crate::batched::STATE_CACHE_PER_STREAM`] checkpoints per stream).
+    pub state_cache_bytes: Option<usize>,
     /// Sleep before every forward pass. Only for tests of queueing and cancellation, which need
     /// a tiny model to be slow; not exposed on the command line.
     #[doc(hidden)]
@@ -129,6 +132,7 @@ impl Default for EngineOptions {
             queue_capacity: 16,
             parallel: 1,
             kv_pool_bytes: None,
+            state_cache_bytes: None,
             token_pacing: None,
             build_engine: None,
             build_batch_device: None,
@@ -267,6 +271,7 @@ impl Engine {
             path: shown.clone(),
             parallel: opts.parallel,
             kv_pool_bytes: opts.kv_pool_bytes,
+            state_cache_bytes: opts.state_cache_bytes,
         };
         let thread = std::thread::Builder::new()
             .name("cmf-inference".into())
@@ -351,6 +356,7 @@ pub(crate) struct Worker {
     pub path: String,
     pub parallel: usize,
     pub kv_pool_bytes: Option<usize>,
+    pub state_cache_bytes: Option<usize>,
 }
 
 impl Worker {

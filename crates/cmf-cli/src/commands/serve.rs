@@ -41,6 +41,10 @@ pub struct Args {
     /// KV-cache pool of the batched engine in MiB (default: --parallel full contexts).
     #[arg(long = "kv-pool", value_name = "MIB")]
     kv_pool: Option<usize>,
+    /// Recurrent-state checkpoints of a hybrid (Qwen3-Next) model in MiB, for its prefix reuse
+    /// with --parallel (0: off; default: 8 per stream).
+    #[arg(long = "state-cache", value_name = "MIB")]
+    state_cache: Option<usize>,
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_body: usize,
@@ -120,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             queue_capacity: args.queue,
             parallel,
             kv_pool_bytes: args.kv_pool.map(|m| m << 20),
+            state_cache_bytes: args.state_cache.map(|m| m << 20),
             token_pacing: None,
             build_engine: Some(engine_builder(args.engine.clone())),
             build_batch_device: Some(batch_device_builder(args.engine.clone())),

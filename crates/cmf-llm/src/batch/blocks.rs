@@ -54,6 +54,9 @@ pub struct BlockPool {
     idle: BTreeMap<u64, BlockId>,
     idle_tick: Vec<Option<u64>>,
     tick: u64,
+    /// Hashes of cached blocks evicted since [`BlockPool::take_evicted`] last ran (the
+    /// recurrent-state checkpoints over them go too).
+    evicted: Vec<u64>,
 }
 
 impl BlockPool {
@@ -67,6 +70,7 @@ impl BlockPool {
             idle: BTreeMap::new(),
             idle_tick: vec![None; num_blocks],
             tick: 0,
+            evicted: Vec::new(),
         }
     }
 
@@ -92,6 +96,7 @@ impl BlockPool {
                     .take()
                     .expect("idle blocks are cached");
                 self.by_hash.remove(&c.hash);
+                self.evicted.push(c.hash);
                 b
             }
         };
@@ -116,6 +121,11 @@ impl BlockPool {
         }
         self.refs[b as usize] += 1;
         Some(b)
+    }
+
+    /// The hashes of the cached blocks evicted since the last call.
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.evicted)
     }
 
     /// One more reference to a held block (a forked sequence sharing its parent's blocks).

@@ -12,14 +12,23 @@
 //! - prefix reuse covers whole blocks and stops one token short of the known tokens, so the last
 //!   known token is always computed (its logits are what the caller wants) into a private block;
 //! - a hybrid (GatedDeltaNet) model's sequence holds a recurrent-state slot from its first
-//!   reservation until its blocks go back ([`super::recurrent`]); such models take no prefix
-//!   hits, since a cached block carries no recurrent state.
+//!   reservation until its blocks go back ([`super::recurrent`]). A cached block carries no
+//!   recurrent state, so such a sequence takes prefix hits only with the state cache on
+//!   ([`BatchEngine::set_state_cache`], [`super::state_cache`]): the longest cached prefix whose
+//!   blocks are all in the pool *and* whose end has a state checkpoint. It checkpoints its state
+//!   at a few block boundaries of its prompt (the last one and some before it, and the end of
+//!   the cached blocks it found without a checkpoint: where its prompt parted from an earlier
+//!   one; the scheduler ends prompt chunks there, [`BatchEngine::until_checkpoint`]) and, when its
+//!   blocks go back, at the last block boundary it passed while generating.
 
 use super::blocks::{BlockId, BlockPool, PoolStats};
 use super::device::DeviceBatch;
 use super::recurrent::{RecurrentSlots, SlotId};
+use super::state_cache::{StateCache, StateCacheStats};
 use crate::error::{LlmError, Result};
-use crate::model::{Activations, LayerKv, Mixer, Model, ModelConfig, RowLogits, Segment, SeqRows};
+use crate::model::{
+    Activations, GdnState, LayerKv, Mixer, Model, ModelConfig, RowLogits, Segment, SeqRows,
+};
 use cmf_gpu::llm::batch::{BatchOut, BatchSeq};
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
@@ -101,6 +110,12 @@ struct Sequence {
     slot: Option<SlotId>,
     /// Every row a step computes returns its logits (a prompt being scored), not only the last.
     every_row: bool,
+    /// Positions (block boundaries, ascending) where the recurrent state is checkpointed into
+    /// the state cache once computed (hybrid models with the state cache on).
+    stops: Vec<usize>,
+    /// The state at the last block boundary passed while generating, stored into the state
+    /// cache when the blocks go back (a conversation resent in full resumes there).
+    boundary: Option<(usize, Vec<GdnState>)>,
 }
 
 pub struct BatchEngine<'m, 'a> {
@@ -110,6 +125,8 @@ pub struct BatchEngine<'m, 'a> {
     pool: BlockPool,
     seqs: HashMap<SeqId, Sequence>,
     slots: RecurrentSlots,
+    /// Recurrent-state checkpoints for hybrid models' prefix reuse (budget 0: off).
+    states: StateCache,
     next_id: SeqId,
     act: Activations,
     /// The device that runs the steps and holds the pool (None: the CPU does, in `layers`).
@@ -147,6 +164,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             pool: BlockPool::new(cfg.kv_blocks),
             seqs: HashMap::new(),
             slots: RecurrentSlots::new(model),
+            states: StateCache::new(0),
             next_id: 0,
             act: Activations::default(),
             device: None,
@@ -220,16 +238,49 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.slots.slot_bytes()
     }
 
-    /// Whether sequences may take cached prefix blocks: not for hybrid models, whose cached
-    /// blocks carry no recurrent state.
+    /// Whether sequences may take cached prefix blocks: a hybrid model's only with the state
+    /// cache on (its cached blocks carry no recurrent state), and on the CPU.
     pub fn reuses_prefixes(&self) -> bool {
-        !self.slots.needed()
+        !self.slots.needed() || (self.states.enabled() && self.device.is_none())
+    }
+
+    /// Gives a hybrid model's recurrent-state checkpoints `bytes` (0 turns them off, and with
+    /// them the hybrid's prefix reuse; the default). Checkpoints already kept are dropped. No
+    /// effect on a model without GatedDeltaNet layers.
+    pub fn set_state_cache(&mut self, bytes: usize) {
+        let bytes = if self.slots.needed() { bytes } else { 0 };
+        self.states = StateCache::new(bytes);
+    }
+
+    /// Bytes one checkpoint over `tokens` tokens takes from the state cache's budget (0 for a
+    /// model without GatedDeltaNet layers).
+    pub fn checkpoint_bytes(&self, tokens: usize) -> usize {
+        if !self.slots.needed() {
+            return 0;
+        }
+        let bs = self.cfg.block_size;
+        StateCache::bytes_of(self.slots.slot_bytes(), tokens, tokens / bs)
+    }
+
+    pub fn state_cache_stats(&self) -> StateCacheStats {
+        self.states.stats()
+    }
+
+    /// Most tokens `id`'s next step item may compute so that it ends at the sequence's next
+    /// checkpoint (usize::MAX when none is due).
+    pub fn until_checkpoint(&self, id: SeqId) -> usize {
+        let s = self.seq(id);
+        s.stops
+            .iter()
+            .find(|&&p| p > s.computed)
+            .map_or(usize::MAX, |&p| p - s.computed)
     }
 
     /// Checks the block pool's and the recurrent slots' bookkeeping against every sequence
     /// (tests).
     pub fn check(&self) -> std::result::Result<(), String> {
         self.pool.check()?;
+        self.states.check(self.cfg.block_size)?;
         let mut held: Vec<SlotId> = Vec::new();
         for (id, s) in &self.seqs {
             match s.slot {
@@ -296,6 +347,8 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 hashes: Vec::new(),
                 slot: None,
                 every_row: false,
+                stops: Vec::new(),
+                boundary: None,
             },
         );
         Ok(id)
@@ -324,6 +377,8 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             slot: p.slot,
             table,
             every_row: false,
+            stops: Vec::new(),
+            boundary: None,
         };
         for &b in &child.table {
             self.pool.retain(b);
@@ -403,12 +458,22 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     }
 
     /// Takes cached blocks for the longest run of full blocks at the start of a sequence that
-    /// has none yet; returns the tokens they cover (now computed).
+    /// has none yet; returns the tokens they cover (now computed). A hybrid model's sequence
+    /// takes the longest such run that ends at a state checkpoint, restored into its slot, and
+    /// plans where it checkpoints its own prompt.
     pub fn reuse_prefix(&mut self, id: SeqId) -> usize {
         let bs = self.cfg.block_size;
         let reuse = self.reuses_prefixes();
-        let s = self.seqs.get_mut(&id).expect("unknown sequence id");
-        if !s.table.is_empty() || !reuse {
+        let hybrid = self.slots.needed();
+        let BatchEngine {
+            seqs,
+            pool,
+            slots,
+            states,
+            ..
+        } = self;
+        let s = seqs.get_mut(&id).expect("unknown sequence id");
+        if !s.table.is_empty() || s.slot.is_some() || !reuse {
             return 0;
         }
         // Whole blocks, and never the last known token (see the module note).
@@ -416,7 +481,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         let mut parent = 0;
         for i in 0..reusable {
             let block = &s.tokens[i * bs..(i + 1) * bs];
-            match self.pool.lookup(parent, block) {
+            match pool.lookup(parent, block) {
                 Some(b) => {
                     parent = super::blocks::chain_hash(parent, block);
                     s.table.push(b);
@@ -424,6 +489,26 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 }
                 None => break,
             }
+        }
+        if hybrid {
+            let found = s.table.len();
+            let keep = (1..=found)
+                .rev()
+                .find(|&k| states.contains(s.hashes[k - 1], &s.tokens[..k * bs]))
+                .unwrap_or(0);
+            for b in s.table.drain(keep..) {
+                pool.release(b);
+            }
+            s.hashes.truncate(keep);
+            if keep > 0 {
+                let slot = slots.allocate();
+                let state = states
+                    .restore(s.hashes[keep - 1], &s.tokens[..keep * bs])
+                    .expect("found above");
+                slots.restore(slot, state);
+                s.slot = Some(slot);
+            }
+            s.stops = checkpoint_plan(s.prompt_len, keep * bs, found * bs, bs);
         }
         s.computed = s.table.len() * bs;
         s.computed
@@ -474,6 +559,10 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             let b = self.pool.allocate().expect("availability was checked");
             s.table.push(b);
         }
+        // Checkpoints over an evicted block can no longer be used.
+        for h in self.pool.take_evicted() {
+            self.states.forget_through(h);
+        }
         true
     }
 
@@ -481,7 +570,18 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
     /// state; its tokens stay, to be recomputed (a preempted sequence). Published blocks stay
     /// cached for reuse.
     pub fn release(&mut self, id: SeqId) {
+        let bs = self.cfg.block_size;
         let s = self.seqs.get_mut(&id).expect("unknown sequence id");
+        if let Some((at, state)) = s.boundary.take() {
+            // Its blocks are published (they stay cached), so the checkpoint is usable.
+            let blocks = at / bs;
+            if s.hashes.len() >= blocks {
+                let bytes = self.slots.slot_bytes();
+                self.states
+                    .store(&s.hashes[..blocks], &s.tokens[..at], bytes, || state);
+            }
+        }
+        s.stops.clear();
         for b in s.table.drain(..) {
             self.pool.release(b);
         }
@@ -589,6 +689,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.dev_logits = Vec::new();
         self.layers = cpu_layers(self.model, &self.cfg);
         self.pool = BlockPool::new(self.cfg.kv_blocks);
+        self.states.clear();
         let mut held: Vec<(SeqId, usize, usize)> = self
             .seqs
             .iter()
@@ -736,7 +837,8 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         Ok(())
     }
 
-    /// Marks `n` more tokens of `id` computed and publishes the blocks they filled.
+    /// Marks `n` more tokens of `id` computed, publishes the blocks they filled and takes the
+    /// recurrent-state checkpoints due.
     fn advance(&mut self, id: SeqId, n: usize, bs: usize) {
         let s = self.seqs.get_mut(&id).expect("checked");
         s.computed += n;
@@ -748,7 +850,49 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
                 .publish(s.table[i], parent, &s.tokens[i * bs..(i + 1) * bs]);
             s.hashes.push(h);
         }
+        let Some(slot) = s.slot.filter(|_| self.states.enabled()) else {
+            return;
+        };
+        let at = s.computed;
+        if s.stops.contains(&at) {
+            let bytes = self.slots.slot_bytes();
+            let slots = &self.slots;
+            self.states
+                .store(&s.hashes[..at / bs], &s.tokens[..at], bytes, || {
+                    slots.snapshot(slot)
+                });
+        }
+        s.stops.retain(|&p| p > at);
+        if at > s.prompt_len && at.is_multiple_of(bs) {
+            let mut state = s.boundary.take().map(|b| b.1).unwrap_or_default();
+            self.slots.snapshot_into(slot, &mut state);
+            s.boundary = Some((at, state));
+        }
     }
+}
+
+/// Boundaries back from the last one of a prompt (in blocks) where a hybrid sequence checkpoints
+/// its state: a later prompt sharing this one up to a point a few tokens before its end (a
+/// shared system prompt, then another question) resumes at most about as far back again.
+const PROMPT_CHECKPOINTS_BACK: [usize; 5] = [0, 1, 2, 4, 8];
+
+/// Where a hybrid sequence whose prompt has `prompt_len` tokens, resuming at `from` with cached
+/// blocks up to `cached`, checkpoints its state: the prompt's last block boundary and some
+/// before it ([`PROMPT_CHECKPOINTS_BACK`]), and `cached` (the cached blocks end there without a
+/// checkpoint: another prompt parted from this one there, and the next one sharing both resumes
+/// there). Ascending, each a block boundary after `from`.
+fn checkpoint_plan(prompt_len: usize, from: usize, cached: usize, bs: usize) -> Vec<usize> {
+    let last = prompt_len / bs;
+    let mut stops: Vec<usize> = PROMPT_CHECKPOINTS_BACK
+        .iter()
+        .filter(|&&back| back < last)
+        .map(|&back| (last - back) * bs)
+        .chain(std::iter::once(cached))
+        .filter(|&p| p > from)
+        .collect();
+    stops.sort_unstable();
+    stops.dedup();
+    stops
 }
 
 /// The CPU pool of `cfg`: per layer, its blocks (none for GatedDeltaNet layers, whose state

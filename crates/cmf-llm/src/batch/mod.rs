@@ -23,6 +23,7 @@ pub mod device;
 pub mod engine;
 mod recurrent;
 pub mod scheduler;
+pub mod state_cache;
 
 pub use blocks::{BlockPool, PoolStats};
 pub use device::{DeviceBatch, PoolSize};
@@ -30,3 +31,4 @@ pub use engine::{BatchConfig, BatchEngine, RowCounts, SeqId, Work};
 pub use scheduler::{
     Event, Processors, Request, RequestId, Scheduler, SchedulerConfig, SchedulerStats,
 };
+pub use state_cache::StateCacheStats;

@@ -1,10 +1,13 @@
 //! Recurrent-state slots of the batched engine: a hybrid (GatedDeltaNet) model's sequences each
 //! hold one slot — the conv window and delta state of every GDN layer — beside their KV blocks.
 //!
-//! A slot is taken when a sequence first reserves blocks and given back with them (finish,
-//! cancel, preemption). A recurrent state cannot be rewound, so a sequence that gives its slot
-//! back recomputes from its first token; for the same reason the prefix cache serves no hits to
-//! hybrid models (a KV block match says nothing of the recurrent state at its end).
+//! A slot is taken when a sequence first reserves blocks (or resumes from a checkpoint) and
+//! given back with them (finish, cancel, preemption). A recurrent state cannot be rewound and a
+//! KV block match says nothing of the recurrent state at its end, so prefix reuse for hybrid
+//! models needs copies of the state taken at block boundaries: [`super::state_cache`] keeps them
+//! (under their own byte budget; off by default), [`RecurrentSlots::snapshot`] takes one and
+//! [`RecurrentSlots::restore`] puts one into a slot. Without one, a sequence that gives its slot
+//! back recomputes from its first token.
 
 use crate::model::{GdnState, LayerRecurrent, Model};
 
@@ -80,6 +83,34 @@ impl RecurrentSlots {
     /// Bytes one slot occupies (fixed: it does not grow with the context).
     pub fn slot_bytes(&self) -> usize {
         self.template.iter().flatten().map(GdnState::bytes).sum()
+    }
+
+    /// A copy of every GDN layer's state in slot `id`, in layer order (a checkpoint).
+    pub fn snapshot(&self, id: SlotId) -> Vec<GdnState> {
+        self.slots[id].iter().flatten().cloned().collect()
+    }
+
+    /// Copies slot `id`'s states into `into` (a checkpoint kept up to date, its buffers reused).
+    pub fn snapshot_into(&self, id: SlotId, into: &mut Vec<GdnState>) {
+        let states = self.slots[id].iter().flatten();
+        if into.len() == states.clone().count() {
+            into.iter_mut()
+                .zip(states)
+                .for_each(|(d, s)| d.clone_from(s));
+        } else {
+            *into = states.cloned().collect();
+        }
+    }
+
+    /// Sets slot `id` to a checkpoint taken by [`Self::snapshot`].
+    pub fn restore(&mut self, id: SlotId, from: &[GdnState]) {
+        let layers = self.slots[id].iter_mut().flatten();
+        let mut n = 0;
+        for (dst, src) in layers.zip(from) {
+            dst.clone_from(src);
+            n += 1;
+        }
+        debug_assert_eq!(n, from.len(), "a checkpoint holds every GDN layer");
     }
 
     /// One step's view: segment `i` of the pass advances slot `of_segment[i]`.

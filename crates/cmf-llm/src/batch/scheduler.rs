@@ -593,7 +593,12 @@ impl<'m, 'a> Scheduler<'m, 'a> {
             if !self.running.contains(&id) {
                 continue; // preempted while planning an older sequence
             }
-            let n = self.engine.pending(id).min(budget);
+            // A hybrid's prompt chunk ends where its state is checkpointed.
+            let n = self
+                .engine
+                .pending(id)
+                .min(budget)
+                .min(self.engine.until_checkpoint(id));
             if self.reserve(id, n, &mut plan, events) {
                 plan.push(Work { seq: id, tokens: n });
                 budget -= n;
