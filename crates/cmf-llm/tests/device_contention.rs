@@ -274,6 +274,7 @@ fn generation_without_memory<L, M>(
             "`cmf run` would not take the CPU path"
         );
         drop(held);
+        wait_for_memory(gpu);
 
         let mut dev = device_engine(gpu, model);
         let (got, _) = run(&mut dev, tok, prompt);
@@ -294,6 +295,20 @@ fn generation_without_memory<L, M>(
         });
     });
     outcome
+}
+
+/// The driver frees a killed process's memory shortly after it exits, not necessarily before
+/// `wait` returns.
+fn wait_for_memory(gpu: &Gpu) {
+    let t0 = Instant::now();
+    while gpu.vram_budget() < 1 << 30 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the device's memory did not come back: budget {} MiB",
+            gpu.vram_budget() >> 20
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn skip_unsupported(why: &str) {
