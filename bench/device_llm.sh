@@ -2,7 +2,7 @@
 # LLMs on the GPU machine: GPU tests, `cmf run/ppl/bench --gpu` end to end against `--gpu off`,
 # bench/gpu_llm.sh, and llama.cpp CUDA (../shared/bench/llamacpp_cuda.sh) on the same geometries in
 # the same machine. Runs on the GPU machine from the repository root, with (built here):
-#   .dev/bin/{cmf,cmf-gpu-bench}.xz, .dev/tests/{cmf_gpu-lib,cuda-test,gpu_parity-test}.xz
+#   .dev/bin/{cmf,cmf-gpu-bench}.xz, .dev/tests/{cmf_gpu-lib,cuda-test,gpu_parity-test,device_contention-test}.xz
 #     (release builds, stripped, xz-compressed to fit the 64 MiB transfer), this script as .dev/device-run.sh;
 #   .anchor/: llamacpp-src.tgz, tok/ (Qwen3 tokenizer), make_qwen3_random.py, llamacpp_cuda.sh
 # Logs go to $OUT; those of 2026-11-30 are in bench/results/2026-11-30-h200-llm/.
@@ -22,7 +22,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   stamp tests
-  for t in cmf_gpu-lib cuda-test gpu_parity-test; do
+  for t in cmf_gpu-lib cuda-test gpu_parity-test device_contention-test; do
+    [ -x .dev/tests/$t ] || { echo "$t: not built"; continue; }
     ./.dev/tests/$t --nocapture --test-threads 1 > $OUT/$t.log 2>&1; echo "$t rc=$?"
     grep -E "^test result|FAILED|panicked|SKIP" $OUT/$t.log | head -8
   done
