@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 16)]
     queue: usize,
     /// Requests generated at once. More than 1 runs the batched engine (paged KV cache, prefix
-    /// reuse), on the GPU for dense models when one is used, else on the CPU.
+    /// reuse), on the GPU for dense and MoE models when one is used, else on the CPU.
     #[arg(long, value_name = "N", default_value_t = 1)]
     parallel: usize,
     /// KV-cache pool of the batched engine in MiB (default: --parallel full contexts).
