@@ -236,6 +236,13 @@ fn request_ids_log_lines_and_metrics() {
     let generated = denied.header("x-request-id").unwrap();
     assert!(generated.starts_with("req-"), "{generated}");
     assert_eq!(get(a, "/nowhere").status, 404);
+    // A request is counted, then logged, once its answer has been sent, which the client can
+    // see first: wait for the three lines before reading the counters.
+    assert!(wait_until(Duration::from_secs(5), || lines
+        .lock()
+        .unwrap()
+        .len()
+        == 3));
     let m = get(a, "/metrics");
     assert_eq!(m.status, 200);
     assert!(m.header("content-type").unwrap().starts_with("text/plain"));
