@@ -75,7 +75,7 @@ load() {
 if has serve && [ ! -f $D/cmf-serve ] && [ -f $W/q8b.cmf ] && [ "$(left)" -gt 150 ]; then
   $C serve $W/q8b.cmf --gpu cuda --parallel 64 --queue 256 -c 1024 --port 18080 > "$OUT/cmf-serve.log" 2>&1 &
   SP=$!
-  load 18080 "cmf serve --parallel 64"
+  load 18080 "cmf serve --parallel 64" '{"ignore_eos": true}'
   kill $SP; wait $SP 2>/dev/null; touch $D/cmf-serve
 fi
 

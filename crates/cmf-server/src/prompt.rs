@@ -166,7 +166,11 @@ pub fn prepare(
             max_tokens,
             sampling,
             stop_strings: req.stop.clone(),
-            eos_ids: assets.eos_ids.clone(),
+            eos_ids: if req.ignore_eos {
+                Vec::new()
+            } else {
+                assets.eos_ids.clone()
+            },
         },
     })
 }

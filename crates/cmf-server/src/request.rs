@@ -79,6 +79,9 @@ pub struct GenRequest {
     pub echo: bool,
     /// `logit_bias` as (token id, bias); ids are checked against the vocabulary later.
     pub logit_bias: Vec<(u32, f32)>,
+    /// `ignore_eos` (llama-server's and vLLM's extension, for benchmarks): end-of-sequence ids
+    /// do not end the answer; `max_tokens`, stop strings and the context still do.
+    pub ignore_eos: bool,
     /// `response_format` `json_object` / `json_schema`: the JSON schema the answer must match.
     pub json_schema: Option<Value>,
     pub tool_choice: ToolChoice,
@@ -179,6 +182,7 @@ const COMMON_KEYS: &[&str] = &[
     "user",
     "logprobs",
     "logit_bias",
+    "ignore_eos",
 ];
 const CHAT_ONLY_KEYS: &[&str] = &[
     "messages",
@@ -331,6 +335,7 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
     };
     let stop = parse_stop(f.get("stop"))?;
     let logit_bias = parse_logit_bias(f.get("logit_bias"))?;
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     Ok(GenRequest {
         prompt,
         stream,
@@ -343,6 +348,7 @@ fn common(f: &Fields, prompt: PromptInput, limits: Limits) -> Result<GenRequest,
         logprobs: None,
         echo: false,
         logit_bias,
+        ignore_eos,
         json_schema: None,
         tool_choice: ToolChoice::Auto,
         parallel_tool_calls: true,

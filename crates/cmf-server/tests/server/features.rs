@@ -220,6 +220,31 @@ fn logit_bias_forces_and_bans_tokens() {
     assert_eq!(r.json()["error"]["param"], "logit_bias.99999999");
 }
 
+/// `ignore_eos`: an end-of-sequence id forced by `logit_bias` ends the answer at once without it
+/// and is generated like any token with it, until `max_tokens`.
+#[test]
+fn ignore_eos_runs_to_max_tokens() {
+    let srv = start(config());
+    let eos = assets().eos_ids[0];
+    let body = |ignore: bool| {
+        json!({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+               "logit_bias": {eos.to_string(): 100}, "ignore_eos": ignore})
+    };
+    let v = ok(post(srv.addr(), COMPLETIONS, &body(false)));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    let v = ok(post(srv.addr(), COMPLETIONS, &body(true)));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    let r = post(
+        srv.addr(),
+        COMPLETIONS,
+        &json!({"prompt": "x", "ignore_eos": 1}),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "ignore_eos");
+}
+
 #[test]
 fn a_character_cut_by_the_budget_is_dropped() {
     let srv = start(config());

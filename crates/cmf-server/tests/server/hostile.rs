@@ -139,12 +139,12 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
     let mut silent = connect(a);
     let (got, took) = read_until_closed(&mut silent, Duration::from_secs(5));
     assert!(got.is_empty() && took < Duration::from_secs(3), "{took:?}");
-    assert!(
-        srv.metrics()
-            .idle_timeouts
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 2
-    );
+    // The server counts a timeout after closing the socket: the client can see the close first.
+    assert!(wait_until(Duration::from_secs(5), || srv
+        .metrics()
+        .idle_timeouts
+        .load(std::sync::atomic::Ordering::Relaxed)
+        >= 2));
 }
 
 /// A body that does not arrive within the body timeout gets 408.
@@ -236,6 +236,13 @@ fn request_ids_log_lines_and_metrics() {
     let generated = denied.header("x-request-id").unwrap();
     assert!(generated.starts_with("req-"), "{generated}");
     assert_eq!(get(a, "/nowhere").status, 404);
+    // A request is counted, then logged, once its answer has been sent, which the client can
+    // see first: wait for the three lines before reading the counters.
+    assert!(wait_until(Duration::from_secs(5), || lines
+        .lock()
+        .unwrap()
+        .len()
+        == 3));
     let m = get(a, "/metrics");
     assert_eq!(m.status, 200);
     assert!(m.header("content-type").unwrap().starts_with("text/plain"));
