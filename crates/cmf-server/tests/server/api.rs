@@ -494,7 +494,8 @@ fn disconnect_mid_stream_cancels_generation() {
 fn disconnect_while_waiting_for_a_whole_answer_cancels() {
     let srv = start_paced(Duration::from_millis(20), 4);
     let a = srv.addr();
-    let body = json!({"prompt": "In the beginning", "max_tokens": 200}).to_string();
+    let body =
+        json!({"prompt": "In the beginning", "max_tokens": 200, "ignore_eos": true}).to_string();
     let mut s = connect(a);
     send(&mut s, "POST", COMPLETIONS, &[], Some(body.as_bytes()));
     assert!(wait_until(Duration::from_secs(10), || health(a)["busy"] == true));
@@ -513,7 +514,7 @@ fn disconnect_while_waiting_for_a_whole_answer_cancels() {
 fn full_queue_answers_503() {
     let srv = start_paced(Duration::from_millis(20), 1);
     let a = srv.addr();
-    let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true});
+    let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true, "ignore_eos": true});
     let running = EventStream::open(a, COMPLETIONS, &body);
     assert!(wait_until(Duration::from_secs(10), || health(a)["busy"] == true));
     let waiting = EventStream::open(a, COMPLETIONS, &body);

@@ -131,11 +131,12 @@ fn concurrent_answers_equal_alone() {
 
 /// Two run, one waits in the queue, the next is refused with 503 + Retry-After; a running
 /// client that hangs up frees its blocks at once and the waiting request takes its place.
+/// (`ignore_eos`: a sampled end-of-sequence would end a request early, and the counts below.)
 #[test]
 fn full_queue_and_disconnect() {
     let srv = start_parallel(2, 1, Some(Duration::from_millis(20)));
     let a = srv.addr();
-    let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true});
+    let body = json!({"prompt": "In the beginning", "max_tokens": 200, "stream": true, "ignore_eos": true});
     let first = EventStream::open(a, COMPLETIONS, &body);
     // The second only once the first left the one-place queue (else, on a busy box, it could
     // find the queue still full and get 503).
