@@ -215,8 +215,9 @@ fn joining_and_leaving_equals_alone() {
 /// A pool of 14 blocks of 4 positions for four sequences that need up to 11 each on fixture
 /// `name`: the youngest is preempted and recomputed (a hybrid's slot goes back and it recomputes
 /// from its first token), and every output is still what it is alone. Seeded sampling included
-/// (the draw depends on the position, which a recomputation keeps).
-fn check_preemption(name: &str) {
+/// (the draw depends on the position, which a recomputation keeps). `state_bytes` > 0: a hybrid
+/// model with the recurrent-state cache on (hybrid_prefix.rs).
+fn check_preemption(name: &str, state_bytes: usize) {
     let f = fixture(name);
     let source = SafetensorsSource::new(&f.files);
     let model = Model::from_source(&source, f.config.clone(), "").unwrap();
@@ -224,7 +225,11 @@ fn check_preemption(name: &str) {
         max_running: 4,
         step_tokens: 64,
     };
-    let mut s = scheduler(&model, 14, 4, cfg);
+    let mut s = if state_bytes > 0 {
+        hybrid_prefix::scheduler_with_states(&model, 14, 4, cfg, state_bytes)
+    } else {
+        scheduler(&model, 14, 4, cfg)
+    };
     let mut reqs: Vec<Request> = (0..4)
         .map(|i| greedy(prompt(10 + i, 9 + 3 * i as usize), 30))
         .collect();
@@ -246,7 +251,7 @@ fn check_preemption(name: &str) {
 
 #[test]
 fn preemption_keeps_outputs() {
-    check_preemption("qwen3-tiny");
+    check_preemption("qwen3-tiny", 0);
 }
 
 /// Requests sharing a 40-token prefix (`s` on llama-tiny): the later ones take its full blocks
@@ -407,7 +412,7 @@ fn hybrid_joining_and_leaving_equals_alone() {
 #[test]
 fn hybrid_preemption_recomputes_the_recurrent_state() {
     for name in HYBRID_FIXTURES {
-        check_preemption(name);
+        check_preemption(name, 0);
     }
 }
 

@@ -8,7 +8,7 @@ use cmf_llm::batch::{SeqId, Work};
 use cmf_test_support::rng::Rng;
 
 /// A scheduler whose engine keeps `state_bytes` of recurrent-state checkpoints.
-fn scheduler_with_states<'m, 'a>(
+pub(super) fn scheduler_with_states<'m, 'a>(
     model: &'m Model<'a>,
     blocks: usize,
     block_size: usize,
@@ -266,25 +266,7 @@ fn hybrid_checkpoints_under_pressure_never_go_stale() {
 #[test]
 fn hybrid_preemption_with_checkpoints_keeps_outputs() {
     for name in HYBRID_FIXTURES {
-        let f = fixture(name);
-        let source = SafetensorsSource::new(&f.files);
-        let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-        let cfg = SchedulerConfig {
-            max_running: 4,
-            step_tokens: 64,
-        };
-        let mut s = scheduler_with_states(&model, 14, 4, cfg, 1 << 20);
-        let reqs: Vec<Request> = (0..4)
-            .map(|i| greedy(prompt(10 + i, 9 + 3 * i as usize), 30))
-            .collect();
-        let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
-        assert!(
-            s.stats().preemptions > 0,
-            "{name}: the pool was never short"
-        );
-        assert_same(&model, name, &reqs, &ids, &run);
-        assert_eq!(s.engine().slots_in_use(), 0, "{name}: slots leaked");
-        assert_eq!(s.engine().pool_stats().held, 0);
+        check_preemption(name, 1 << 20);
     }
 }
 
