@@ -190,17 +190,17 @@ fn full_queue_and_disconnect() {
     assert!(metric(a, "cmf_rejections_total{status=\"503\"}") >= 1.0);
 }
 
-/// Same as `b` within 1e-5 (log-probabilities), exactly otherwise.
-fn assert_close(a: &Value, b: &Value, at: &str) {
+/// Same as `b` within `tol` (log-probabilities), exactly otherwise.
+fn assert_close(a: &Value, b: &Value, tol: f64, at: &str) {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
             let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
-            assert!((x - y).abs() < 1e-5, "{at}: {x} vs {y}");
+            assert!((x - y).abs() < tol, "{at}: {x} vs {y}");
         }
         (Value::Array(x), Value::Array(y)) => {
             assert_eq!(x.len(), y.len(), "{at}: lengths");
             for (i, (x, y)) in x.iter().zip(y).enumerate() {
-                assert_close(x, y, &format!("{at}[{i}]"));
+                assert_close(x, y, tol, &format!("{at}[{i}]"));
             }
         }
         (Value::Object(x), Value::Object(y)) => {
@@ -210,7 +210,7 @@ fn assert_close(a: &Value, b: &Value, at: &str) {
                 "{at}: keys"
             );
             for (k, x) in x {
-                assert_close(x, &y[k], &format!("{at}.{k}"));
+                assert_close(x, &y[k], tol, &format!("{at}.{k}"));
             }
         }
         _ => assert_eq!(a, b, "{at}"),
@@ -254,7 +254,7 @@ fn choices(a: SocketAddr, path: &str, body: &Value) -> Value {
 /// Requests with several choices, log-probabilities, a logit bias, a grammar and an echoed prompt
 /// with its log-probabilities, sent at once to `--parallel 4` (so they share steps), answer what
 /// the one-at-a-time server answers: the same texts and finish reasons, log-probabilities within
-/// 1e-5.
+/// 1e-5 (an echoed prompt's within 2e-4).
 #[test]
 fn every_request_kind_batched_equals_alone() {
     let chat = "/v1/chat/completions";
@@ -317,8 +317,12 @@ fn every_request_kind_batched_equals_alone() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_close(g, w, &format!("case {i}"));
+    for (i, ((g, w), (_, body))) in got.iter().zip(&want).zip(&cases).enumerate() {
+        // An echoed prompt's rows are computed in chunks whose sizes depend on what shares the
+        // steps, so their sums run in another order: 1.0e-4 was seen once at a log-probability
+        // of -6.07 (1.6e-5 relative, inside the whole-model f32 bound of 1e-4 relative).
+        let tol = if body["echo"] == true { 2e-4 } else { 1e-5 };
+        assert_close(g, w, tol, &format!("case {i}"));
     }
     // The grammar's answers parse and the choices differ (seeds `seed + i`).
     let grammar = &got[4];
