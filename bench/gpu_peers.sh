@@ -11,7 +11,7 @@
 #
 # Stage on the development machine (the tree travels with `.dev` and `.anchor` carried):
 #   .dev/bin/cmf(.xz)                         release `cmf`, stripped
-#   .anchor/llamacpp-src.tgz                  llama.cpp source (../shared/bench/README.md)
+#   .anchor/llamacpp-src.tgz (or .txz)       llama.cpp source (../shared/bench/README.md)
 #   .anchor/qwen3moe-template.gguf(.xz)       any Qwen3-family GGUF from llama.cpp's converter
 #                                             (only its tokenizer metadata is used)
 #   .anchor/loadgen.py                        ../shared/bench/loadgen.py (serve phase)
@@ -31,7 +31,7 @@ C=./.dev/bin/cmf; A=$PWD/.anchor; LAYERS=${LAYERS:-24}
 
 # llama.cpp builds in the background (CPU work, about 4 min on 16 cores) while cmf runs.
 if [ ! -x /tmp/lc/llama.cpp/b/bin/llama-batched-bench ] && [ ! -f /tmp/lc/building ]; then
-  [ -d /tmp/lc/llama.cpp ] || tar xzf "$A/llamacpp-src.tgz" -C /tmp/lc
+  [ -d /tmp/lc/llama.cpp ] || tar xf "$(ls "$A"/llamacpp-src.t*z | head -1)" -C /tmp/lc
   touch /tmp/lc/building
   G=cmake; command -v ninja >/dev/null && G="cmake -G Ninja"
   setsid nohup sh -c "cd /tmp/lc/llama.cpp && $G -B b -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
