@@ -290,6 +290,38 @@ fn fake_device_sampled_requests_equal_alone() {
     }
 }
 
+/// The device refuses a sampled step mid-run: the engine moves to the CPU, whose host sampler
+/// draws the same tokens, and every seeded request still equals its alone.
+#[test]
+fn fake_device_refusal_of_a_sampled_step_moves_to_the_cpu() {
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 24,
+    };
+    let mut s = device_scheduler(&model, &gpu, 64, 16, cfg);
+    gpu.inject_refusal_after(8);
+    let reqs: Vec<Request> = (0..4)
+        .map(|i| Request {
+            sampling: SamplingParams {
+                temperature: 0.8 + 0.2 * i as f32,
+                top_p: 0.9,
+                repeat_penalty: 1.2,
+                seed: 100 + i as u64,
+                ..SamplingParams::default()
+            },
+            ..greedy(prompt(30 + i, 6 + 5 * i as usize), 12)
+        })
+        .collect();
+    let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
+    assert!(!s.engine().is_device(), "the injected refusal never came");
+    assert!(s.engine().device_sampled_steps() > 0);
+    assert_same(&model, "llama-tiny", &reqs, &ids, &run);
+}
+
 /// The engine's sampled steps: on the (fake) device and on the CPU, each output is the host
 /// sampler's draw from the logits a plain step returns, with each sequence's window and position.
 #[test]
