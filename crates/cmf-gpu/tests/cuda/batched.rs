@@ -340,5 +340,5 @@ fn batched_sampler_matches_the_host_and_the_single_sequence_sampler() {
          single-sequence device sampler): {differ:?}",
         differ.len()
     );
-    assert!(differ.len() * 100 <= runs, "{differ:?}");
+    assert!(differ.len() * 100 <= runs.max(100), "{differ:?}");
 }
