@@ -12,6 +12,7 @@
 //!   counter-based generator), so a step re-run after a device refusal, or run ahead on the
 //!   device, draws the same token.
 
+use cmf_gpu::llm::batch::RowSampling;
 use cmf_gpu::llm::sample;
 
 /// The parameters the CLI and the API accept are the shared algorithm's own description.
@@ -31,9 +32,18 @@ impl Sampler {
     /// so far (prompt and generated, the token these logits follow last): the penalties look at
     /// its last `penalty_last_n` ids and the draw at its last position.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let window = &history[history.len().saturating_sub(self.params.penalty_last_n)..];
-        let pos = history.len().saturating_sub(1) as u64;
-        sample::sample(logits, window, &self.params, pos)
+        row(history, self.params).sample_host(logits)
+    }
+}
+
+/// What a sampler reads of a sequence whose tokens are `history` (the token its logits follow
+/// last): the penalty window (its last `penalty_last_n` ids) and the draw's position. The host
+/// sampler and the batched device draws (`BatchEngine::step_sampled`) both take it from here.
+pub fn row(history: &[u32], spec: SamplingParams) -> RowSampling<'_> {
+    RowSampling {
+        spec,
+        pos: history.len().saturating_sub(1) as u64,
+        window: &history[history.len().saturating_sub(spec.penalty_last_n)..],
     }
 }
 

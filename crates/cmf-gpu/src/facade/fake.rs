@@ -736,6 +736,12 @@ impl FakeLlm {
                     *d = reference::argmax(l);
                 }
             }
+            // The device's draw is the host sampler's (cuda/llm/batched/sample.rs checks it).
+            BatchOut::Sampled { rows, ids } => {
+                for ((d, l), r) in ids.iter_mut().zip(&mut wanted).zip(rows) {
+                    *d = r.sample_host(l);
+                }
+            }
         }
     }
 }

@@ -439,4 +439,64 @@ fn batched_step_refusals_name_the_fault() {
     assert!(e.to_string().contains("output of 1 values"), "{e}");
     llm.batch_step(&[seq(&[0])], BatchOut::Logits(&mut logits))
         .unwrap();
+    // Sampled outputs: one sampler per output, each within the device's limits; then the
+    // fake's draw is the host sampler's from the step's logits.
+    use crate::llm::batch::RowSampling;
+    use crate::llm::sample::SampleSpec;
+    let row = |spec: SampleSpec| RowSampling {
+        spec,
+        pos: 2,
+        window: &[1, 2, 3],
+    };
+    let sampled = SampleSpec {
+        temperature: 0.8,
+        seed: 9,
+        ..SampleSpec::default()
+    };
+    let mut ids = [0u32; 1];
+    for (rows, why) in [
+        (vec![], "0 samplers for 1 outputs"),
+        (
+            vec![row(SampleSpec {
+                top_k: 65,
+                ..sampled
+            })],
+            "top-k 65",
+        ),
+        (
+            vec![row(SampleSpec {
+                top_p: 0.0,
+                ..sampled
+            })],
+            "top_p",
+        ),
+        (
+            vec![row(SampleSpec {
+                penalty_last_n: 2,
+                ..sampled
+            })],
+            "penalty window of 3 ids",
+        ),
+    ] {
+        let e = llm
+            .batch_step(
+                &[seq(&[0])],
+                BatchOut::Sampled {
+                    rows: &rows,
+                    ids: &mut ids,
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    let rows = [row(sampled)];
+    llm.batch_step(
+        &[seq(&[0])],
+        BatchOut::Sampled {
+            rows: &rows,
+            ids: &mut ids,
+        },
+    )
+    .unwrap();
+    assert_eq!(ids[0], rows[0].sample_host(&mut logits.clone()));
 }

@@ -4,6 +4,7 @@
 //! the device owns the pool's memory.
 
 use crate::facade::refusal::{Refusal, RefusalReason};
+use crate::llm::sample::{self, SampleSpec};
 
 /// One sequence's share of a batched step.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +26,12 @@ pub enum BatchOut<'a> {
     Logits(&'a mut [f32]),
     /// Each one's arg-max id (ties to the lowest), `[m]`.
     Greedy(&'a mut [u32]),
+    /// Each one's token drawn by its own sampler (`rows[i]` for the `i`-th), `[m]`: the token
+    /// the host sampler draws from the same logits ([`RowSampling::sample_host`]).
+    Sampled {
+        rows: &'a [RowSampling<'a>],
+        ids: &'a mut [u32],
+    },
 }
 
 impl BatchOut<'_> {
@@ -32,7 +39,42 @@ impl BatchOut<'_> {
         match self {
             BatchOut::Logits(l) => l.len(),
             BatchOut::Greedy(t) => t.len(),
+            BatchOut::Sampled { ids, .. } => ids.len(),
         }
+    }
+}
+
+/// One sequence's sampler in a [`BatchOut::Sampled`] step: what the host sampler reads besides
+/// the logits.
+#[derive(Debug, Clone, Copy)]
+pub struct RowSampling<'a> {
+    pub spec: SampleSpec,
+    /// Position of the token these logits follow (the draw is `uniform24(spec.seed, pos)`).
+    pub pos: u64,
+    /// The penalty window: the sequence's last `spec.penalty_last_n` ids, the token at `pos`
+    /// last.
+    pub window: &'a [u32],
+}
+
+impl RowSampling<'_> {
+    /// The host sampler's token for `logits` (which get the penalties).
+    pub fn sample_host(&self, logits: &mut [f32]) -> u32 {
+        sample::sample(logits, self.window, &self.spec, self.pos)
+    }
+
+    /// Why the device cannot draw this row (its logits then come back), or None.
+    pub fn device_limit(&self) -> Option<String> {
+        if let Err(why) = self.spec.validate() {
+            return Some(why);
+        }
+        if self.window.len() > self.spec.penalty_last_n {
+            return Some(format!(
+                "penalty window of {} ids, penalty_last_n {}",
+                self.window.len(),
+                self.spec.penalty_last_n
+            ));
+        }
+        self.spec.device_limit()
     }
 }
 
@@ -98,10 +140,20 @@ pub fn validate(
     let m = seqs.iter().filter(|s| s.want).count();
     let need = match out {
         BatchOut::Logits(_) => m * vocab,
-        BatchOut::Greedy(_) => m,
+        BatchOut::Greedy(_) | BatchOut::Sampled { .. } => m,
     };
     if out.len() != need {
         return bad(format!("output of {} values, {need} needed", out.len()));
+    }
+    if let BatchOut::Sampled { rows, .. } = out {
+        if rows.len() != m {
+            return bad(format!("{} samplers for {m} outputs", rows.len()));
+        }
+        for (i, r) in rows.iter().enumerate() {
+            if let Some(why) = r.device_limit() {
+                return bad(format!("output {i}'s sampler: {why}"));
+            }
+        }
     }
     Ok(())
 }

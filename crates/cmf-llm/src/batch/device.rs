@@ -2,9 +2,11 @@
 //! each step one `batch_step` through the facade. The engine keeps every piece of bookkeeping
 //! (tables, prefix cache, scheduling); the device holds the keys and values.
 //!
-//! What runs where: the forward pass of every row on the device; sampling on the host from the
-//! returned last-row logits, except greedy arg-max steps (`BatchEngine::step_greedy`), which
-//! bring back one id per sequence.
+//! What runs where: the forward pass of every row on the device; greedy arg-max steps
+//! (`BatchEngine::step_greedy`) and steps whose rows need nothing but their samplers
+//! (`BatchEngine::step_sampled`: penalties, temperature, top-k/top-p/min-p and the seeded draw)
+//! bring back one id per sequence; any other step brings back the last-row logits and the host
+//! samples.
 
 use crate::gpu::{cpu_only, describe};
 use crate::model::Model;

@@ -29,7 +29,8 @@ use crate::error::{LlmError, Result};
 use crate::model::{
     Activations, GdnState, LayerKv, Mixer, Model, ModelConfig, RowLogits, Segment, SeqRows,
 };
-use cmf_gpu::llm::batch::{BatchOut, BatchSeq};
+use cmf_gpu::llm::batch::{BatchOut, BatchSeq, RowSampling};
+use cmf_gpu::llm::sample::SampleSpec;
 use cmf_kernels::{AttnParams, KvBlocks, KvDtype};
 use std::collections::HashMap;
 
@@ -133,7 +134,18 @@ pub struct BatchEngine<'m, 'a> {
     device: Option<DeviceBatch>,
     /// The last device step's outputs.
     dev_logits: Vec<f32>,
+    /// Steps whose tokens the device drew.
+    device_sampled_steps: u64,
     rows: RowCounts,
+}
+
+/// What a device step returns.
+#[derive(Clone, Copy)]
+enum Out<'s> {
+    Logits,
+    Greedy,
+    /// Each output's token drawn by its spec.
+    Sampled(&'s [SampleSpec]),
 }
 
 impl<'m, 'a> BatchEngine<'m, 'a> {
@@ -169,6 +181,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             act: Activations::default(),
             device: None,
             dev_logits: Vec::new(),
+            device_sampled_steps: 0,
             rows: RowCounts::default(),
         })
     }
@@ -609,7 +622,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.check_rows(work)?;
         if self.device.is_some() {
             self.check_last_rows(work)?;
-            match self.step_device(work, false) {
+            match self.step_device(work, Out::Logits) {
                 Ok(m) => return Ok(&self.dev_logits[..m * self.model.config.vocab_size]),
                 Err(r) => self.fall_back(r)?,
             }
@@ -624,7 +637,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         self.check_rows(work)?;
         self.check_last_rows(work)?;
         if self.device.is_some() {
-            match self.step_device(work, true) {
+            match self.step_device(work, Out::Greedy) {
                 Ok(m) => return Ok(self.dev_logits[..m].iter().map(|&x| x.to_bits()).collect()),
                 Err(r) => self.fall_back(r)?,
             }
@@ -637,12 +650,60 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             .collect())
     }
 
+    /// [`Self::step`] returning each output's token drawn by its sampler (`specs[i]` for the
+    /// `i`-th output, with its sequence's penalty window and position, as
+    /// [`crate::sampling::Sampler::sample`] draws): on the device, the draws run there and one
+    /// id per sequence comes back (the caller checks each spec's `device_limit` first); on the
+    /// CPU, the host sampler draws from the logits.
+    pub fn step_sampled(&mut self, work: &[Work], specs: &[SampleSpec]) -> Result<Vec<u32>> {
+        self.check_work(work)?;
+        self.check_rows(work)?;
+        self.check_last_rows(work)?;
+        // The items that reach their sequence's last token, one output (and spec) each.
+        let wanted: Vec<SeqId> = work
+            .iter()
+            .filter(|w| {
+                let s = self.seq(w.seq);
+                s.computed + w.tokens == s.tokens.len()
+            })
+            .map(|w| w.seq)
+            .collect();
+        if wanted.len() != specs.len() {
+            return Err(LlmError::Other(format!(
+                "step: {} samplers for {} outputs",
+                specs.len(),
+                wanted.len()
+            )));
+        }
+        if self.device.is_some() {
+            match self.step_device(work, Out::Sampled(specs)) {
+                Ok(m) => {
+                    self.device_sampled_steps += 1;
+                    return Ok(self.dev_logits[..m].iter().map(|&x| x.to_bits()).collect());
+                }
+                Err(r) => self.fall_back(r)?,
+            }
+        }
+        let v = self.model.config.vocab_size;
+        let mut logits = self.step_cpu(work)?.to_vec();
+        let mut ids = Vec::with_capacity(specs.len());
+        for ((row, spec), seq) in logits.chunks_mut(v).zip(specs).zip(wanted) {
+            ids.push(crate::sampling::row(&self.seq(seq).tokens, *spec).sample_host(row));
+        }
+        Ok(ids)
+    }
+
+    /// Steps whose tokens the device drew ([`Self::step_sampled`] on the device).
+    pub fn device_sampled_steps(&self) -> u64 {
+        self.device_sampled_steps
+    }
+
     /// A checked step on the device; returns the outputs (in `dev_logits`: logits, or ids as
-    /// f32 bit patterns when `greedy`).
+    /// f32 bit patterns for greedy and sampled steps).
     fn step_device(
         &mut self,
         work: &[Work],
-        greedy: bool,
+        out: Out,
     ) -> std::result::Result<usize, cmf_gpu::facade::Refusal> {
         let bs = self.cfg.block_size;
         let v = self.model.config.vocab_size;
@@ -661,15 +722,39 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
             .collect();
         let m = items.iter().filter(|i| i.want).count();
         let dev = self.device.as_mut().expect("checked");
-        if greedy {
-            let mut ids = vec![0u32; m];
-            dev.step(&items, BatchOut::Greedy(&mut ids))?;
-            self.dev_logits.clear();
-            self.dev_logits
-                .extend(ids.iter().map(|&i| f32::from_bits(i)));
-        } else {
-            self.dev_logits.resize(m * v, 0.0);
-            dev.step(&items, BatchOut::Logits(&mut self.dev_logits[..m * v]))?;
+        match out {
+            Out::Logits => {
+                self.dev_logits.resize(m * v, 0.0);
+                dev.step(&items, BatchOut::Logits(&mut self.dev_logits[..m * v]))?;
+            }
+            Out::Greedy | Out::Sampled(_) => {
+                // Each wanted item's sampler reads its sequence's tokens (all known ones: the
+                // step reaches the last).
+                let rows: Vec<RowSampling> = match out {
+                    Out::Sampled(specs) => work
+                        .iter()
+                        .zip(&items)
+                        .filter(|(_, i)| i.want)
+                        .zip(specs)
+                        .map(|((w, _), &spec)| {
+                            crate::sampling::row(&self.seqs[&w.seq].tokens, spec)
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let mut ids = vec![0u32; m];
+                let out = match out {
+                    Out::Greedy => BatchOut::Greedy(&mut ids),
+                    _ => BatchOut::Sampled {
+                        rows: &rows,
+                        ids: &mut ids,
+                    },
+                };
+                dev.step(&items, out)?;
+                self.dev_logits.clear();
+                self.dev_logits
+                    .extend(ids.iter().map(|&i| f32::from_bits(i)));
+            }
         }
         drop(items);
         for w in work {

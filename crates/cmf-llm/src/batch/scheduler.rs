@@ -15,7 +15,10 @@
 //! logit processors (bias, grammar mask), seeded sampling with penalties over the sequence's
 //! tokens, and log-probabilities from the unprocessed logits. A request with `n` choices is one
 //! sequence until its prompt's logits come; then `n - 1` forks share its blocks
-//! ([`BatchEngine::fork`]) and every choice samples its first token from those logits.
+//! ([`BatchEngine::fork`]) and every choice samples its first token from those logits. On a
+//! device, a step whose every row needs nothing but its sampler (no processors, log-probabilities
+//! or choices to fork; a sampler within the device's limits) draws on the device instead
+//! ([`BatchEngine::step_sampled`]): the same tokens, one id per sequence read back.
 //!
 //! A request that wants its prompt's own log-probabilities (OpenAI's `echo`) has every prompt
 //! row's logits returned by the steps that compute its prompt (the other sequences of the step
@@ -142,6 +145,18 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether this sequence's next token needs nothing but its sampler, and the device's
+    /// batched sampler takes it (`RowSampling::device_limit`).
+    fn device_sampled(&self) -> bool {
+        let p = &self.sampler.params;
+        self.processors.is_empty()
+            && self.logprobs.is_none()
+            && self.prompt_scores.is_none()
+            && self.unforked.is_empty()
+            && p.validate().is_ok()
+            && p.device_limit().is_none()
+    }
+
     /// Whether this sequence's next token is just the arg-max of its logits.
     fn plain_greedy(&self) -> bool {
         let p = &self.sampler.params;
@@ -350,6 +365,30 @@ impl<'m, 'a> Scheduler<'m, 'a> {
         });
         if plain {
             let ids = self.engine.step_greedy(&plan)?;
+            for ((seq, ..), token) in outputs.into_iter().zip(ids) {
+                if self.entries.contains_key(&seq) {
+                    self.emit(seq, token, None, &mut events);
+                }
+            }
+            return Ok(events);
+        }
+        // Sampled requests with nothing that needs their logits on the host (logprobs,
+        // processors, choices still to fork) and samplers the device runs: on a device, each
+        // sequence's token is drawn there (the host sampler's draw) and one id comes back.
+        let specs: Option<Vec<SamplingParams>> = if self.engine.is_device() {
+            outputs
+                .iter()
+                .map(|&(seq, _, n, last)| match self.entries.get(&seq) {
+                    _ if !last || n != 1 => None,
+                    Some(e) => e.device_sampled().then_some(e.sampler.params),
+                    None => Some(SamplingParams::default()),
+                })
+                .collect()
+        } else {
+            None
+        };
+        if let Some(specs) = specs {
+            let ids = self.engine.step_sampled(&plan, &specs)?;
             for ((seq, ..), token) in outputs.into_iter().zip(ids) {
                 if self.entries.contains_key(&seq) {
                     self.emit(seq, token, None, &mut events);

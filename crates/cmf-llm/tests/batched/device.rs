@@ -182,6 +182,234 @@ fn fake_device_greedy_steps_match_logits() {
     assert_eq!(ids, want);
 }
 
+/// Sampled requests of every kind the device draws (seeds, temperatures, top-k / top-p / min-p,
+/// repetition / presence / frequency penalties, a greedy one with penalties) joining and leaving
+/// beside a plain greedy one, and later a top-k past the device's candidates (its steps bring the
+/// logits back): on `gpu`, each request's tokens are its alone with the host sampler. Returns how
+/// many steps the device drew.
+fn sampled_requests_on(gpu: &cmf_gpu::facade::Gpu, name: &str) -> u64 {
+    let f = fixture(name);
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 6,
+        step_tokens: 24,
+    };
+    let mut s = device_scheduler(&model, gpu, 96, 16, cfg);
+    let sampled = |seed: u32, len: usize, n: usize, sampling: SamplingParams| Request {
+        sampling: SamplingParams {
+            seed: seed as u64 * 7919,
+            ..sampling
+        },
+        ..greedy(prompt(seed, len), n)
+    };
+    let base = SamplingParams {
+        temperature: 0.9,
+        ..SamplingParams::default()
+    };
+    let first = vec![
+        sampled(1, 9, 14, base),
+        sampled(
+            2,
+            30,
+            10,
+            SamplingParams {
+                temperature: 1.3,
+                top_k: 20,
+                top_p: 0.9,
+                ..base
+            },
+        ),
+        sampled(
+            3,
+            5,
+            16,
+            SamplingParams {
+                temperature: 0.7,
+                top_p: 0.8,
+                min_p: 0.05,
+                repeat_penalty: 1.3,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.2,
+                penalty_last_n: 12,
+                ..base
+            },
+        ),
+        greedy(prompt(4, 12), 12),
+    ];
+    let later = vec![
+        (
+            2,
+            sampled(
+                5,
+                17,
+                12,
+                SamplingParams {
+                    temperature: 0.0,
+                    repeat_penalty: 1.5,
+                    frequency_penalty: 0.3,
+                    ..SamplingParams::default()
+                },
+            ),
+        ),
+        (
+            3,
+            sampled(
+                6,
+                3,
+                11,
+                SamplingParams {
+                    temperature: 2.0,
+                    min_p: 0.1,
+                    top_k: 64,
+                    ..base
+                },
+            ),
+        ),
+        (12, sampled(7, 8, 6, SamplingParams { top_k: 65, ..base })),
+    ];
+    let (ids, run) = drive(&mut s, &first, &later, |_, _| {});
+    assert!(
+        stayed_on_device(&s, gpu),
+        "{name}: the device stopped answering"
+    );
+    assert_same(&model, name, &run.submitted, &ids, &run);
+    assert_eq!(s.engine().pool_stats().held, 0, "{name}: blocks leaked");
+    s.engine().device_sampled_steps()
+}
+
+#[test]
+fn fake_device_sampled_requests_equal_alone() {
+    for name in ["llama-tiny", "qwen3-tiny"] {
+        let gpu = fake_gpu();
+        let drawn = sampled_requests_on(&gpu, name);
+        assert!(
+            drawn > 5 || gpu.is_contended(),
+            "{name}: the device drew {drawn} steps"
+        );
+    }
+}
+
+/// The device refuses a sampled step mid-run: the engine moves to the CPU, whose host sampler
+/// draws the same tokens, and every seeded request still equals its alone.
+#[test]
+fn fake_device_refusal_of_a_sampled_step_moves_to_the_cpu() {
+    let gpu = fake_gpu();
+    let f = fixture("llama-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = SchedulerConfig {
+        max_running: 4,
+        step_tokens: 24,
+    };
+    let mut s = device_scheduler(&model, &gpu, 64, 16, cfg);
+    gpu.inject_refusal_after(8);
+    let reqs: Vec<Request> = (0..4)
+        .map(|i| Request {
+            sampling: SamplingParams {
+                temperature: 0.8 + 0.2 * i as f32,
+                top_p: 0.9,
+                repeat_penalty: 1.2,
+                seed: 100 + i as u64,
+                ..SamplingParams::default()
+            },
+            ..greedy(prompt(30 + i, 6 + 5 * i as usize), 12)
+        })
+        .collect();
+    let (ids, run) = drive(&mut s, &reqs, &[], |_, _| {});
+    assert!(!s.engine().is_device(), "the injected refusal never came");
+    assert!(s.engine().device_sampled_steps() > 0);
+    assert_same(&model, "llama-tiny", &reqs, &ids, &run);
+}
+
+/// The engine's sampled steps: on the (fake) device and on the CPU, each output is the host
+/// sampler's draw from the logits a plain step returns, with each sequence's window and position.
+#[test]
+fn fake_device_sampled_steps_match_the_host_sampler() {
+    let gpu = fake_gpu();
+    let f = fixture("mistral-tiny");
+    let source = SafetensorsSource::new(&f.files);
+    let model = Model::from_source(&source, f.config.clone(), "").unwrap();
+    let cfg = BatchConfig {
+        block_size: 16,
+        kv_blocks: 16,
+        kv_dtype: KvDtype::F32,
+        max_seq_len: 1024,
+    };
+    let load = || DeviceBatch::load(&gpu, &model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
+    let mut dev = BatchEngine::on_device(&model, cfg, load()).unwrap();
+    let mut cpu = BatchEngine::new(&model, cfg).unwrap();
+    let mut plain = BatchEngine::on_device(&model, cfg, load()).unwrap();
+    let specs = [
+        SamplingParams {
+            temperature: 1.5,
+            seed: 3,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            repeat_penalty: 2.0,
+            presence_penalty: 1.0,
+            seed: 4,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.7,
+            frequency_penalty: 0.5,
+            penalty_last_n: 4,
+            seed: 5,
+            ..SamplingParams::default()
+        },
+    ];
+    let mut work = Vec::new();
+    let mut prompts = Vec::new();
+    for (i, len) in [3usize, 20, 9].into_iter().enumerate() {
+        // Repeated ids, so the penalties change the logits.
+        let p: Vec<u32> = prompt(40 + i as u32, len).iter().map(|t| t % 7).collect();
+        let seq = dev.add(p.clone()).unwrap();
+        assert_eq!(cpu.add(p.clone()).unwrap(), seq);
+        assert_eq!(plain.add(p.clone()).unwrap(), seq);
+        for e in [&mut dev, &mut cpu, &mut plain] {
+            assert!(e.reserve(seq, len));
+        }
+        work.push(cmf_llm::batch::Work { seq, tokens: len });
+        prompts.push(p);
+    }
+    // A sampler count that does not match the outputs is an error, and nothing runs.
+    assert!(dev.step_sampled(&work, &specs[..2]).is_err());
+    let got = dev.step_sampled(&work, &specs).unwrap();
+    assert_eq!(dev.device_sampled_steps(), 1);
+    assert_eq!(cpu.step_sampled(&work, &specs).unwrap(), got);
+    let v = model.config.vocab_size;
+    let logits = plain.step(&work).unwrap().to_vec();
+    let want: Vec<u32> = logits
+        .chunks(v)
+        .zip(&specs)
+        .zip(&prompts)
+        .map(|((row, spec), p)| Sampler::new(*spec).sample(&mut row.to_vec(), p))
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// On the GPU machine: sampled requests drawn by the CUDA batched sampler, token for token
+/// against each request alone with the host sampler on the CPU (f32 fixtures: the logits agree
+/// to ~1e-6, so a draw differs only if it lands within that of a boundary).
+#[test]
+fn device_batched_sampled_equals_alone() {
+    let g = cmf_gpu::facade::Gpu::open(cmf_gpu::facade::GpuMode::Auto).expect("auto never fails");
+    if !g.is_active() {
+        gpu_skip::skip_no_device("no CUDA device (`CMF_LOG=debug` says why)");
+        return;
+    }
+    for name in ["llama-tiny", "mistral-tiny"] {
+        let drawn = sampled_requests_on(&g, name);
+        eprintln!("{name}: {drawn} steps drawn on the device");
+        assert!(drawn > 5, "{name}: the device drew {drawn} steps");
+    }
+}
+
 /// On the GPU machine: the CUDA batched engine against each sequence alone on the CPU. The f32
 /// fixtures run f32 throughout (f32 pool, SGEMM) and must match token for token; qwen3-tiny
 /// (bf16 weights: f16 pool, bf16 GEMM operands) reports its token match rate.

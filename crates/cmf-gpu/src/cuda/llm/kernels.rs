@@ -40,6 +40,8 @@ pub struct CommonKernels {
     pub sample_radix: Func,
     pub sample_kept: Func,
     pub sample_draw: Func,
+    /// The same over the rows of a batched step, each with its own sampler (`*_rows`).
+    pub rows: RowSampleKernels,
     /// Most shared memory (static + dynamic) a block may opt into on this device
     /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: 227 KiB on Hopper; 48 KiB if the query fails).
     pub max_block_smem: usize,
@@ -78,6 +80,16 @@ impl CommonKernels {
         let sample_radix = sample.func("sample_radix")?;
         let sample_kept = sample.func("sample_kept")?;
         let sample_draw = sample.func("sample_draw")?;
+        let rows = RowSampleKernels {
+            penalize: sample.func("penalize_rows")?,
+            topk_partial: sample.func("topk_partial_rows")?,
+            sample_final: sample.func("sample_final_rows")?,
+            sample_max: sample.func("sample_max_rows")?,
+            sample_weights: sample.func("sample_weights_rows")?,
+            sample_radix: sample.func("sample_radix_rows")?,
+            sample_kept: sample.func("sample_kept_rows")?,
+            sample_draw: sample.func("sample_draw_rows")?,
+        };
         let mut mods = vec![mv, sample];
         mods.extend(small);
         Ok(CommonKernels {
@@ -91,10 +103,23 @@ impl CommonKernels {
             sample_radix,
             sample_kept,
             sample_draw,
+            rows,
             max_block_smem,
             _mods: mods,
         })
     }
+}
+
+/// sample.cu's batched-row kernels (`cuda/llm/batched/sample.rs` launches them).
+pub struct RowSampleKernels {
+    pub penalize: Func,
+    pub topk_partial: Func,
+    pub sample_final: Func,
+    pub sample_max: Func,
+    pub sample_weights: Func,
+    pub sample_radix: Func,
+    pub sample_kept: Func,
+    pub sample_draw: Func,
 }
 
 /// Compile-time choices of the decode attention (attention_decode.cu).

@@ -5,10 +5,12 @@
 //! codec); the per-row kernels (attention_paged.cu) put each row's keys and values in its pool
 //! slot and attend each row to its sequence's positions through its block table. Greedy steps
 //! pick each sequence's arg-max on the device (one id comes back per sequence); otherwise its
-//! last-row logits come back and the caller samples.
+//! last-row logits come back and the caller samples, unless each sequence hands its sampler
+//! over: then the device draws every sequence's token (`sample.rs`) and the ids come back.
 
 mod q8;
 pub use q8::{q8_gemm_probe, Variant as Q8Variant};
+mod sample;
 mod step;
 
 use super::kernels::{PagedKernels, Q8GemmKernels};
@@ -35,6 +37,8 @@ pub(super) struct KvPool {
     io: Grow,
     logits: Grow,
     ids: Grow,
+    /// The sampled rows' buffers (`sample.rs`).
+    sampling: sample::RowSampleBufs,
 }
 
 /// A device buffer that grows to the largest size asked for.
@@ -120,6 +124,7 @@ impl CudaLlm {
             io: Grow::default(),
             logits: Grow::default(),
             ids: Grow::default(),
+            sampling: Default::default(),
         });
         Ok(shape)
     }

@@ -5,7 +5,7 @@
 //!   GEMM o (+= residual) → rmsnorm → GEMM gate,up → swiglu → GEMM down (+= residual)
 //! (the prefill stages, `prefill_stage`, except the two in the middle); then the last row of each
 //! sequence that wants output is gathered, normed and multiplied by lm_head, and each one's
-//! logits or arg-max come back. Steps of a few rows (decode of a few sequences) run the linear
+//! logits, arg-max or drawn ids (`sample.rs`) come back. Steps of a few rows (decode of a few sequences) run the linear
 //! layers and the head as the decode matvecs, row by row (`MATVEC_ROWS`).
 
 use super::super::moe::DevFfn;
@@ -195,6 +195,19 @@ impl CudaLlm {
         if m == 0 {
             return self.dev.sync();
         }
+        if let BatchOut::Sampled { rows, ids } = out {
+            // After the step (its graph ends in logits): the rows' samplers, then the ids.
+            let pool = self.pool.as_mut().expect("validated");
+            return super::sample::sample_rows(
+                &self.dev,
+                &self.ck.rows,
+                &mut pool.sampling,
+                logits,
+                vocab,
+                rows,
+                ids,
+            );
+        }
         self.read_outputs(out, logits, ids, m)
     }
 
@@ -319,6 +332,9 @@ impl CudaLlm {
         let vocab = self.spec.vocab;
         match out {
             BatchOut::Logits(dst) => self.dev.download_f32(dst, logits),
+            BatchOut::Sampled { .. } => Err(DevError(
+                "sampled outputs are drawn by the rows' samplers, not read back".into(),
+            )),
             BatchOut::Greedy(dst) => {
                 let mut raw = vec![0i32; m];
                 // SAFETY: i32 has no invalid bit patterns; the view covers exactly `raw`.

@@ -73,10 +73,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 
 // Grid SAMPLE_BLOCKS: each block's k best (value, index), best first, into cv/ci[block·k ..].
 // k = 1 is the arg-max.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-topk_partial(const float* logits, int V, int k, float* cv, int* ci) {
-    pdl_trigger();
-    pdl_wait();
+__device__ void topk_slice(const float* logits, int V, int k, float* cv, int* ci) {
     const int per = (V + SAMPLE_BLOCKS - 1) / SAMPLE_BLOCKS;
     const int lo = blockIdx.x * per, hi = min(V, lo + per);
     float v[SAMPLE_EPT];
@@ -103,6 +100,13 @@ topk_partial(const float* logits, int V, int k, float* cv, int* ci) {
         for (int e = 0; e < SAMPLE_EPT; e++)
             if (lo + threadIdx.x + e * SAMPLE_THREADS == bi) v[e] = -3.0e38f;  // taken (below any real logit)
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+topk_partial(const float* logits, int V, int k, float* cv, int* ci) {
+    pdl_trigger();
+    pdl_wait();
+    topk_slice(logits, V, k, cv, ci);
 }
 
 #define FIN_THREADS 1024
@@ -160,19 +164,9 @@ apply_token_mask(float* logits, int V, const unsigned* allowed) {
 // multiply a negative one, subtract presence + frequency · count; each id once. The window's
 // older ids come from the ring `hist` (the prefill and earlier steps wrote them); the token at
 // `pos` is this step's input, recorded in the ring here.
-extern "C" __global__ void __launch_bounds__(FIN_THREADS)
-penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const int* pos, int last_n,
-         float repeat, float presence, float frequency) {
-    pdl_trigger();
-    pdl_wait();
-    __shared__ int win[FIN_THREADS];
-    const int p = pos[0];
-    const int n = min(min(last_n, p + 1), FIN_THREADS);
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const int q = p - n + 1 + j;
-        win[j] = q == p ? tok[0] : hist[q & hist_mask];
-    }
-    __syncthreads();
+// The edit itself over the n ids in `win` (shared memory, filled by the caller before a barrier).
+__device__ void penalize_window(float* logits, int V, const int* win, int n, float repeat, float presence,
+                                float frequency) {
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const int id = win[j];
         bool first = true;
@@ -189,6 +183,22 @@ penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const i
             logits[id] = l - (presence + frequency * (float)count);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+penalize(float* logits, int V, int* hist, int hist_mask, const int* tok, const int* pos, int last_n,
+         float repeat, float presence, float frequency) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ int win[FIN_THREADS];
+    const int p = pos[0];
+    const int n = min(min(last_n, p + 1), FIN_THREADS);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int q = p - n + 1 + j;
+        win[j] = q == p ? tok[0] : hist[q & hist_mask];
+    }
+    __syncthreads();
+    penalize_window(logits, V, win, n, repeat, presence, frequency);
     if (threadIdx.x == 0) hist[p & hist_mask] = tok[0];
 }
 
@@ -240,11 +250,10 @@ __device__ __forceinline__ u64 block_sum_u64(u64 x) {
 // next step's input), the pair (position, token) to slot position & ring_mask of `ring` (pinned
 // host memory the host reads after the graph: llm/ahead.rs), this step's input token to the
 // penalty ring `hist`, and advances pos[0].
-extern "C" __global__ void __launch_bounds__(FIN_THREADS)
-sample_final(const float* cv, const int* ci, int k, float temperature, int top_k, float top_p, float min_p,
-             u64 seed, int V, int* tok, int* pos, int* ring, int ring_mask, int* hist, int hist_mask) {
-    pdl_trigger();
-    pdl_wait();
+// The merge and the draw (u24: the draw's uniform integer); thread 0 gets the token, the
+// others -1.
+__device__ int final_choice(const float* cv, const int* ci, int k, float temperature, int top_k, float top_p,
+                            float min_p, u64 u24, int V) {
     __shared__ float best_v[TOPK_MAX];
     __shared__ int best_i[TOPK_MAX];
     const int n = SAMPLE_BLOCKS * k;
@@ -272,8 +281,7 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
         if (threadIdx.x == 0) { best_v[r] = bv; best_i[r] = bi < V ? bi : 0; }
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    const int p = pos[0];
+    if (threadIdx.x != 0) return -1;
     int chosen = best_i[0];
     const float M = best_v[0];
     const bool greedy = temperature <= 0.f || top_k == 1 || !(M > NEG_INF && M < -NEG_INF);
@@ -309,7 +317,7 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
             sum += w;
         }
         if (sum > 0) {
-            const u64 target = draw_target(uniform24(seed, (u64)p), sum);
+            const u64 target = draw_target(u24, sum);
             u64 acc = 0;
             for (int j = 0; j < m; j++) {
                 acc += ws[j];
@@ -317,6 +325,17 @@ sample_final(const float* cv, const int* ci, int k, float temperature, int top_k
             }
         }
     }
+    return chosen;
+}
+
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_final(const float* cv, const int* ci, int k, float temperature, int top_k, float top_p, float min_p,
+             u64 seed, int V, int* tok, int* pos, int* ring, int ring_mask, int* hist, int hist_mask) {
+    pdl_trigger();
+    pdl_wait();
+    const int p = pos[0];  // read by every thread before final_choice's barriers; thread 0 writes it last
+    const int chosen = final_choice(cv, ci, k, temperature, top_k, top_p, min_p, uniform24(seed, (u64)p), V);
+    if (threadIdx.x != 0) return;
     hist[p & hist_mask] = tok[0];
     tok[0] = chosen;
     pos[0] = p + 1;
@@ -433,10 +452,7 @@ __device__ __forceinline__ void flush_bins(const u64* bins, u32 nb, u64* out) {
 
 // Grid SAMPLE_BLOCKS: each slice's arg-max (NaN never wins, ties to the lowest id) into SC_ARG;
 // zeroes the words the later passes accumulate into (SC_HIST .. SC_ARG).
-extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
-sample_max(const float* logits, int V, u64* sc) {
-    pdl_trigger();
-    pdl_wait();
+__device__ void vocab_max(const float* logits, int V, u64* sc) {
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < SC_ARG; j += gridDim.x * blockDim.x) sc[j] = 0;
     int lo, hi;
     vocab_slice(V, blockIdx.x, &lo, &hi);
@@ -451,14 +467,18 @@ sample_max(const float* logits, int V, u64* sc) {
     if (threadIdx.x == 0) sc[SC_ARG + blockIdx.x] = ((u64)__float_as_uint(bv) << 32) | (u32)bi;
 }
 
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_max(const float* logits, int V, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    vocab_max(logits, V, sc);
+}
+
 // Grid SAMPLE_BLOCKS: M (the best logit, stored at SC_MAX), each token's weight
 // e = exp((l - M) / T) into wbuf (NaN weighs 0), their fixed-point total into SC_TOTAL and,
 // when `radix` (top-p < 1), the weight per top digit of the order keys into pass 0's histogram.
 // With M not finite the host's rule is the arg-max: nothing to weigh (sample_draw takes it).
-extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
-sample_weights(const float* logits, int V, float temperature, int radix, float* wbuf, u64* sc) {
-    pdl_trigger();
-    pdl_wait();
+__device__ void vocab_weights(const float* logits, int V, float temperature, int radix, float* wbuf, u64* sc) {
     __shared__ u64 bins[RADIX_BINS];
     float M;
     int best;
@@ -485,12 +505,16 @@ sample_weights(const float* logits, int V, float temperature, int radix, float* 
     if (radix) flush_bins(bins, RADIX_BINS, sc + SC_HIST);
 }
 
-// Grid SAMPLE_BLOCKS, pass 1 or 2: narrows the cut by the previous pass's histogram, then
-// histograms this pass's digit over the tokens whose keys match the digits chosen so far.
 extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
-sample_radix(const float* logits, const float* wbuf, int V, float top_p, int pass, u64* sc) {
+sample_weights(const float* logits, int V, float temperature, int radix, float* wbuf, u64* sc) {
     pdl_trigger();
     pdl_wait();
+    vocab_weights(logits, V, temperature, radix, wbuf, sc);
+}
+
+// Grid SAMPLE_BLOCKS, pass 1 or 2: narrows the cut by the previous pass's histogram, then
+// histograms this pass's digit over the tokens whose keys match the digits chosen so far.
+__device__ void vocab_radix(const float* logits, const float* wbuf, int V, float top_p, int pass, u64* sc) {
     __shared__ u64 bins[RADIX_BINS];
     if (!finite(__uint_as_float((u32)sc[SC_MAX]))) return;
     const RadixState st = radix_narrow(sc, pass - 1, top_p);
@@ -511,14 +535,19 @@ sample_radix(const float* logits, const float* wbuf, int V, float top_p, int pas
     flush_bins(bins, nb, sc + SC_HIST + pass * RADIX_BINS);
 }
 
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_radix(const float* logits, const float* wbuf, int V, float top_p, int pass, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    vocab_radix(logits, wbuf, V, top_p, pass, sc);
+}
+
 // Grid SAMPLE_BLOCKS: with `radix`, narrows the cut to its whole key (the last pass); then each
 // slice's weight of the tokens that survive for sure (ranking before the cut key, or every
 // token without a cut; min-p applied) into SC_KEPT, and its count of the cut key's ties
 // (min-p aside: top-p counts them before min-p is applied) into SC_TIES.
-extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
-sample_kept(const float* logits, const float* wbuf, int V, float top_p, float min_p, int radix, u64* sc) {
-    pdl_trigger();
-    pdl_wait();
+__device__ void vocab_kept(const float* logits, const float* wbuf, int V, float top_p, float min_p, int radix,
+                           u64* sc) {
     if (!finite(__uint_as_float((u32)sc[SC_MAX]))) return;
     const u32 cut = radix ? radix_narrow(sc, RADIX_PASSES - 1, top_p).prefix : 0u;
     int lo, hi;
@@ -547,6 +576,13 @@ sample_kept(const float* logits, const float* wbuf, int V, float top_p, float mi
     }
 }
 
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_kept(const float* logits, const float* wbuf, int V, float top_p, float min_p, int radix, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    vocab_kept(logits, wbuf, V, top_p, min_p, radix, sc);
+}
+
 // How many of the cut key's ties (each of weight wt, after `before`) top-p keeps: the fewest
 // reaching top_p of the total, at least one, at most all of them.
 __device__ __forceinline__ u64 ties_needed(u64 before, u64 wt, u64 all_ties, float top_p, u64 total) {
@@ -565,18 +601,14 @@ __device__ __forceinline__ u64 ties_needed(u64 before, u64 wt, u64 all_ties, flo
 // ties of each slice follow from the tie counts (the first `need` ties in id order survive);
 // the slice whose kept weight holds the target is walked in id order to the token. Then the
 // bookkeeping of sample_final (token, ring, penalty ring, position).
-extern "C" __global__ void __launch_bounds__(FIN_THREADS)
-sample_draw(const float* logits, const float* wbuf, int V, float temperature, float top_p, float min_p,
-            int radix, u64 seed, const u64* sc, int* tok, int* pos, int* ring, int ring_mask, int* hist,
-            int hist_mask) {
-    pdl_trigger();
-    pdl_wait();
+// The draw itself (u24: the draw's uniform integer); every thread gets the token.
+__device__ int vocab_draw(const float* logits, const float* wbuf, int V, float temperature, float top_p,
+                          float min_p, int radix, u64 u24, const u64* sc) {
     __shared__ int s_chosen, s_slice;
     __shared__ u64 s_target, s_slice_ties;
     float M;
     int best;
     slices_argmax(sc, M, best);
-    const int p = pos[0];
     if (threadIdx.x == 0) {
         s_chosen = best < V ? best : 0;
         s_slice = -1;
@@ -605,7 +637,7 @@ sample_draw(const float* logits, const float* wbuf, int V, float temperature, fl
         u64 kept;
         const u64 kbefore = block_excl_scan_u64(kb, &kept);
         if (kept > 0) {
-            const u64 target = draw_target(uniform24(seed, (u64)p), kept);
+            const u64 target = draw_target(u24, kept);
             if (kb > 0 && kbefore <= target && target < kbefore + kb) {
                 s_slice = b;
                 s_target = target - kbefore;
@@ -644,12 +676,133 @@ sample_draw(const float* logits, const float* wbuf, int V, float temperature, fl
         }
     }
     __syncthreads();
+    return s_chosen;
+}
+
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_draw(const float* logits, const float* wbuf, int V, float temperature, float top_p, float min_p,
+            int radix, u64 seed, const u64* sc, int* tok, int* pos, int* ring, int ring_mask, int* hist,
+            int hist_mask) {
+    pdl_trigger();
+    pdl_wait();
+    const int p = pos[0];  // read by every thread before vocab_draw's barriers; thread 0 writes it last
+    const int chosen = vocab_draw(logits, wbuf, V, temperature, top_p, min_p, radix, uniform24(seed, (u64)p), sc);
     if (threadIdx.x == 0) {
-        const int chosen = s_chosen;
         hist[p & hist_mask] = tok[0];
         tok[0] = chosen;
         pos[0] = p + 1;
         ring[2 * (p & ring_mask)] = p;
         ring[2 * (p & ring_mask) + 1] = chosen;
     }
+}
+
+// ---- Batched rows (cuda/llm/batched/sample.rs) --------------------------------------------------
+// The kernels above over the rows of a batched step: row r's logits at logits + r·V, its
+// sampler in rows[r], its token into ids[r]; blockIdx.y is the row, blockIdx.x the slice as
+// above. A row takes the merge (k > 0: greedy rows k = 1, top-k rows their k) or the vocabulary
+// passes (k = 0), as the single-sequence chain picks for its spec; each kernel skips the rows of
+// the other chain (and sample_radix_rows the rows without top-p). Per row: the candidates
+// cv/ci[r·ROW_CAND ..], the weights wbuf[r·V ..], the scratch sc[r·SC_WORDS ..].
+
+// One row's sampler (cuda/llm/batched/sample.rs packs it; 48 bytes).
+struct RowSpec {
+    int k;              // candidates to merge; 0: the vocabulary passes
+    int top_k;
+    float temperature;  // 0 on greedy rows
+    float top_p;
+    float min_p;
+    float repeat;
+    float presence;
+    float frequency;
+    int win_at;         // the penalty window: win[win_at .. win_at + win_len] (0 ids: no penalties)
+    int win_len;
+    u64 u24;            // the draw's uniform integer (sample.rs: uniform24 of seed and position)
+};
+
+#define ROW_CAND (SAMPLE_BLOCKS * TOPK_MAX)
+
+__device__ __forceinline__ long long row_off(long long n) { return (long long)blockIdx.y * n; }
+
+// Grid (1, m) of FIN_THREADS: the penalties of the rows that have a window.
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+penalize_rows(float* logits, int V, const RowSpec* rows, const int* win) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ int w[FIN_THREADS];
+    const RowSpec r = rows[blockIdx.y];
+    const int n = min(r.win_len, FIN_THREADS);
+    if (n <= 0) return;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) w[j] = win[r.win_at + j];
+    __syncthreads();
+    penalize_window(logits + row_off(V), V, w, n, r.repeat, r.presence, r.frequency);
+}
+
+// Grid (SAMPLE_BLOCKS, m) of SAMPLE_THREADS: topk_partial of the merge rows.
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
+topk_partial_rows(const float* logits, int V, const RowSpec* rows, float* cv, int* ci) {
+    pdl_trigger();
+    pdl_wait();
+    const int k = rows[blockIdx.y].k;
+    if (k <= 0) return;
+    topk_slice(logits + row_off(V), V, k, cv + row_off(ROW_CAND), ci + row_off(ROW_CAND));
+}
+
+// Grid (1, m) of FIN_THREADS: sample_final of the merge rows.
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_final_rows(const float* cv, const int* ci, int V, const RowSpec* rows, int* ids) {
+    pdl_trigger();
+    pdl_wait();
+    const RowSpec r = rows[blockIdx.y];
+    if (r.k <= 0) return;
+    const int chosen = final_choice(cv + row_off(ROW_CAND), ci + row_off(ROW_CAND), r.k, r.temperature, r.top_k,
+                                    r.top_p, r.min_p, r.u24, V);
+    if (threadIdx.x == 0) ids[blockIdx.y] = chosen;
+}
+
+// Grid (SAMPLE_BLOCKS, m) of VOCAB_THREADS each: the vocabulary passes of the other rows.
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_max_rows(const float* logits, int V, const RowSpec* rows, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    if (rows[blockIdx.y].k != 0) return;
+    vocab_max(logits + row_off(V), V, sc + row_off(SC_WORDS));
+}
+
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_weights_rows(const float* logits, int V, const RowSpec* rows, float* wbuf, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    const RowSpec r = rows[blockIdx.y];
+    if (r.k != 0) return;
+    vocab_weights(logits + row_off(V), V, r.temperature, r.top_p < 1.f, wbuf + row_off(V), sc + row_off(SC_WORDS));
+}
+
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_radix_rows(const float* logits, const float* wbuf, int V, const RowSpec* rows, int pass, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    const RowSpec r = rows[blockIdx.y];
+    if (r.k != 0 || !(r.top_p < 1.f)) return;
+    vocab_radix(logits + row_off(V), wbuf + row_off(V), V, r.top_p, pass, sc + row_off(SC_WORDS));
+}
+
+extern "C" __global__ void __launch_bounds__(VOCAB_THREADS)
+sample_kept_rows(const float* logits, const float* wbuf, int V, const RowSpec* rows, u64* sc) {
+    pdl_trigger();
+    pdl_wait();
+    const RowSpec r = rows[blockIdx.y];
+    if (r.k != 0) return;
+    vocab_kept(logits + row_off(V), wbuf + row_off(V), V, r.top_p, r.min_p, r.top_p < 1.f, sc + row_off(SC_WORDS));
+}
+
+// Grid (1, m) of FIN_THREADS: sample_draw of the vocabulary rows.
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+sample_draw_rows(const float* logits, const float* wbuf, int V, const RowSpec* rows, const u64* sc, int* ids) {
+    pdl_trigger();
+    pdl_wait();
+    const RowSpec r = rows[blockIdx.y];
+    if (r.k != 0) return;
+    const int chosen = vocab_draw(logits + row_off(V), wbuf + row_off(V), V, r.temperature, r.top_p, r.min_p,
+                                  r.top_p < 1.f, r.u24, sc + row_off(SC_WORDS));
+    if (threadIdx.x == 0) ids[blockIdx.y] = chosen;
 }
