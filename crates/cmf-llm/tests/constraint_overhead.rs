@@ -55,7 +55,7 @@ fn constrained_decode_throughput() {
     let mut outsides = [Vec::new(), Vec::new()];
     for round in 0..10 {
         let constrained = round % 2 == 1;
-        let mut engine = CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16);
+        let mut engine = CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16).unwrap();
         let mut bias = ban_eos.clone();
         let mut c = grammars
             .constrain(&Grammar::JsonSchema(schema.clone()))
