@@ -56,7 +56,8 @@ fn run_prints_the_greedy_chat_answer() {
         Some(SYSTEM),
         256,
         cmf_kernels::KvDtype::F32,
-    );
+    )
+    .unwrap();
     let cfg = GenerationConfig {
         max_tokens: 20,
         eos_ids: assets.eos_ids.clone(),

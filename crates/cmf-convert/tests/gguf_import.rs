@@ -530,7 +530,7 @@ fn tensor_names(m: &cmf_format::CmfModel) -> Vec<String> {
 
 fn prefill_logits(m: &cmf_format::CmfModel, prompt: &[u32]) -> Vec<f32> {
     let model = cmf_llm::Model::load(m).unwrap();
-    let mut st = model.new_state(128);
+    let mut st = model.new_state(128).unwrap();
     model.prefill(&mut st, prompt).unwrap().to_vec()
 }
 

@@ -82,7 +82,7 @@ pub fn run_on(
     let mut results = Vec::new();
 
     if cfg.prompt_tokens > 0 {
-        let mut st = model.new_state_with(cfg.prompt_tokens, cfg.kv_dtype);
+        let mut st = model.new_state_with(cfg.prompt_tokens, cfg.kv_dtype)?;
         let ids = random_ids(cfg.prompt_tokens);
         let warm = &ids[..ids.len().min(32)];
         match gpu.as_deref_mut() {
@@ -117,7 +117,7 @@ pub fn run_on(
     }
 
     if cfg.gen_tokens > 0 {
-        let mut st = model.new_state_with(cfg.gen_tokens, cfg.kv_dtype);
+        let mut st = model.new_state_with(cfg.gen_tokens, cfg.kv_dtype)?;
         let ids = random_ids(cfg.gen_tokens);
         match gpu.as_deref_mut() {
             Some(g) => {

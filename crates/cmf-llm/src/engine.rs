@@ -80,11 +80,11 @@ pub struct CpuEngine<'m, 'a> {
 }
 
 impl<'m, 'a> CpuEngine<'m, 'a> {
-    pub fn new(model: &'m Model<'a>, limit: usize, kv_dtype: cmf_kernels::KvDtype) -> Self {
-        CpuEngine {
+    pub fn new(model: &'m Model<'a>, limit: usize, kv_dtype: cmf_kernels::KvDtype) -> Result<Self> {
+        Ok(CpuEngine {
             model,
-            state: model.new_state_with(limit, kv_dtype),
-        }
+            state: model.new_state_with(limit, kv_dtype)?,
+        })
     }
 }
 

@@ -527,7 +527,7 @@ impl<'m, 'a> GpuEngine<'m, 'a> {
     /// Leaves the device: a CPU engine replays the cached ids.
     fn fall_back(&mut self) -> Result<&mut CpuEngine<'m, 'a>> {
         self.gpu = None;
-        let mut cpu = CpuEngine::new(self.model, self.limit, self.kv_dtype);
+        let mut cpu = CpuEngine::new(self.model, self.limit, self.kv_dtype)?;
         if !self.ids.is_empty() {
             cpu.prefill(&self.ids)?;
         }

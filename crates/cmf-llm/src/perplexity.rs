@@ -70,7 +70,7 @@ pub fn perplexity_on(
         chunks = chunks.min(m.max(1));
     }
     let first = ctx / 2;
-    let mut st = model.new_state_with(ctx, KvDtype::F32);
+    let mut st = model.new_state_with(ctx, KvDtype::F32)?;
     if st.kv.limit() < ctx {
         return Err(LlmError::Other(format!(
             "--ctx {ctx} exceeds the model's maximum positions {}",

@@ -37,7 +37,7 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 
 /// The single-sequence loop: prefill, then sample and decode one token at a time.
 fn alone(model: &Model, req: &Request) -> Vec<u32> {
-    let mut st = model.new_state_with(1024, KvDtype::F32);
+    let mut st = model.new_state_with(1024, KvDtype::F32).unwrap();
     let mut sampler = Sampler::new(req.sampling);
     let mut history = req.prompt.clone();
     let mut logits = model.prefill(&mut st, &req.prompt).unwrap().to_vec();
@@ -494,7 +494,7 @@ fn alone_processed(
     choice: usize,
     mut processors: Vec<Box<dyn LogitProcessor>>,
 ) -> Vec<Sampled> {
-    let mut st = model.new_state_with(1024, KvDtype::F32);
+    let mut st = model.new_state_with(1024, KvDtype::F32).unwrap();
     let mut sampling = req.sampling;
     sampling.seed = sampling.seed.wrapping_add(choice as u64);
     let mut sampler = Sampler::new(sampling);
@@ -864,7 +864,7 @@ fn a_failing_processor_ends_only_its_request() {
 
 /// The prompt's log-probabilities from a teacher-forced single-sequence pass (f32 cache).
 fn teacher_forced(model: &Model, prompt: &[u32], top: usize) -> Vec<TokenLogprob> {
-    let mut st = model.new_state_with(prompt.len(), KvDtype::F32);
+    let mut st = model.new_state_with(prompt.len(), KvDtype::F32).unwrap();
     let mut out = Vec::new();
     model
         .forward_scored(&mut st, prompt, 0, |i, logits| {

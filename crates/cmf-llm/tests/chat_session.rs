@@ -39,7 +39,8 @@ fn second_turn_reuses_the_cache_without_changing_the_answer() {
         Some("Be brief."),
         256,
         KvDtype::F32,
-    );
+    )
+    .unwrap();
     let (first, _) = chat.send("In the beginning", &cfg, &mut |_| {}).unwrap();
     let (second, stats) = chat.send("And then?", &cfg, &mut |_| {}).unwrap();
     // Only the new turn (and whatever of the last answer the template re-renders differently) ran.
@@ -64,7 +65,8 @@ fn second_turn_reuses_the_cache_without_changing_the_answer() {
         Some("Be brief."),
         256,
         KvDtype::F32,
-    );
+    )
+    .unwrap();
     fresh
         .messages
         .push(Message::new("user", "In the beginning"));
@@ -80,7 +82,8 @@ fn second_turn_reuses_the_cache_without_changing_the_answer() {
     let (after_reset, _) = chat.send("In the beginning", &cfg, &mut |_| {}).unwrap();
     assert_eq!(after_reset, first);
 
-    let mut small = ChatSession::new(&model, &a.tokenizer, &a.template, None, 8, KvDtype::F32);
+    let mut small =
+        ChatSession::new(&model, &a.tokenizer, &a.template, None, 8, KvDtype::F32).unwrap();
     let err = small
         .send(
             "a long message that does not fit in eight tokens",
@@ -92,7 +95,8 @@ fn second_turn_reuses_the_cache_without_changing_the_answer() {
     assert!(small.messages.is_empty());
 
     // The context limit ends generation cleanly.
-    let mut tight = ChatSession::new(&model, &a.tokenizer, &a.template, None, 24, KvDtype::F32);
+    let mut tight =
+        ChatSession::new(&model, &a.tokenizer, &a.template, None, 24, KvDtype::F32).unwrap();
     let long = GenerationConfig {
         max_tokens: 100,
         eos_ids: vec![],

@@ -21,14 +21,14 @@ fn check(name: &str) {
     let tokens: Vec<u32> = (0..600u32).map(|i| (i * 7919 + 13) % 500 + 3).collect();
 
     let mut all = vec![0f32; tokens.len() * vocab];
-    let mut st = model.new_state(1024);
+    let mut st = model.new_state(1024).unwrap();
     model
         .forward_scored(&mut st, &tokens, 0, |i, l| {
             all[i * vocab..(i + 1) * vocab].copy_from_slice(l)
         })
         .unwrap();
 
-    let mut st = model.new_state_with(1024, KvDtype::F32);
+    let mut st = model.new_state_with(1024, KvDtype::F32).unwrap();
     let mut pos = 0;
     let mut worst = 0f32;
     for piece in [100usize, 1, 250, 7, 2] {
@@ -83,8 +83,8 @@ fn f16_kv_cache_close_to_f32() {
         .unwrap();
         let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
         let (mut a, mut b) = (
-            model.new_state_with(128, KvDtype::F32),
-            model.new_state_with(128, KvDtype::F16),
+            model.new_state_with(128, KvDtype::F32).unwrap(),
+            model.new_state_with(128, KvDtype::F16).unwrap(),
         );
         let mut la = model.prefill(&mut a, &prompt).unwrap().to_vec();
         let mut worst = rel_err(model.prefill(&mut b, &prompt).unwrap(), &la);

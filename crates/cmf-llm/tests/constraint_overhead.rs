@@ -69,7 +69,7 @@ fn constrained_decode_throughput() {
                 let m = GpuModel::try_load(g, &model, 1024, None).expect("the model on the device");
                 Box::new(GpuEngine::new(&model, m, 1024, cmf_kernels::KvDtype::F16))
             }
-            None => Box::new(CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16)),
+            None => Box::new(CpuEngine::new(&model, 1024, cmf_kernels::KvDtype::F16).unwrap()),
         };
         let mut bias = ban_eos.clone();
         let mut c = grammars

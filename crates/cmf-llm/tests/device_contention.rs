@@ -114,7 +114,7 @@ fn run(engine: &mut dyn Engine, tok: &Tokenizer, prompt: &[u32]) -> (Vec<u32>, V
 
 fn cpu_ids(model: &Model, tok: &Tokenizer, prompt: &[u32]) -> Vec<u32> {
     run(
-        &mut CpuEngine::new(model, CONTEXT, cmf_kernels::KvDtype::F32),
+        &mut CpuEngine::new(model, CONTEXT, cmf_kernels::KvDtype::F32).unwrap(),
         tok,
         prompt,
     )

@@ -87,7 +87,7 @@ fn device_sampler_equals_host_sampler_on_seeded_runs() {
     let gpu = fake_gpu();
     let mut spread = std::collections::HashSet::new();
     for params in &cases {
-        let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32);
+        let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32).unwrap();
         let want = run(&mut cpu, &tok, &prompt, params);
         for inject in [u64::MAX, 6] {
             let g = GpuModel::load(&gpu, &model, 256, None).expect("the fake loads it");
@@ -224,7 +224,7 @@ fn device_mask_equals_host_mask_on_constrained_runs() {
     let gpu = fake_gpu();
     for params in &cases {
         for bias in [false, true] {
-            let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32);
+            let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32).unwrap();
             let want = run(&mut cpu, params, bias);
             assert!(want.0.len() > 3, "{params:?}: {want:?}");
             assert_eq!(want.3, 0, "the CPU masks on the host");

@@ -255,7 +255,7 @@ fn generation_on_the_device_equals_the_cpu() {
                 generate(engine, &tok, &prompt, &mut history, &cfg, &mut |_| {}).unwrap();
                 history
             };
-            let want = run(&mut CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32));
+            let want = run(&mut CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32).unwrap());
             let g = GpuModel::load(&gpu, &model, 256, None).expect("the fixture loads");
             let mut dev = GpuEngine::new(&model, g, 256, cmf_kernels::KvDtype::F32);
             let got = run(&mut dev);

@@ -86,7 +86,7 @@ fn smollm2_tokenizer_matches_llamacpp() {
 
 /// Greedy ids of `model` after `prompt`, `n` steps, every sampled id fed back.
 fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut st = model.new_state(prompt.len() + n);
+    let mut st = model.new_state(prompt.len() + n).unwrap();
     let mut logits = model.prefill(&mut st, prompt).unwrap().to_vec();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -148,7 +148,7 @@ fn smollm2_exact_weights_match_transformers() {
     );
     for p in refs["prompts"].as_array().unwrap() {
         let prompt = common::ids(&p["prompt_ids"]);
-        let mut st = model.new_state(prompt.len());
+        let mut st = model.new_state(prompt.len()).unwrap();
         let logits = model.prefill(&mut st, &prompt).unwrap();
         let mut worst = 0f64;
         for e in p["top20"].as_array().unwrap() {
@@ -220,7 +220,7 @@ fn smollm2_greedy_follows_llamacpp() {
         let name = p["name"].as_str().unwrap();
         let prompt = common::ids(&p["prompt_ids"]);
         let want = common::ids(&p["generated_ids"]);
-        let mut st = model.new_state(prompt.len() + want.len());
+        let mut st = model.new_state(prompt.len() + want.len()).unwrap();
         let mut logits = model.prefill(&mut st, &prompt).unwrap().to_vec();
         let (mut flips, mut required) = (0, 0);
         for (i, step) in p["steps"].as_array().unwrap().iter().enumerate() {

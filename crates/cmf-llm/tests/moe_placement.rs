@@ -48,7 +48,7 @@ fn moe_models_on_the_fake_device_equal_the_cpu_model() {
             let gpu = fake_gpu(1 << 40);
             let g = GpuModel::load(&gpu, model, 128, None).expect("the fake loads it");
             let mut dev = GpuEngine::new(model, g, 128, cmf_kernels::KvDtype::F32);
-            let mut cpu = CpuEngine::new(model, 128, cmf_kernels::KvDtype::F32);
+            let mut cpu = CpuEngine::new(model, 128, cmf_kernels::KvDtype::F32).unwrap();
             let prompt = ids(&read_json(fixture_dir(name).join("expected.json"))["prompt_ids"]);
             assert!(prompt.len() >= 40);
             let mut logits_dev = dev.prefill(&prompt).unwrap().to_vec();

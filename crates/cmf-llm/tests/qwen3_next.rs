@@ -122,7 +122,7 @@ fn layers_and_recurrent_state_match_transformers() {
             model.config.mixers[k - 1]
         );
     }
-    let mut st = model.new_state(256);
+    let mut st = model.new_state(256).unwrap();
     model.prefill(&mut st, &prompt).unwrap();
     for l in 0..model.config.num_layers {
         let Some(s) = st.gdn_state(l) else {
@@ -166,14 +166,14 @@ fn chunked_prefill_equals_token_by_token_decode() {
     let vocab = model.config.vocab_size;
     let prompt: Vec<u32> = (0..600u32).map(|i| 3 + (i * 7919 + 13) % 509).collect();
 
-    let mut a = model.new_state(700);
+    let mut a = model.new_state(700).unwrap();
     let mut scored = vec![0f32; prompt.len() * vocab];
     model
         .forward_scored(&mut a, &prompt, 0, |i, l| {
             scored[i * vocab..(i + 1) * vocab].copy_from_slice(l)
         })
         .unwrap();
-    let mut b = model.new_state(700);
+    let mut b = model.new_state(700).unwrap();
     let mut worst = 0f32;
     for (i, &t) in prompt.iter().enumerate() {
         let got = model.decode(&mut b, t).unwrap();
@@ -197,16 +197,19 @@ fn truncate_keeps_all_or_nothing() {
     let source = SafetensorsSource::new(&files);
     let model = Model::from_source(&source, config(DENSE), "").unwrap();
     let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
-    let mut fresh = model.new_state(256);
+    let mut fresh = model.new_state(256).unwrap();
     let want = model.prefill(&mut fresh, &prompt[..20]).unwrap().to_vec();
 
-    let mut st = model.new_state(256);
+    let mut st = model.new_state(256).unwrap();
     model.prefill(&mut st, &prompt).unwrap();
     st.truncate(prompt.len());
     assert_eq!(st.len(), prompt.len());
     st.truncate(10);
     assert_eq!(st.len(), 0, "a GDN state cannot keep a prefix");
-    assert_eq!(states(&model, &st), states(&model, &model.new_state(256)));
+    assert_eq!(
+        states(&model, &st),
+        states(&model, &model.new_state(256).unwrap())
+    );
     assert_eq!(model.prefill(&mut st, &prompt[..20]).unwrap(), &want[..]);
 }
 
@@ -227,7 +230,7 @@ fn device_reference_equals_the_cpu_model() {
         assert!(desc.is_recurrent(), "{name}");
         let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
         let mut cache = RefCache::new(desc.spec.num_layers);
-        let mut st = model.new_state(256);
+        let mut st = model.new_state(256).unwrap();
         let mut worst = 0f32;
         for (pos, &t) in prompt.iter().enumerate() {
             let want = model.decode(&mut st, t).unwrap().to_vec();
@@ -298,7 +301,7 @@ fn hybrids_run_on_the_fake_device_like_the_cpu() {
         let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
         let kv = cmf_kernels::KvDtype::F32;
         let mut dev = GpuEngine::new(&model, g, 256, kv);
-        let mut cpu = CpuEngine::new(&model, 256, kv);
+        let mut cpu = CpuEngine::new(&model, 256, kv).unwrap();
         let (dl, dids) = drive(&mut dev, &prompt);
         let (cl, cids) = drive(&mut cpu, &prompt);
         assert!(dev.is_gpu(), "{name}: the device engine fell back");
@@ -330,7 +333,7 @@ fn hybrid_device_refusal_falls_back_to_the_cpu() {
     let (gpu, faults) = fake_gpu();
     let g = GpuModel::try_load(&gpu, &model, 256, None).unwrap();
     let mut dev = GpuEngine::new(&model, g, 256, kv);
-    let mut cpu = CpuEngine::new(&model, 256, kv);
+    let mut cpu = CpuEngine::new(&model, 256, kv).unwrap();
     let mut a = dev.prefill(&prompt).unwrap().to_vec();
     let mut b = cpu.prefill(&prompt).unwrap().to_vec();
     let mut worst = rel_err(&a, &b);
@@ -462,11 +465,11 @@ fn second_chat_turn_equals_a_fresh_session() {
         ..Default::default()
     };
     let kv = cmf_kernels::KvDtype::F32;
-    let mut chat = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv);
+    let mut chat = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv).unwrap();
     let (first, _) = chat.send("In the beginning", &cfg, &mut |_| {}).unwrap();
     let (second, _) = chat.send("And then?", &cfg, &mut |_| {}).unwrap();
 
-    let mut fresh = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv);
+    let mut fresh = ChatSession::new(&model, &a.tokenizer, &a.template, None, 256, kv).unwrap();
     fresh
         .messages
         .push(Message::new("user", "In the beginning"));

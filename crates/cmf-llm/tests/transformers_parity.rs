@@ -128,7 +128,9 @@ fn hidden_states_are_the_pre_norm_residual() {
     assert_eq!(one, model.hidden_states(&prompt, 1).unwrap());
     assert!(first.hidden_states(&prompt, 2).is_err());
     assert!(
-        first.prefill(&mut first.new_state(64), &prompt).is_err(),
+        first
+            .prefill(&mut first.new_state(64).unwrap(), &prompt)
+            .is_err(),
         "a partial model must refuse logits"
     );
 }

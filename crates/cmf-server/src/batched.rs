@@ -195,7 +195,17 @@ pub(crate) fn run(
             }
             if needs_alone(&job, &sched) {
                 w.stats.running.fetch_add(1, Ordering::Relaxed);
-                let engine = single.get_or_insert_with(|| CpuEngine::new(model, w.ctx, w.kv_dtype));
+                if single.is_none() {
+                    match CpuEngine::new(model, w.ctx, w.kv_dtype) {
+                        Ok(e) => single = Some(e),
+                        Err(e) => {
+                            let _ = job.events.send(Event::Failed(e.to_string()));
+                            w.stats.running.fetch_sub(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    }
+                }
+                let engine = single.as_mut().expect("built just above");
                 if w.serve_one(engine, job, record) {
                     single = None; // it panicked: a fresh one next time
                 }

@@ -364,7 +364,9 @@ impl Worker {
     fn engine<'m, 'a>(&self, model: &'m Model<'a>) -> Result<Box<dyn LlmEngine + 'm>, String> {
         match &self.build {
             Some(b) => (b.0)(model, self.ctx, self.kv_dtype),
-            None => Ok(Box::new(CpuEngine::new(model, self.ctx, self.kv_dtype))),
+            None => Ok(Box::new(
+                CpuEngine::new(model, self.ctx, self.kv_dtype).map_err(|e| e.to_string())?,
+            )),
         }
     }
 
@@ -410,9 +412,13 @@ impl Worker {
                 // The engine may be mid-step: start over from a new one (the CPU's if the
                 // builder now fails).
                 drop(engine);
+                // The CPU engine was built once at start-up with these sizes, so it builds again.
                 engine = self.engine(&model).unwrap_or_else(|e| {
                     eprintln!("cmf serve: {e}; continuing on the CPU");
-                    Box::new(CpuEngine::new(&model, self.ctx, self.kv_dtype))
+                    Box::new(
+                        CpuEngine::new(&model, self.ctx, self.kv_dtype)
+                            .expect("the same CPU engine was built at start-up"),
+                    )
                 });
             }
         }

@@ -138,7 +138,7 @@ impl EngineOpts {
     ) -> anyhow::Result<Box<dyn cmf_llm::engine::Engine + 'm>> {
         Ok(match self.gpu_model(model, ctx)? {
             Some(g) => Box::new(cmf_llm::gpu::GpuEngine::new(model, g, ctx, kv_type)),
-            None => Box::new(cmf_llm::engine::CpuEngine::new(model, ctx, kv_type)),
+            None => Box::new(cmf_llm::engine::CpuEngine::new(model, ctx, kv_type)?),
         })
     }
 

@@ -246,7 +246,7 @@ fn interactive(
         };
         let result = if args.raw {
             let ids = assets.tokenizer.encode(&line, true)?;
-            let mut engine = CpuEngine::new(model, ctx, kv_type);
+            let mut engine = CpuEngine::new(model, ctx, kv_type)?;
             generate(
                 &mut engine,
                 &assets.tokenizer,

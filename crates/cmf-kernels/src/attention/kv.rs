@@ -141,13 +141,39 @@ pub(crate) enum Store {
     Bf16(Vec<u16>),
 }
 
+/// Element types whose all-zero bit pattern is the value zero.
+trait ZeroBits: Copy {}
+impl ZeroBits for f32 {}
+impl ZeroBits for u16 {}
+
+/// `vec![0; n]` that returns None where the allocator refuses instead of aborting the process:
+/// a cache sized from a model file's hyper-parameters may be absurd, and the caller turns that
+/// into an error naming the sizes. Zeroed pages are committed lazily by the OS, as with `vec!`.
+fn try_zeroed<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size; zero bits are a valid T (ZeroBits); the block comes
+    // from the global allocator with exactly the layout Vec uses for capacity n.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<T>();
+        (!p.is_null()).then(|| Vec::from_raw_parts(p, n, n))
+    }
+}
+
 impl Store {
     pub(crate) fn new(dtype: KvDtype, n: usize) -> Store {
-        match dtype {
-            KvDtype::F32 => Store::F32(vec![0.0; n]),
-            KvDtype::F16 => Store::F16(vec![0; n]),
-            KvDtype::Bf16 => Store::Bf16(vec![0; n]),
-        }
+        Store::try_new(dtype, n)
+            .unwrap_or_else(|| panic!("cannot allocate a KV store of {n} elements"))
+    }
+
+    pub(crate) fn try_new(dtype: KvDtype, n: usize) -> Option<Store> {
+        Some(match dtype {
+            KvDtype::F32 => Store::F32(try_zeroed(n)?),
+            KvDtype::F16 => Store::F16(try_zeroed(n)?),
+            KvDtype::Bf16 => Store::Bf16(try_zeroed(n)?),
+        })
     }
 
     /// Writes `src` at element `at`.
@@ -194,16 +220,29 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Panics where the memory cannot be reserved; see [`KvCache::try_new`].
     pub fn new(dtype: KvDtype, capacity: usize, n_kv_heads: usize, head_dim: usize) -> KvCache {
-        let n = capacity * n_kv_heads * head_dim;
-        KvCache {
+        KvCache::try_new(dtype, capacity, n_kv_heads, head_dim).unwrap_or_else(|| {
+            panic!("cannot allocate a KV cache of {capacity} × {n_kv_heads} × {head_dim}")
+        })
+    }
+
+    /// None where the sizes overflow or the allocator refuses them.
+    pub fn try_new(
+        dtype: KvDtype,
+        capacity: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Option<KvCache> {
+        let n = capacity.checked_mul(n_kv_heads)?.checked_mul(head_dim)?;
+        Some(KvCache {
             dtype,
             capacity,
             n_kv_heads,
             head_dim,
-            k: Store::new(dtype, n),
-            v: Store::new(dtype, n),
-        }
+            k: Store::try_new(dtype, n)?,
+            v: Store::try_new(dtype, n)?,
+        })
     }
 
     pub fn dtype(&self) -> KvDtype {

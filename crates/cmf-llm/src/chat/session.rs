@@ -26,9 +26,9 @@ impl<'m> ChatSession<'m> {
         system: Option<&str>,
         limit: usize,
         kv_dtype: cmf_kernels::KvDtype,
-    ) -> Self {
-        let engine = Box::new(CpuEngine::new(model, limit, kv_dtype));
-        Self::with_engine(engine, tokenizer, template, system)
+    ) -> crate::Result<Self> {
+        let engine = Box::new(CpuEngine::new(model, limit, kv_dtype)?);
+        Ok(Self::with_engine(engine, tokenizer, template, system))
     }
 
     /// A session on any [`Engine`] (e.g. a GPU backend's).

@@ -4,6 +4,7 @@
 //! The per-layer buffers are allocated zeroed for `limit` positions up front; the OS commits
 //! pages as they are written, so resident memory follows the positions actually used.
 
+use crate::{LlmError, Result};
 use cmf_kernels::{Kv, KvDtype};
 
 pub struct KvCache {
@@ -14,21 +15,34 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Reserves `limit` positions per layer; an error (not an abort) where the sizes, which come
+    /// from the model file and the caller's context, cannot be allocated.
     pub fn new(
         num_layers: usize,
         kv_heads: usize,
         head_dim: usize,
         limit: usize,
         dtype: KvDtype,
-    ) -> KvCache {
+    ) -> Result<KvCache> {
         let layers = (0..num_layers)
-            .map(|_| cmf_kernels::KvCache::new(dtype, limit, kv_heads, head_dim))
-            .collect();
-        KvCache {
+            .map(|_| cmf_kernels::KvCache::try_new(dtype, limit, kv_heads, head_dim))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                let bytes = (2 * num_layers * dtype.bytes()) as f64
+                    * limit as f64
+                    * kv_heads as f64
+                    * head_dim as f64;
+                LlmError::Other(format!(
+                    "cannot reserve the KV cache: {limit} positions × {num_layers} layers × \
+                     {kv_heads} KV heads × {head_dim} = {:.1} GiB; a shorter context needs less",
+                    bytes / (1u64 << 30) as f64
+                ))
+            })?;
+        Ok(KvCache {
             len: 0,
             limit,
             layers,
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -76,5 +90,26 @@ impl KvCache {
     /// Bytes reserved for keys and values (virtual; see the module note).
     pub fn reserved_bytes(&self) -> usize {
         self.layers.iter().map(|l| l.bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_absurd_reservation_is_an_error_not_an_abort() {
+        // 2^20 positions × 2^24 KV values × 4 bytes: 64 PiB per layer, past any address space.
+        let err = KvCache::new(2, 1 << 16, 1 << 8, 1 << 20, KvDtype::F32)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("cannot reserve the KV cache"),
+            "{err}"
+        );
+        // Sizes whose product overflows usize.
+        assert!(KvCache::new(1, usize::MAX / 2, 4, 3, KvDtype::F16).is_err());
+        let ok = KvCache::new(2, 2, 8, 16, KvDtype::Bf16).unwrap();
+        assert_eq!(ok.reserved_bytes(), 2 * 2 * 2 * 8 * 16 * 2);
     }
 }

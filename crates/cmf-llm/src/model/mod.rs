@@ -149,25 +149,25 @@ impl<'a> Model<'a> {
 
     /// A fresh sequence state that may hold up to `limit` tokens (capped at the model's maximum
     /// positions), with an f32 KV cache (exact; what the parity tests use).
-    pub fn new_state(&self, limit: usize) -> State {
+    pub fn new_state(&self, limit: usize) -> Result<State> {
         self.new_state_with(limit, KvDtype::F32)
     }
 
     /// [`Model::new_state`] with the KV cache element type chosen (f16 halves the cache and the
     /// bytes attention streams per token).
-    pub fn new_state_with(&self, limit: usize, kv_dtype: KvDtype) -> State {
+    pub fn new_state_with(&self, limit: usize, kv_dtype: KvDtype) -> Result<State> {
         let limit = limit.min(self.config.max_position_embeddings.max(1));
         self.state_for_layers(self.weights.layers.len(), limit, kv_dtype)
     }
 
-    fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> State {
+    fn state_for_layers(&self, layers: usize, limit: usize, kv_dtype: KvDtype) -> Result<State> {
         let c = &self.config;
         let recurrent = self.recurrent_states(layers);
-        State {
-            kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype),
+        Ok(State {
+            kv: KvCache::new(layers, c.num_kv_heads, c.head_dim, limit, kv_dtype)?,
             recurrent,
             buf: Buffers::default(),
-        }
+        })
     }
 
     /// Fresh recurrent states of the first `layers` layers: a GatedDeltaNet layer's conv window
@@ -261,7 +261,7 @@ impl<'a> Model<'a> {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(LlmError::TokenOutOfRange { id, vocab });
         }
-        let mut st = self.state_for_layers(k, tokens.len(), KvDtype::F32);
+        let mut st = self.state_for_layers(k, tokens.len(), KvDtype::F32)?;
         let h = self.config.hidden_size;
         let mut out = Vec::with_capacity(tokens.len() * h);
         cmf_kernels::run_in_pool(|| {

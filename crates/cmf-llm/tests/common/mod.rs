@@ -251,7 +251,7 @@ pub fn compare(model: &cmf_llm::Model, name: &str) -> Comparison {
 
     let (want, cols) = expected_matrix(&dir, "logits");
     assert_eq!(cols, vocab);
-    let mut st = model.new_state(256);
+    let mut st = model.new_state(256).unwrap();
     let mut prompt_err = 0f32;
     model
         .forward_scored(&mut st, &prompt, 0, |i, got| {
@@ -263,14 +263,14 @@ pub fn compare(model: &cmf_llm::Model, name: &str) -> Comparison {
     // and separately the model's own greedy continuation.
     let want_greedy = ids(&exp["greedy"]["generated_ids"]);
     let (step_logits, _) = expected_matrix(&dir, "decode_logits");
-    let mut st = model.new_state(256);
+    let mut st = model.new_state(256).unwrap();
     let mut logits = model.prefill(&mut st, &prompt).unwrap().to_vec();
     let mut decode_err = 0f32;
     for (i, &t) in want_greedy.iter().enumerate() {
         decode_err = decode_err.max(rel_err(&logits, &step_logits[i * vocab..(i + 1) * vocab]));
         logits = model.decode(&mut st, t).unwrap().to_vec();
     }
-    let mut st = model.new_state(256);
+    let mut st = model.new_state(256).unwrap();
     let mut logits = model.prefill(&mut st, &prompt).unwrap().to_vec();
     let mut greedy = Vec::new();
     for _ in 0..want_greedy.len() {

@@ -555,7 +555,8 @@ fn generate_cancellable_stops_between_tokens() {
     // comes after token k was sampled).
     for cancel_at in [1usize, 2, 6] {
         let calls = Cell::new(0usize);
-        let mut engine = cmf_llm::engine::CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F16);
+        let mut engine =
+            cmf_llm::engine::CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F16).unwrap();
         let mut text = String::new();
         let stats = generate_cancellable(
             &mut engine,

@@ -30,7 +30,9 @@ fn user(text: &str) -> Value {
 pub fn teacher_forced(ids: &[u32]) -> Vec<f64> {
     let file = CmfModel::open(model_path()).unwrap();
     let model = Model::load(&file).unwrap();
-    let mut st = model.new_state_with(ids.len(), cmf_kernels::KvDtype::F32);
+    let mut st = model
+        .new_state_with(ids.len(), cmf_kernels::KvDtype::F32)
+        .unwrap();
     let mut out = vec![0.0; ids.len() - 1];
     model
         .forward_scored(&mut st, ids, 0, |i, logits| {
@@ -49,7 +51,9 @@ fn greedy_f32(ids: &[u32], n: usize) -> Vec<u32> {
     let file = CmfModel::open(model_path()).unwrap();
     let model = Model::load(&file).unwrap();
     let eos = assets().eos_ids;
-    let mut st = model.new_state_with(ids.len() + n, cmf_kernels::KvDtype::F32);
+    let mut st = model
+        .new_state_with(ids.len() + n, cmf_kernels::KvDtype::F32)
+        .unwrap();
     let mut t = argmax(model.prefill(&mut st, ids).unwrap());
     let mut out = Vec::new();
     while out.len() < n && !eos.contains(&t) {

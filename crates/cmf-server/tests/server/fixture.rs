@@ -66,7 +66,8 @@ pub fn reference(ids: &[u32], cfg: &GenerationConfig) -> (String, GenerationStat
         &model,
         model.config.max_position_embeddings,
         cmf_kernels::KvDtype::F16,
-    );
+    )
+    .unwrap();
     let mut text = String::new();
     let stats = generate(
         &mut engine,

@@ -327,7 +327,7 @@ fn disconnect_during_a_long_prefill_frees_the_worker() {
     let mut cfg = config();
     cfg.engine.build_engine = Some(EngineBuilder::new(move |model, ctx, kv| {
         Ok(Box::new(SlowPrefill {
-            cpu: CpuEngine::new(model, ctx, kv),
+            cpu: CpuEngine::new(model, ctx, kv).unwrap(),
             per_token,
         }))
     }));
@@ -391,7 +391,7 @@ fn generate_cancellable_checks_between_prefill_pieces() {
     let run = |cancel_at: usize| {
         let calls = Cell::new(0usize);
         let mut engine = SlowPrefill {
-            cpu: CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F16),
+            cpu: CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F16).unwrap(),
             per_token: Duration::ZERO,
         };
         let mut text = String::new();
