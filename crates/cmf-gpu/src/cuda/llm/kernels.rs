@@ -246,12 +246,8 @@ impl PagedKernels {
 /// The batched step's q8_row GEMMs (gemm_q8.cu): the same for every model.
 pub struct Q8GemmKernels {
     pub quant_blocks_s8: Func,
-    /// 16 weight rows a block, each chunk split over 4 warps (few input rows).
-    pub narrow: Func,
-    /// 32 weight rows a block, 2 warps a chunk.
-    pub mid: Func,
-    /// 64 weight rows a block (many input rows).
-    pub wide: Func,
+    /// 16 weight rows a block, each chunk split over 4 warps.
+    pub gemm: Func,
     _module: Module,
 }
 
@@ -260,9 +256,7 @@ impl Q8GemmKernels {
         let m = Module::load_job(dev, &Job::new("gemm_q8", GEMM_Q8, &[], &dev.arch()))?;
         Ok(Q8GemmKernels {
             quant_blocks_s8: m.func("quant_blocks_s8")?,
-            narrow: m.func("gemm_q8_narrow")?,
-            mid: m.func("gemm_q8_mid")?,
-            wide: m.func("gemm_q8_wide")?,
+            gemm: m.func("gemm_q8_narrow")?,
             _module: m,
         })
     }

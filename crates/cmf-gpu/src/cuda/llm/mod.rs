@@ -33,7 +33,7 @@ use crate::llm::{
     DecodeOutput, Ffn, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
-pub use batched::{paged_attention_probe, q8_gemm_probe, Q8Variant};
+pub use batched::{paged_attention_probe, q8_gemm_probe};
 pub use kernels::CommonKernels;
 use kernels::{DecodeAttnConfig, ModelKernels};
 use moe::{DevFfn, MoeDecodeWs, MoeKernels, MoePrefillWs};

@@ -9,7 +9,7 @@
 //! over: then the device draws every sequence's token (`sample.rs`) and the ids come back.
 
 mod q8;
-pub use q8::{q8_gemm_probe, Variant as Q8Variant};
+pub use q8::q8_gemm_probe;
 mod sample;
 mod step;
 

@@ -3,8 +3,9 @@
 //! once for all rows with exact s32 sums per block. Without it a step of more than one row
 //! dequantised every matrix to a bf16 scratch first: about five times the weight traffic.
 //!
-//! Only q8_row matrices (s8 with one scale per row) take it; other codecs keep the bf16 GEMM,
-//! and `precise` models the f32 one.
+//! Only q8_row matrices (s8 with one scale per row) take it, and only in steps of at most
+//! [`Q8_MAX_ROWS`] rows; other codecs and larger steps keep the bf16 GEMM (cuBLAS over a
+//! dequantised scratch), and `precise` models the f32 one.
 
 use super::super::kernels::Q8GemmKernels;
 use super::super::CudaLlm;
@@ -12,10 +13,12 @@ use crate::cuda::runtime::device::{bytes_of, Arg, DResult, Dev};
 use crate::cuda::runtime::weights::DevWeight;
 use cmf_format::Dtype;
 
-/// Input rows up to which the narrow kernel (16 weight rows a block) runs, and the mid one
-/// (32); past that the wide one (64 rows: inputs re-read from L2 a quarter as often).
-const NARROW_ROWS: usize = 16;
-const MID_ROWS: usize = 48;
+/// Most rows a step runs through the int8 GEMM. Each 32-value block's s32 sum is scaled and
+/// added in f32 after its mma, which costs more than the tensor cores save once many input rows
+/// share the weights. `cmf bench --parallel` on Qwen3-0.6B q8, two H100s on 2026-12-07: with it,
+/// steps of 64 decode rows ran at 0.58× and prefill steps of 2,048+ rows at 0.67–0.78× the bf16
+/// path; steps of up to 16 rows were no slower.
+pub(super) const Q8_MAX_ROWS: usize = 16;
 
 /// Bytes of quantised input for `rows` rows of `k` values: s8 values, then one f32 per block.
 pub(super) fn scratch_bytes(rows: usize, k: usize) -> usize {
@@ -60,15 +63,7 @@ impl CudaLlm {
             col0,
             accumulate,
         };
-        mma(
-            &self.dev,
-            &pool.q8_kernels,
-            &Q8Mat::of(w),
-            t,
-            xq,
-            &dst,
-            Variant::for_rows(t),
-        )
+        mma(&self.dev, &pool.q8_kernels, &Q8Mat::of(w), t, xq, &dst)
     }
 
     /// The same bf16 rows times each of `parts` (matrix, column offset), stored side by side in
@@ -98,8 +93,7 @@ impl CudaLlm {
                 col0,
                 accumulate: false,
             };
-            let v = Variant::for_rows(t);
-            mma(&self.dev, &pool.q8_kernels, &Q8Mat::of(w), t, xq, &dst, v)?;
+            mma(&self.dev, &pool.q8_kernels, &Q8Mat::of(w), t, xq, &dst)?;
         }
         Ok(true)
     }
@@ -132,35 +126,8 @@ struct Q8Out {
     accumulate: bool,
 }
 
-/// The kernel's shape: weight rows a block (gemm_q8.cu `gemm_q8_narrow` / `_mid` / `_wide`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Variant {
-    Narrow,
-    Mid,
-    Wide,
-}
-
-impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::Narrow, Variant::Mid, Variant::Wide];
-
-    fn for_rows(t: usize) -> Variant {
-        if t <= NARROW_ROWS {
-            Variant::Narrow
-        } else if t <= MID_ROWS {
-            Variant::Mid
-        } else {
-            Variant::Wide
-        }
-    }
-
-    fn weight_rows(self) -> usize {
-        match self {
-            Variant::Narrow => 16,
-            Variant::Mid => 32,
-            Variant::Wide => 64,
-        }
-    }
-}
+/// Weight rows a block of the GEMM takes (gemm_q8.cu `gemm_q8_narrow`).
+const WEIGHT_ROWS: usize = 16;
 
 /// Quantises the `t` bf16 rows of `k` values at `x` into `xq` ([`scratch_bytes`]): s8 values,
 /// then the blocks' scales.
@@ -183,25 +150,12 @@ fn quantize(dev: &Dev, k8: &Q8GemmKernels, (x, t, k): (u64, usize, usize), xq: u
 }
 
 /// The GEMM over `t` rows quantised at `xq` by [`quantize`].
-fn mma(
-    dev: &Dev,
-    k8: &Q8GemmKernels,
-    w: &Q8Mat,
-    t: usize,
-    xq: u64,
-    out: &Q8Out,
-    variant: Variant,
-) -> DResult<()> {
+fn mma(dev: &Dev, k8: &Q8GemmKernels, w: &Q8Mat, t: usize, xq: u64, out: &Q8Out) -> DResult<()> {
     let k = w.cols;
-    let f = match variant {
-        Variant::Narrow => &k8.narrow,
-        Variant::Mid => &k8.mid,
-        Variant::Wide => &k8.wide,
-    };
     dev.launch(
-        f,
+        &k8.gemm,
         (
-            w.rows.div_ceil(variant.weight_rows()) as u32,
+            w.rows.div_ceil(WEIGHT_ROWS) as u32,
             t.div_ceil(64) as u32,
             1,
         ),
@@ -230,7 +184,6 @@ fn mma(
 #[allow(clippy::too_many_arguments)]
 pub fn q8_gemm_probe(
     dev: &Dev,
-    variant: Variant,
     (w, scales): (&[i8], &[half::f16]),
     k: usize,
     x: &[f32],
@@ -265,6 +218,6 @@ pub fn q8_gemm_probe(
         accumulate,
     };
     quantize(dev, &k8, (xd.ptr(), t, k), scratch.ptr())?;
-    mma(dev, &k8, &mat, t, scratch.ptr(), &dst, variant)?;
+    mma(dev, &k8, &mat, t, scratch.ptr(), &dst)?;
     dev.download_f32(out, od.ptr())
 }

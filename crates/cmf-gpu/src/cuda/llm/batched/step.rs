@@ -130,7 +130,8 @@ impl CudaLlm {
             .expect("validated")
             .q8_x
             .at_least(&dev, q8_bytes)?;
-        self.q8_step.set(!self.opts.precise);
+        self.q8_step
+            .set(!self.opts.precise && batch::rows(seqs) <= super::q8::Q8_MAX_ROWS);
         let r = self.enqueue_batch_step(seqs, out);
         self.q8_step.set(false);
         r

@@ -156,24 +156,10 @@ __device__ __forceinline__ void gemm_q8_body(const signed char* __restrict__ w, 
     }
 }
 
-// Few input rows (decode of a few sequences): 16 weight rows a block, the chunk's blocks split
-// over 4 warps, so that a layer's matrices spread over many blocks.
+// 16 weight rows a block, the chunk's blocks split over 4 warps, so that a layer's matrices spread
+// over many blocks (the batched step takes it up to 16 input rows; see batched/q8.rs).
 extern "C" __global__ void __launch_bounds__(128)
 gemm_q8_narrow(const signed char* w, const u16* ws, int N, int K, const signed char* xq, const float* xd, int T,
                float* out, long long ldc, int col0, int accumulate) {
     gemm_q8_body<1, 4, 512>(w, ws, N, K, xq, xd, T, out, ldc, col0, accumulate);
-}
-
-// Between: 32 weight rows a block, each chunk split over 2 warps.
-extern "C" __global__ void __launch_bounds__(128)
-gemm_q8_mid(const signed char* w, const u16* ws, int N, int K, const signed char* xq, const float* xd, int T,
-            float* out, long long ldc, int col0, int accumulate) {
-    gemm_q8_body<2, 2, 512>(w, ws, N, K, xq, xd, T, out, ldc, col0, accumulate);
-}
-
-// Many input rows: 64 weight rows a block (inputs re-read from L2 a quarter as often).
-extern "C" __global__ void __launch_bounds__(128)
-gemm_q8_wide(const signed char* w, const u16* ws, int N, int K, const signed char* xq, const float* xd, int T,
-             float* out, long long ldc, int col0, int accumulate) {
-    gemm_q8_body<4, 1, 256>(w, ws, N, K, xq, xd, T, out, ldc, col0, accumulate);
 }
