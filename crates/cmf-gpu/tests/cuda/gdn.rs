@@ -333,6 +333,42 @@ fn recurrent_state_refuses_other_positions() {
     );
 }
 
+/// A grammar-masked decode steps a hybrid's recurrent state like a plain one: masked decodes
+/// at positions 20 and 21 (every token allowed), then a plain decode at 22 is accepted and gives
+/// the reference's logits; a masked decode 3 positions back is refused.
+#[test]
+fn masked_decode_keeps_the_recurrent_position() {
+    let Some(b) = backend() else { return };
+    let m = Hybrid::new(17, Dtype::F32);
+    let model = m.model();
+    let all = Placement::all(model.spec.num_layers);
+    let p = prompt(23);
+    let mut dev = b.load_cuda_llm(&model, &opts(64), &all).unwrap();
+    let mut none = vec![0f32; 0];
+    dev.prefill(&p[..20], 0, Logits::None, &mut none).unwrap();
+    let mut allow_all = |_: &mut [u32]| {};
+    for (i, &t) in p.iter().enumerate().take(22).skip(20) {
+        dev.decode_masked(t, i, &Sampler::Greedy, &mut allow_all)
+            .unwrap();
+    }
+    assert!(dev
+        .decode_masked(p[0], 19, &Sampler::Greedy, &mut allow_all)
+        .is_err());
+    let mut out = DecodeOutput::default();
+    dev.decode(p[22], 22, &Sampler::Greedy, true, &mut out)
+        .unwrap();
+    let mut cache = RefCache::new(model.spec.num_layers);
+    let want = p
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| reference::forward_token(&model, t, i, &mut cache))
+        .last()
+        .unwrap();
+    let e = rel_err(&out.logits, &want);
+    println!("plain decode after masked decodes: {e:.2e} against the reference");
+    assert!(e < 1e-4, "{e}");
+}
+
 /// gdn_prep and gdn_delta alone against the reference's pieces (`gdn_inputs`, `gdn_conv`,
 /// `gdn_l2norm`, `gdn_recurrence`, `gdn_gated_norm`) on random projections: passes of 1, 37, 1
 /// and 5 rows in a row (the state carried between launches), each pass's outputs and at the end

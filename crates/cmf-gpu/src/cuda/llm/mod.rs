@@ -622,6 +622,46 @@ impl CudaLlm {
         Ok(())
     }
 
+    /// One decode step (`step`) after the checks every decode takes: the whole model resident,
+    /// the position inside the device context, the token inside the vocabulary, a sampler the
+    /// device draws; a hybrid's recurrent state at `pos` before and one past it after.
+    fn checked_decode<T>(
+        &mut self,
+        op: &'static str,
+        token: u32,
+        pos: usize,
+        sampler: &Sampler,
+        step: impl FnOnce(&mut Self) -> DResult<T>,
+    ) -> Result<T, Refusal> {
+        if !self.placement.is_whole_model() {
+            return Err(Refusal::new(
+                op,
+                RefusalReason::NotResident("part of the model is on the CPU".into()),
+            ));
+        }
+        if pos >= self.opts.max_context {
+            return Err(Refusal::new(
+                op,
+                RefusalReason::NotResident(format!(
+                    "position {pos} ≥ device context {}",
+                    self.opts.max_context
+                )),
+            ));
+        }
+        if token as usize >= self.spec.vocab {
+            return Err(Self::refuse(
+                op,
+                format!("token {token} ≥ vocab {}", self.spec.vocab),
+            ));
+        }
+        self.check_sampler(sampler)?;
+        self.bind(op)?;
+        self.hybrid_begin(op, pos)?;
+        let r = step(self);
+        self.hybrid_end(r.is_ok().then_some(pos + 1));
+        r.map_err(|e| e.refusal(op))
+    }
+
     fn refuse(op: &'static str, why: String) -> Refusal {
         Refusal::new(op, RefusalReason::UnsupportedShape(why))
     }
@@ -746,34 +786,9 @@ impl LlmDevice for CudaLlm {
         want_logits: bool,
         out: &mut DecodeOutput,
     ) -> Result<(), Refusal> {
-        const OP: &str = "llm.decode";
-        if !self.placement.is_whole_model() {
-            return Err(Refusal::new(
-                OP,
-                RefusalReason::NotResident("part of the model is on the CPU".into()),
-            ));
-        }
-        if pos >= self.opts.max_context {
-            return Err(Refusal::new(
-                OP,
-                RefusalReason::NotResident(format!(
-                    "position {pos} ≥ device context {}",
-                    self.opts.max_context
-                )),
-            ));
-        }
-        if token as usize >= self.spec.vocab {
-            return Err(Self::refuse(
-                OP,
-                format!("token {token} ≥ vocab {}", self.spec.vocab),
-            ));
-        }
-        self.check_sampler(sampler)?;
-        self.bind(OP)?;
-        self.hybrid_begin(OP, pos)?;
-        let step = self.decode_step(token, pos, sampler, want_logits);
-        self.hybrid_end(step.is_ok().then_some(pos + 1));
-        let (tok, logits) = step.map_err(|e| e.refusal(OP))?;
+        let (tok, logits) = self.checked_decode("llm.decode", token, pos, sampler, |s| {
+            s.decode_step(token, pos, sampler, want_logits)
+        })?;
         out.token = tok;
         out.logits = logits;
         Ok(())
@@ -786,26 +801,9 @@ impl LlmDevice for CudaLlm {
         sampler: &Sampler,
         mask: &mut dyn FnMut(&mut [u32]),
     ) -> Result<u32, Refusal> {
-        const OP: &str = "llm.decode_masked";
-        if !self.placement.is_whole_model() || pos >= self.opts.max_context {
-            return Err(Refusal::new(
-                OP,
-                RefusalReason::NotResident(format!(
-                    "position {pos} with the model wholly resident to {} positions",
-                    self.opts.max_context
-                )),
-            ));
-        }
-        if token as usize >= self.spec.vocab {
-            return Err(Self::refuse(
-                OP,
-                format!("token {token} ≥ vocab {}", self.spec.vocab),
-            ));
-        }
-        self.check_sampler(sampler)?;
-        self.bind(OP)?;
-        self.decode_masked_step(token, pos, sampler, mask)
-            .map_err(|e| e.refusal(OP))
+        self.checked_decode("llm.decode_masked", token, pos, sampler, |s| {
+            s.decode_masked_step(token, pos, sampler, mask)
+        })
     }
 
     fn prefill(
