@@ -12,6 +12,7 @@
 pub mod attention;
 pub mod conv;
 pub mod cpu;
+pub mod gdn;
 pub mod reference;
 
 pub mod ops;
@@ -31,6 +32,7 @@ pub use attention::{
 };
 pub use conv::{conv2d, Conv2d};
 pub use cpu::Isa;
+pub use gdn::GdnGeometry;
 pub use linear::{matmul_multi_with, matmul_with, matvec_multi_with, matvec_with};
 pub use ops::{NormStyle, RopeStyle, RopeTable};
 pub use pool::{num_threads, run_in_pool, set_num_threads};

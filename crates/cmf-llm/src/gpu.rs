@@ -175,13 +175,7 @@ fn describe_gdn<'m>(
         ));
     }
     Ok(Mixer::GatedDelta(dev::GdnWeights {
-        geometry: dev::GdnGeometry {
-            num_k_heads: c.num_k_heads,
-            num_v_heads: c.num_v_heads,
-            k_head_dim: c.k_head_dim,
-            v_head_dim: c.v_head_dim,
-            conv_kernel: c.conv_kernel,
-        },
+        geometry: *c,
         qkvz: g.qkvz.w,
         ba: g.ba.w,
         conv: &g.conv,

@@ -13,6 +13,7 @@ use super::rope::{RopeConfig, RopeScaling};
 use crate::error::{config_err, LlmError, Result};
 use cmf_format::limits;
 use cmf_kernels::ops::NormStyle;
+use cmf_kernels::GdnGeometry;
 use serde_json::{Map, Value};
 
 /// The decoder families this runtime implements. They share one graph; the differences
@@ -78,7 +79,7 @@ pub struct ModelConfig {
     /// multiplied by sigmoid(gate) before o_proj (Qwen3-Next).
     pub attn_output_gate: bool,
     /// GatedDeltaNet geometry; present when some layer is a GDN mixer.
-    pub gdn: Option<GdnConfig>,
+    pub gdn: Option<GdnGeometry>,
     /// Routed experts and which layers use them (MoE families only).
     pub moe: Option<MoeConfig>,
 }
@@ -90,43 +91,6 @@ pub enum Mixer {
     Attention,
     /// GatedDeltaNet linear attention with a per-sequence recurrent state (`model::gdn`).
     GatedDeltaNet,
-}
-
-/// GatedDeltaNet geometry (transformers `linear_*` config fields). Each of the `num_k_heads`
-/// query/key heads serves `num_v_heads / num_k_heads` consecutive value heads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GdnConfig {
-    pub num_k_heads: usize,
-    pub num_v_heads: usize,
-    pub k_head_dim: usize,
-    pub v_head_dim: usize,
-    /// Taps of the causal depthwise convolution over q|k|v.
-    pub conv_kernel: usize,
-}
-
-impl GdnConfig {
-    pub fn key_dim(&self) -> usize {
-        self.num_k_heads * self.k_head_dim
-    }
-
-    pub fn value_dim(&self) -> usize {
-        self.num_v_heads * self.v_head_dim
-    }
-
-    /// Channels of the convolution: q, k and v side by side.
-    pub fn conv_dim(&self) -> usize {
-        2 * self.key_dim() + self.value_dim()
-    }
-
-    /// Rows of `in_proj_qkvz`: q, k, v and the output gate z.
-    pub fn qkvz_dim(&self) -> usize {
-        2 * self.key_dim() + 2 * self.value_dim()
-    }
-
-    /// Value heads per query/key head.
-    pub fn v_per_k(&self) -> usize {
-        self.num_v_heads / self.num_k_heads
-    }
 }
 
 impl ModelConfig {
@@ -426,8 +390,8 @@ fn parse_mixers(f: &Fields, family: Family, n: usize) -> Result<Vec<Mixer>> {
 }
 
 /// The `linear_*` fields of a GatedDeltaNet model.
-fn parse_gdn(f: &Fields) -> Result<GdnConfig> {
-    let g = GdnConfig {
+fn parse_gdn(f: &Fields) -> Result<GdnGeometry> {
+    let g = GdnGeometry {
         num_k_heads: f.usize_any(&["linear_num_key_heads"])?,
         num_v_heads: f.usize_any(&["linear_num_value_heads"])?,
         k_head_dim: f.usize_any(&["linear_key_head_dim"])?,

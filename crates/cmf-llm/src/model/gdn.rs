@@ -15,10 +15,10 @@
 //! over chunks of [`GDN_CHUNK`] rows, which computes the same outputs and final state with
 //! matrix products instead of a per-token state update.
 
-use super::config::GdnConfig;
 use super::weights::GdnWeights;
 use super::{linear, linear_shared_input};
 use cmf_kernels::ops::{self, NormStyle};
+use cmf_kernels::GdnGeometry;
 
 /// Rows per chunk of the chunked delta rule (transformers' `chunk_size`).
 pub const GDN_CHUNK: usize = 64;
@@ -33,7 +33,7 @@ pub struct GdnState {
 }
 
 impl GdnState {
-    pub fn new(g: &GdnConfig) -> GdnState {
+    pub fn new(g: &GdnGeometry) -> GdnState {
         GdnState {
             conv: vec![0.0; g.conv_dim() * (g.conv_kernel - 1)],
             delta: vec![0.0; g.num_v_heads * g.k_head_dim * g.v_head_dim],
@@ -78,7 +78,7 @@ pub(crate) struct GdnScratch {
 }
 
 impl GdnScratch {
-    fn ensure(&mut self, g: &GdnConfig, h: usize, n: usize) {
+    fn ensure(&mut self, g: &GdnGeometry, h: usize, n: usize) {
         for (buf, width) in [
             (&mut self.qkvz, g.qkvz_dim()),
             (&mut self.ba, 2 * g.num_v_heads),
@@ -100,7 +100,7 @@ impl GdnScratch {
 /// `x[n, H] += gdn(norm(x))`, advancing `st` over the `n` rows.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gdn_block(
-    g: &GdnConfig,
+    g: &GdnGeometry,
     w: &GdnWeights,
     x: &mut [f32],
     xn: &mut [f32],
@@ -152,7 +152,7 @@ pub(crate) fn gdn_block(
 /// `[b(r) | a(r)]` per key head, r value heads per key head), into the conv input
 /// `[q (all heads) | k | v]`, the gate z and raw b, a.
 fn split_projections(
-    g: &GdnConfig,
+    g: &GdnGeometry,
     qkvz: &[f32],
     ba: &[f32],
     conv_in: &mut [f32],
@@ -214,7 +214,7 @@ fn softplus(x: f32) -> f32 {
 /// Depthwise causal conv + SiLU over `rows` of C channels: output t of channel c is
 /// `Σ_j w[c][j]·in[t − (W−1) + j][c]`, where inputs before this pass come from `state`
 /// (the last W−1 inputs, zeros for a fresh sequence), which then holds the newest W−1.
-fn causal_conv(g: &GdnConfig, w: &[f32], rows: &[f32], state: &mut [f32], out: &mut [f32]) {
+fn causal_conv(g: &GdnGeometry, w: &[f32], rows: &[f32], state: &mut [f32], out: &mut [f32]) {
     let (c, k) = (g.conv_dim(), g.conv_kernel);
     let past = k - 1;
     for (inp, o) in rows.chunks_exact(c).zip(out.chunks_exact_mut(c)) {
@@ -236,7 +236,7 @@ fn causal_conv(g: &GdnConfig, w: &[f32], rows: &[f32], state: &mut [f32], out: &
 
 /// L2-normalises each q and k head (transformers' `l2norm`, eps 1e-6 inside the sqrt) and
 /// scales q by 1/√dk.
-fn normalize_qk(g: &GdnConfig, mixed: &mut [f32]) {
+fn normalize_qk(g: &GdnGeometry, mixed: &mut [f32]) {
     let (dk, kd) = (g.k_head_dim, g.key_dim());
     let scale = 1.0 / (dk as f32).sqrt();
     for row in mixed.chunks_exact_mut(g.conv_dim()) {
@@ -252,7 +252,7 @@ fn normalize_qk(g: &GdnConfig, mixed: &mut [f32]) {
 }
 
 /// The q, k and v of value head `hv` in one row of the conv output.
-fn head_qkv<'m>(g: &GdnConfig, row: &'m [f32], hv: usize) -> (&'m [f32], &'m [f32], &'m [f32]) {
+fn head_qkv<'m>(g: &GdnGeometry, row: &'m [f32], hv: usize) -> (&'m [f32], &'m [f32], &'m [f32]) {
     let (dk, dv, kd) = (g.k_head_dim, g.v_head_dim, g.key_dim());
     let hk = hv / g.v_per_k();
     (
@@ -264,7 +264,7 @@ fn head_qkv<'m>(g: &GdnConfig, row: &'m [f32], hv: usize) -> (&'m [f32], &'m [f3
 
 /// The gated delta rule one token at a time (transformers' `torch_recurrent_gated_delta_rule`).
 fn delta_rule_recurrent(
-    g: &GdnConfig,
+    g: &GdnGeometry,
     mixed: &[f32],
     beta: &[f32],
     decay: &[f32],
@@ -307,7 +307,7 @@ fn delta_rule_recurrent(
 /// then `v' = U − W·S`, `o = (q·e^c)·S + tril((q_i·k_j)·e^(c_i − c_j))·v'` and
 /// `S ← e^(c_L)·S + (k·e^(c_L − c))ᵀ·v'`. A short last chunk needs no padding.
 fn delta_rule_chunked(
-    g: &GdnConfig,
+    g: &GdnGeometry,
     mixed: &[f32],
     beta: &[f32],
     decay: &[f32],
@@ -384,7 +384,7 @@ impl ChunkBufs {
     #[allow(clippy::too_many_arguments)]
     fn load(
         &mut self,
-        g: &GdnConfig,
+        g: &GdnGeometry,
         mixed: &[f32],
         beta: &[f32],
         decay: &[f32],
@@ -483,7 +483,7 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 }
 
 /// Per value head: o ← rmsnorm(o)·w ⊙ silu(z) (transformers' `Qwen3NextRMSNormGated`).
-fn gated_norm(g: &GdnConfig, core: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+fn gated_norm(g: &GdnGeometry, core: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     let dv = g.v_head_dim;
     for (o, zz) in core.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
         let ms = o.iter().map(|v| v * v).sum::<f32>() / dv as f32;
@@ -498,8 +498,8 @@ fn gated_norm(g: &GdnConfig, core: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
 mod tests {
     use super::*;
 
-    fn cfg() -> GdnConfig {
-        GdnConfig {
+    fn cfg() -> GdnGeometry {
+        GdnGeometry {
             num_k_heads: 2,
             num_v_heads: 4,
             k_head_dim: 8,

@@ -71,7 +71,7 @@ pub struct AttentionWeights<'a> {
     pub k_norm: Option<Vec<f32>>,
 }
 
-/// A GatedDeltaNet mixer (`linear_attn.*`). Shapes from [`super::config::GdnConfig`]: key dim
+/// A GatedDeltaNet mixer (`linear_attn.*`). Shapes from [`cmf_kernels::GdnGeometry`]: key dim
 /// Kd = k_heads·dk, value dim Vd = v_heads·dv, conv channels C = 2·Kd + Vd, kernel W.
 #[derive(Clone, Debug)]
 pub struct GdnWeights<'a> {
