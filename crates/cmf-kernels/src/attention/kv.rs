@@ -163,11 +163,6 @@ fn try_zeroed<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
 }
 
 impl Store {
-    pub(crate) fn new(dtype: KvDtype, n: usize) -> Store {
-        Store::try_new(dtype, n)
-            .unwrap_or_else(|| panic!("cannot allocate a KV store of {n} elements"))
-    }
-
     pub(crate) fn try_new(dtype: KvDtype, n: usize) -> Option<Store> {
         Some(match dtype {
             KvDtype::F32 => Store::F32(try_zeroed(n)?),

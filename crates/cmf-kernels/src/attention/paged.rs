@@ -26,7 +26,8 @@ pub struct KvBlocks {
 
 impl KvBlocks {
     /// A pool of `num_blocks` blocks of `block_size` positions, zeroed (the OS commits pages
-    /// as blocks are first written).
+    /// as blocks are first written). Panics where the memory cannot be reserved; see
+    /// [`KvBlocks::try_new`].
     pub fn new(
         dtype: KvDtype,
         num_blocks: usize,
@@ -34,17 +35,33 @@ impl KvBlocks {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> KvBlocks {
+        KvBlocks::try_new(dtype, num_blocks, block_size, n_kv_heads, head_dim).unwrap_or_else(
+            || panic!("cannot allocate {num_blocks} KV blocks of {block_size} × {n_kv_heads} × {head_dim}"),
+        )
+    }
+
+    /// [`KvBlocks::new`], or None where the sizes overflow or the allocator refuses them.
+    pub fn try_new(
+        dtype: KvDtype,
+        num_blocks: usize,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Option<KvBlocks> {
         assert!(block_size > 0, "KvBlocks: block size 0");
-        let n = num_blocks * block_size * n_kv_heads * head_dim;
-        KvBlocks {
+        let n = num_blocks
+            .checked_mul(block_size)?
+            .checked_mul(n_kv_heads)?
+            .checked_mul(head_dim)?;
+        Some(KvBlocks {
             dtype,
             num_blocks,
             block_size,
             n_kv_heads,
             head_dim,
-            k: Store::new(dtype, n),
-            v: Store::new(dtype, n),
-        }
+            k: Store::try_new(dtype, n)?,
+            v: Store::try_new(dtype, n)?,
+        })
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -234,6 +251,14 @@ pub fn attention_paged(q: &[f32], kv: PagedKv, p: &AttnParams, out: &mut [f32]) 
 mod tests {
     use super::*;
     use crate::attention::KvCache;
+
+    /// A pool the allocator refuses, or whose size overflows, is None, not an abort.
+    #[test]
+    fn an_absurd_pool_is_none() {
+        assert!(KvBlocks::try_new(KvDtype::F32, 1 << 30, 1 << 10, 1 << 8, 1 << 8).is_none());
+        assert!(KvBlocks::try_new(KvDtype::F16, usize::MAX / 2, 16, 8, 128).is_none());
+        assert!(KvBlocks::try_new(KvDtype::Bf16, 4, 16, 2, 16).is_some());
+    }
 
     /// Scattered blocks give exactly the contiguous cache's output, for every element type.
     #[test]

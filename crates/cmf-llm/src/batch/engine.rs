@@ -172,7 +172,7 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         Ok(BatchEngine {
             model,
             cfg,
-            layers: cpu_layers(model, &cfg),
+            layers: cpu_layers(model, &cfg)?,
             pool: BlockPool::new(cfg.kv_blocks),
             seqs: HashMap::new(),
             slots: RecurrentSlots::new(model),
@@ -770,9 +770,10 @@ impl<'m, 'a> BatchEngine<'m, 'a> {
         cmf_gpu::facade::log::debug(&format!(
             "batch: the device refused a step ({why}); recomputing on the CPU"
         ));
+        let layers = cpu_layers(self.model, &self.cfg)?;
         self.device = None;
         self.dev_logits = Vec::new();
-        self.layers = cpu_layers(self.model, &self.cfg);
+        self.layers = layers;
         self.pool = BlockPool::new(self.cfg.kv_blocks);
         self.states.clear();
         let mut held: Vec<(SeqId, usize, usize)> = self
@@ -981,8 +982,9 @@ fn checkpoint_plan(prompt_len: usize, from: usize, cached: usize, bs: usize) -> 
 }
 
 /// The CPU pool of `cfg`: per layer, its blocks (none for GatedDeltaNet layers, whose state
-/// lives in the sequence's recurrent slot).
-fn cpu_layers(model: &Model, cfg: &BatchConfig) -> Vec<KvBlocks> {
+/// lives in the sequence's recurrent slot). An error, not an abort, where the allocator refuses
+/// the reservation.
+fn cpu_layers(model: &Model, cfg: &BatchConfig) -> Result<Vec<KvBlocks>> {
     let c = &model.config;
     c.mixers
         .iter()
@@ -992,13 +994,27 @@ fn cpu_layers(model: &Model, cfg: &BatchConfig) -> Vec<KvBlocks> {
             } else {
                 0
             };
-            KvBlocks::new(
+            KvBlocks::try_new(
                 cfg.kv_dtype,
                 blocks,
                 cfg.block_size,
                 c.num_kv_heads,
                 c.head_dim,
             )
+            .ok_or_else(|| {
+                let bytes = 2.0
+                    * (cfg.kv_dtype.bytes() * c.num_kv_heads * c.head_dim) as f64
+                    * (blocks as f64)
+                    * (cfg.block_size as f64);
+                LlmError::Other(format!(
+                    "cannot reserve the KV pool: {blocks} blocks of {} positions × {} KV heads \
+                     × {} = {:.1} GiB a layer; a smaller pool (--kv-pool) needs less",
+                    cfg.block_size,
+                    c.num_kv_heads,
+                    c.head_dim,
+                    bytes / (1u64 << 30) as f64
+                ))
+            })
         })
         .collect()
 }
