@@ -61,6 +61,31 @@ fn backend() -> Option<std::sync::MutexGuard<'static, Arc<CudaBackend>>> {
     gpu_skip::device_or_skip(opened.as_ref()).map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
+/// `model` loaded whole on the device.
+fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> CudaLlm {
+    b.load_cuda_llm(model, opts, &Placement::all(model.spec.num_layers))
+        .unwrap()
+}
+
+/// [`LlmOptions`] with `max_context` positions, the rest default.
+fn context(max_context: usize) -> LlmOptions {
+    LlmOptions {
+        max_context,
+        ..Default::default()
+    }
+}
+
+/// The sampler tests' model: one f32 Qwen3 layer and a vocabulary of `v` (the head's logits are
+/// what they draw from).
+fn sampler_model(v: usize, seed: u64) -> SynthModel {
+    SynthModel::new(
+        qwen3_spec(64, 128, 1, 2, 1, 32, v),
+        Dtype::F32,
+        SynthOptions::QWEN3,
+        seed,
+    )
+}
+
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let (mut num, mut den) = (0f64, 0f64);

@@ -154,22 +154,23 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     }
 }
 
+/// A pool of `blocks` blocks of `block_size` positions, f32 KV, sequences up to 1024 tokens.
+const fn f32_pool(blocks: usize, block_size: usize) -> BatchConfig {
+    BatchConfig {
+        block_size,
+        kv_blocks: blocks,
+        kv_dtype: KvDtype::F32,
+        max_seq_len: 1024,
+    }
+}
+
 fn scheduler<'m, 'a>(
     model: &'m Model<'a>,
     blocks: usize,
     block_size: usize,
     cfg: SchedulerConfig,
 ) -> Scheduler<'m, 'a> {
-    let engine = BatchEngine::new(
-        model,
-        BatchConfig {
-            block_size,
-            kv_blocks: blocks,
-            kv_dtype: KvDtype::F32,
-            max_seq_len: 1024,
-        },
-    )
-    .unwrap();
+    let engine = BatchEngine::new(model, f32_pool(blocks, block_size)).unwrap();
     Scheduler::new(engine, cfg).unwrap()
 }
 

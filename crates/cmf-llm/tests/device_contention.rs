@@ -22,7 +22,7 @@ use cmf_llm::chat::Tokenizer;
 use cmf_llm::engine::{CpuEngine, Engine};
 use cmf_llm::generate::{generate, GenerationConfig};
 use cmf_llm::gpu::{describe, GpuEngine, GpuModel};
-use cmf_llm::{Model, ModelConfig};
+use cmf_llm::Model;
 use common::*;
 use hog::Hog;
 use std::sync::atomic::Ordering;
@@ -38,18 +38,6 @@ const TOKENS: usize = 120;
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The fixture's weights, config, tokenizer and prompt; `f` gets the model built from them.
-fn with_fixture(f: impl FnOnce(&Model, &Tokenizer, &[u32])) {
-    let dir = fixture_dir(FIXTURE);
-    let files = read_weight_files(&dir);
-    let source = SafetensorsSource::new(&files);
-    let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
-    let model = Model::from_source(&source, config, "").unwrap();
-    let tok = Tokenizer::from_bytes(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
-    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
-    f(&model, &tok, &prompt)
 }
 
 /// An engine whose calls are timed: the wall time of every call that may run on the device.
@@ -156,7 +144,7 @@ struct Contention {
 /// on the CPU, and without one the engine stayed on the device.
 fn generation_under_load<L>(gpu: &Gpu, load: impl FnOnce() -> Option<L>) -> Option<Contention> {
     let mut outcome = None;
-    with_fixture(|model, tok, prompt| {
+    with_fixture(FIXTURE, |model, tok, prompt| {
         let want = cpu_ids(model, tok, prompt);
         let mut dev = device_engine(gpu, model);
         let (got, quiet) = run(&mut dev, tok, prompt);
@@ -240,7 +228,7 @@ fn generation_without_memory<L, M>(
     take_while_running: impl FnOnce() -> Option<M>,
 ) -> Option<Memory> {
     let mut outcome = None;
-    with_fixture(|model, tok, prompt| {
+    with_fixture(FIXTURE, |model, tok, prompt| {
         let want = cpu_ids(model, tok, prompt);
         let desc = describe(model, CONTEXT).unwrap();
         let opts = LlmOptions {

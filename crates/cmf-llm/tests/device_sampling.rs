@@ -12,7 +12,7 @@ use cmf_llm::engine::{CpuEngine, Engine};
 use cmf_llm::generate::{generate, GenerationConfig};
 use cmf_llm::gpu::{GpuEngine, GpuModel};
 use cmf_llm::sampling::SamplingParams;
-use cmf_llm::{Model, ModelConfig};
+use cmf_llm::Model;
 use common::*;
 use std::sync::Arc;
 
@@ -39,13 +39,10 @@ fn run(
 
 #[test]
 fn device_sampler_equals_host_sampler_on_seeded_runs() {
-    let dir = fixture_dir("llama-tiny");
-    let files = read_weight_files(&dir);
-    let source = SafetensorsSource::new(&files);
-    let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
-    let model = Model::from_source(&source, config, "").unwrap();
-    let tok = Tokenizer::from_bytes(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
-    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+    with_fixture("llama-tiny", seeded_runs_agree);
+}
+
+fn seeded_runs_agree(model: &Model, tok: &Tokenizer, prompt: &[u32]) {
     let base = SamplingParams::default();
     let cases = [
         base,
@@ -87,13 +84,13 @@ fn device_sampler_equals_host_sampler_on_seeded_runs() {
     let gpu = fake_gpu();
     let mut spread = std::collections::HashSet::new();
     for params in &cases {
-        let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32).unwrap();
-        let want = run(&mut cpu, &tok, &prompt, params);
+        let mut cpu = CpuEngine::new(model, 256, cmf_kernels::KvDtype::F32).unwrap();
+        let want = run(&mut cpu, tok, prompt, params);
         for inject in [u64::MAX, 6] {
-            let g = GpuModel::load(&gpu, &model, 256, None).expect("the fake loads it");
-            let mut dev = GpuEngine::new(&model, g, 256, cmf_kernels::KvDtype::F32);
+            let g = GpuModel::load(&gpu, model, 256, None).expect("the fake loads it");
+            let mut dev = GpuEngine::new(model, g, 256, cmf_kernels::KvDtype::F32);
             gpu.inject_refusal_after(inject);
-            let got = run(&mut dev, &tok, &prompt, params);
+            let got = run(&mut dev, tok, prompt, params);
             gpu.inject_refusal_after(u64::MAX);
             assert_eq!(dev.is_gpu(), inject == u64::MAX, "{params:?}");
             assert_eq!(got, want, "{params:?}, refusal after {inject} calls");
@@ -145,17 +142,15 @@ impl cmf_llm::logits::LogitProcessor for Counted {
 /// beside the grammar keeps the logits on the host.
 #[test]
 fn device_mask_equals_host_mask_on_constrained_runs() {
+    with_fixture("llama-tiny", constrained_runs_agree);
+}
+
+fn constrained_runs_agree(model: &Model, tok: &Tokenizer, prompt: &[u32]) {
     use cmf_llm::constraint::{Grammar, Grammars};
     use cmf_llm::guided::{generate_guided, Hooks, Step};
     use cmf_llm::logits::{LogitBias, LogitProcessor};
-    let dir = fixture_dir("llama-tiny");
-    let files = read_weight_files(&dir);
-    let source = SafetensorsSource::new(&files);
-    let config = ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
-    let model = Model::from_source(&source, config, "").unwrap();
-    let tok_json = std::fs::read(dir.join("tokenizer.json")).unwrap();
-    let tok = Tokenizer::from_bytes(&tok_json).unwrap();
-    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+    // The grammar compiler takes the tokenizer's JSON itself.
+    let tok_json = std::fs::read(fixture_dir("llama-tiny").join("tokenizer.json")).unwrap();
     let grammars = Grammars::new(&tok_json, &[2], model.config.vocab_size).unwrap();
     let schema = serde_json::json!({"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
@@ -186,8 +181,8 @@ fn device_mask_equals_host_mask_on_constrained_runs() {
         let (mut ids, mut text) = (Vec::new(), String::new());
         generate_guided(
             engine,
-            &tok,
-            &prompt,
+            tok,
+            prompt,
             &mut Vec::new(),
             &cfg,
             &mut hooks,
@@ -224,13 +219,13 @@ fn device_mask_equals_host_mask_on_constrained_runs() {
     let gpu = fake_gpu();
     for params in &cases {
         for bias in [false, true] {
-            let mut cpu = CpuEngine::new(&model, 256, cmf_kernels::KvDtype::F32).unwrap();
+            let mut cpu = CpuEngine::new(model, 256, cmf_kernels::KvDtype::F32).unwrap();
             let want = run(&mut cpu, params, bias);
             assert!(want.0.len() > 3, "{params:?}: {want:?}");
             assert_eq!(want.3, 0, "the CPU masks on the host");
             for inject in [u64::MAX, 6] {
-                let g = GpuModel::load(&gpu, &model, 256, None).expect("the fake loads it");
-                let mut dev = GpuEngine::new(&model, g, 256, cmf_kernels::KvDtype::F32);
+                let g = GpuModel::load(&gpu, model, 256, None).expect("the fake loads it");
+                let mut dev = GpuEngine::new(model, g, 256, cmf_kernels::KvDtype::F32);
                 gpu.inject_refusal_after(inject);
                 let got = run(&mut dev, params, bias);
                 gpu.inject_refusal_after(u64::MAX);

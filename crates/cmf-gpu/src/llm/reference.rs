@@ -541,6 +541,16 @@ pub fn forward_token(model: &LlmModel, token: u32, pos: usize, cache: &mut RefCa
     head(model, &x)
 }
 
+/// The logits of the last of `tokens`, run one at a time from position 0 on a fresh cache.
+pub fn last_logits(model: &LlmModel, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = RefCache::new(model.spec.num_layers);
+    let mut logits = Vec::new();
+    for (pos, &t) in tokens.iter().enumerate() {
+        logits = forward_token(model, t, pos, &mut cache);
+    }
+    logits
+}
+
 /// Index of the largest logit (the first one on ties, as `torch.argmax`).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;

@@ -6,11 +6,6 @@ use super::*;
 use cmf_gpu::llm::batch::{paged_attention_reference, q8_gemm_reference};
 use cmf_gpu::llm::batch_check::staggered_run;
 
-fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> CudaLlm {
-    b.load_cuda_llm(model, opts, &Placement::all(model.spec.num_layers))
-        .unwrap()
-}
-
 #[test]
 fn paged_attention_matches_reference() {
     let Some(b) = backend() else { return };
@@ -260,20 +255,8 @@ fn batched_sampler_matches_the_host_and_the_single_sequence_sampler() {
     ];
     let (mut runs, mut differ, mut alone_runs) = (0usize, Vec::new(), 0usize);
     for (v, seed) in [(32_003usize, 11u64), (151_936, 12)] {
-        let m = SynthModel::new(
-            qwen3_spec(64, 128, 1, 2, 1, 32, v),
-            Dtype::F32,
-            SynthOptions::QWEN3,
-            seed,
-        );
-        let mut dev = load(
-            &b,
-            &m.model(),
-            &LlmOptions {
-                max_context: 512,
-                ..Default::default()
-            },
-        );
+        let m = sampler_model(v, seed);
+        let mut dev = load(&b, &m.model(), &context(512));
         let mut rng = Rng::new(seed);
         let mut seen = std::collections::HashSet::new();
         for round in 0..6u64 {

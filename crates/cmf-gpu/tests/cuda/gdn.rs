@@ -287,13 +287,7 @@ fn prefill_state_equals_token_by_token_decode() {
         bb.decode(t, i, &Sampler::Greedy, false, &mut out).unwrap();
     }
     let lb = step(&mut bb);
-    let mut cache = RefCache::new(model.spec.num_layers);
-    let want = p
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| reference::forward_token(&model, t, i, &mut cache))
-        .last()
-        .unwrap();
+    let want = reference::last_logits(&model, &p);
     let (ab, ar) = (rel_err(&la, &lb), rel_err(&la, &want));
     println!("state after prefill vs decode: next logits {ab:.2e}, vs reference {ar:.2e}");
     assert!(ab < 1e-4 && ar < 1e-4, "{ab} {ar}");
@@ -357,13 +351,7 @@ fn masked_decode_keeps_the_recurrent_position() {
     let mut out = DecodeOutput::default();
     dev.decode(p[22], 22, &Sampler::Greedy, true, &mut out)
         .unwrap();
-    let mut cache = RefCache::new(model.spec.num_layers);
-    let want = p
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| reference::forward_token(&model, t, i, &mut cache))
-        .last()
-        .unwrap();
+    let want = reference::last_logits(&model, &p);
     let e = rel_err(&out.logits, &want);
     println!("plain decode after masked decodes: {e:.2e} against the reference");
     assert!(e < 1e-4, "{e}");

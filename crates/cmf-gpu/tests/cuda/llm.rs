@@ -10,11 +10,6 @@ fn tiny_spec(head_dim: usize, window: Option<usize>) -> LlmSpec {
     s
 }
 
-fn load(b: &CudaBackend, model: &LlmModel, opts: &LlmOptions) -> CudaLlm {
-    b.load_cuda_llm(model, opts, &Placement::all(model.spec.num_layers))
-        .unwrap()
-}
-
 /// How a test sets up the loaded model before [`compare_model`] runs it.
 #[derive(Clone, Copy, Default)]
 struct Setup {
@@ -483,20 +478,8 @@ fn device_sampler_matches_the_host_on_flat_tied_and_odd_vocabularies() {
     };
     let (mut runs, mut differ) = (0usize, Vec::new());
     for (v, seed) in [(151_936usize, 1u64), (151_937, 2), (4099, 3), (300, 4)] {
-        let m = SynthModel::new(
-            qwen3_spec(64, 128, 1, 2, 1, 32, v),
-            Dtype::F32,
-            SynthOptions::QWEN3,
-            seed,
-        );
-        let mut dev = load(
-            &b,
-            &m.model(),
-            &LlmOptions {
-                max_context: 64,
-                ..Default::default()
-            },
-        );
+        let m = sampler_model(v, seed);
+        let mut dev = load(&b, &m.model(), &context(64));
         let mut rng = Rng::new(seed);
         let flat: Vec<f32> = (0..v).map(|_| 0.05 * rng.uniform()).collect();
         let tied: Vec<f32> = (0..v)

@@ -6,15 +6,6 @@
 use super::*;
 use cmf_gpu::llm::sample::{apply_token_mask, mask_words, sample, SampleSpec};
 
-fn load(b: &CudaBackend, model: &LlmModel, max_context: usize) -> CudaLlm {
-    let opts = LlmOptions {
-        max_context,
-        ..Default::default()
-    };
-    b.load_cuda_llm(model, &opts, &Placement::all(model.spec.num_layers))
-        .unwrap()
-}
-
 /// Uniform in [0, 1).
 fn unit(rng: &mut Rng) -> f32 {
     (rng.uniform() + 1.0) * 0.5
@@ -41,13 +32,8 @@ fn random_mask(rng: &mut Rng, v: usize, density: f32) -> Vec<u32> {
 fn mask_kernel_matches_the_host() {
     let Some(b) = backend() else { return };
     for (v, seed) in [(300usize, 1u64), (4099, 2), (151_937, 3)] {
-        let m = SynthModel::new(
-            qwen3_spec(64, 128, 1, 2, 1, 32, v),
-            Dtype::F32,
-            SynthOptions::QWEN3,
-            seed,
-        );
-        let mut dev = load(&b, &m.model(), 16);
+        let m = sampler_model(v, seed);
+        let mut dev = load(&b, &m.model(), &context(16));
         let mut rng = Rng::new(seed);
         for density in [0.0, 0.01, 0.5, 1.0] {
             let logits: Vec<f32> = (0..v).map(|_| 4.0 * rng.uniform()).collect();
@@ -74,7 +60,7 @@ fn masked_decode_draws_the_host_token_among_the_allowed() {
         SynthOptions::QWEN3,
         7,
     );
-    let mut dev = load(&b, &m.model(), 64);
+    let mut dev = load(&b, &m.model(), &context(64));
     let prompt = [3u32, 5, 3, 9, 3];
     let mut none = Vec::new();
     dev.prefill(&prompt[..4], 0, Logits::None, &mut none)

@@ -23,18 +23,42 @@ fn device_scheduler<'m, 'a>(
     )
     .unwrap();
     assert!(dev.blocks() >= blocks, "{dev:?}");
-    let engine = BatchEngine::on_device(
-        model,
-        BatchConfig {
-            block_size,
-            kv_blocks: blocks,
-            kv_dtype: KvDtype::F32,
-            max_seq_len: 1024,
-        },
-        dev,
-    )
-    .unwrap();
+    let engine = BatchEngine::on_device(model, f32_pool(blocks, block_size), dev).unwrap();
     Scheduler::new(engine, cfg).unwrap()
+}
+
+/// The engine-level tests' pool: 16 blocks of 16 positions, f32.
+const SMALL_POOL: BatchConfig = f32_pool(16, 16);
+
+/// A batched engine on `gpu`'s device over [`SMALL_POOL`].
+fn small_device_engine<'m, 'a>(
+    gpu: &cmf_gpu::facade::Gpu,
+    model: &'m Model<'a>,
+) -> BatchEngine<'m, 'a> {
+    let dev = DeviceBatch::load(gpu, model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
+    BatchEngine::on_device(model, SMALL_POOL, dev).unwrap()
+}
+
+/// Adds each prompt to every engine (the same sequence id in each) with its whole length
+/// reserved; the work of one step that prefills them all.
+fn add_to_all(engines: &mut [&mut BatchEngine], prompts: &[Vec<u32>]) -> Vec<cmf_llm::batch::Work> {
+    prompts
+        .iter()
+        .map(|p| {
+            let ids: Vec<_> = engines
+                .iter_mut()
+                .map(|e| e.add(p.clone()).unwrap())
+                .collect();
+            assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+            for e in engines.iter_mut() {
+                assert!(e.reserve(ids[0], p.len()));
+            }
+            cmf_llm::batch::Work {
+                seq: ids[0],
+                tokens: p.len(),
+            }
+        })
+        .collect()
 }
 
 /// Whether every step ran on the device, or the contention guard gave it up on timing alone (a
@@ -151,26 +175,14 @@ fn fake_device_greedy_steps_match_logits() {
     let f = fixture("mistral-tiny");
     let source = SafetensorsSource::new(&f.files);
     let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-    let cfg = BatchConfig {
-        block_size: 16,
-        kv_blocks: 16,
-        kv_dtype: KvDtype::F32,
-        max_seq_len: 1024,
-    };
-    let load = || DeviceBatch::load(&gpu, &model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
-    let mut a = BatchEngine::on_device(&model, cfg, load()).unwrap();
-    let mut b = BatchEngine::on_device(&model, cfg, load()).unwrap();
-    let mut work = Vec::new();
-    for (i, len) in [3usize, 20, 9].into_iter().enumerate() {
-        let p = prompt(40 + i as u32, len);
-        let (x, y) = (a.add(p.clone()).unwrap(), b.add(p).unwrap());
-        assert_eq!(x, y);
-        assert!(a.reserve(x, len) && b.reserve(y, len));
-        work.push(cmf_llm::batch::Work {
-            seq: x,
-            tokens: len,
-        });
-    }
+    let mut a = small_device_engine(&gpu, &model);
+    let mut b = small_device_engine(&gpu, &model);
+    let prompts: Vec<Vec<u32>> = [3usize, 20, 9]
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| prompt(40 + i as u32, len))
+        .collect();
+    let work = add_to_all(&mut [&mut a, &mut b], &prompts);
     let ids = a.step_greedy(&work).unwrap();
     let v = model.config.vocab_size;
     let want: Vec<u32> = b
@@ -330,16 +342,9 @@ fn fake_device_sampled_steps_match_the_host_sampler() {
     let f = fixture("mistral-tiny");
     let source = SafetensorsSource::new(&f.files);
     let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-    let cfg = BatchConfig {
-        block_size: 16,
-        kv_blocks: 16,
-        kv_dtype: KvDtype::F32,
-        max_seq_len: 1024,
-    };
-    let load = || DeviceBatch::load(&gpu, &model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
-    let mut dev = BatchEngine::on_device(&model, cfg, load()).unwrap();
-    let mut cpu = BatchEngine::new(&model, cfg).unwrap();
-    let mut plain = BatchEngine::on_device(&model, cfg, load()).unwrap();
+    let mut dev = small_device_engine(&gpu, &model);
+    let mut cpu = BatchEngine::new(&model, SMALL_POOL).unwrap();
+    let mut plain = small_device_engine(&gpu, &model);
     let specs = [
         SamplingParams {
             temperature: 1.5,
@@ -363,20 +368,13 @@ fn fake_device_sampled_steps_match_the_host_sampler() {
             ..SamplingParams::default()
         },
     ];
-    let mut work = Vec::new();
-    let mut prompts = Vec::new();
-    for (i, len) in [3usize, 20, 9].into_iter().enumerate() {
-        // Repeated ids, so the penalties change the logits.
-        let p: Vec<u32> = prompt(40 + i as u32, len).iter().map(|t| t % 7).collect();
-        let seq = dev.add(p.clone()).unwrap();
-        assert_eq!(cpu.add(p.clone()).unwrap(), seq);
-        assert_eq!(plain.add(p.clone()).unwrap(), seq);
-        for e in [&mut dev, &mut cpu, &mut plain] {
-            assert!(e.reserve(seq, len));
-        }
-        work.push(cmf_llm::batch::Work { seq, tokens: len });
-        prompts.push(p);
-    }
+    // Repeated ids, so the penalties change the logits.
+    let prompts: Vec<Vec<u32>> = [3usize, 20, 9]
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| prompt(40 + i as u32, len).iter().map(|t| t % 7).collect())
+        .collect();
+    let work = add_to_all(&mut [&mut dev, &mut cpu, &mut plain], &prompts);
     // A sampler count that does not match the outputs is an error, and nothing runs.
     assert!(dev.step_sampled(&work, &specs[..2]).is_err());
     let got = dev.step_sampled(&work, &specs).unwrap();

@@ -15,16 +15,7 @@ pub(super) fn scheduler_with_states<'m, 'a>(
     cfg: SchedulerConfig,
     state_bytes: usize,
 ) -> Scheduler<'m, 'a> {
-    let mut engine = BatchEngine::new(
-        model,
-        BatchConfig {
-            block_size,
-            kv_blocks: blocks,
-            kv_dtype: KvDtype::F32,
-            max_seq_len: 1024,
-        },
-    )
-    .unwrap();
+    let mut engine = BatchEngine::new(model, f32_pool(blocks, block_size)).unwrap();
     engine.set_state_cache(state_bytes);
     assert!(engine.reuses_prefixes());
     Scheduler::new(engine, cfg).unwrap()
@@ -57,12 +48,7 @@ fn hybrid_resumed_logits_equal_a_fresh_computation() {
         let f = fixture(name);
         let source = SafetensorsSource::new(&f.files);
         let model = Model::from_source(&source, f.config.clone(), "").unwrap();
-        let cfg = BatchConfig {
-            block_size: 16,
-            kv_blocks: 64,
-            kv_dtype: KvDtype::F32,
-            max_seq_len: 1024,
-        };
+        let cfg = f32_pool(64, 16);
         let system = prompt(99, 120);
         let second = joined(&[&system, &prompt(2, 9)]);
 
@@ -196,16 +182,7 @@ fn hybrid_checkpoints_under_pressure_never_go_stale() {
             max_running: 3,
             step_tokens: 8 + rng.below(40) as usize,
         };
-        let probe = BatchEngine::new(
-            &model,
-            BatchConfig {
-                block_size: 4,
-                kv_blocks: 1,
-                kv_dtype: KvDtype::F32,
-                max_seq_len: 1024,
-            },
-        )
-        .unwrap();
+        let probe = BatchEngine::new(&model, f32_pool(1, 4)).unwrap();
         let budget = 3 * (probe.slot_bytes() + 512);
         let mut s = scheduler_with_states(&model, 40, 4, cfg, budget);
         let bases: Vec<Vec<u32>> = (0..3)

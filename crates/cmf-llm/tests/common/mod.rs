@@ -87,6 +87,23 @@ pub fn expected_matrix(dir: &std::path::Path, name: &str) -> (Vec<f32>, usize) {
     (v, t.shape()[1])
 }
 
+/// Fixture `name`'s model (its safetensors and config), tokenizer and `expected.json` prompt
+/// ids; `f` gets them.
+pub fn with_fixture<R>(
+    name: &str,
+    f: impl FnOnce(&cmf_llm::Model, &cmf_llm::chat::Tokenizer, &[u32]) -> R,
+) -> R {
+    let dir = fixture_dir(name);
+    let files = read_weight_files(&dir);
+    let source = SafetensorsSource::new(&files);
+    let config = cmf_llm::ModelConfig::from_json(&read_json(dir.join("config.json"))).unwrap();
+    let model = cmf_llm::Model::from_source(&source, config, "").unwrap();
+    let tok_json = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let tok = cmf_llm::chat::Tokenizer::from_bytes(&tok_json).unwrap();
+    let prompt = ids(&read_json(dir.join("expected.json"))["prompt_ids"]);
+    f(&model, &tok, &prompt)
+}
+
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
