@@ -12,8 +12,9 @@
 # Stage on the development machine (the tree travels with `.dev` and `.anchor` carried):
 #   .dev/bin/cmf(.xz)                         release `cmf`, stripped
 #   .anchor/llamacpp-src.tgz (or .txz)       llama.cpp source (../shared/bench/README.md)
-#   .anchor/qwen3moe-template.gguf(.xz)       any Qwen3-family GGUF from llama.cpp's converter
-#                                             (only its tokenizer metadata is used)
+#   .anchor/qwen3moe-template.gguf(.xz)       any Qwen3-family GGUF from llama.cpp's converter, or
+#                                             bench/make_gguf_template.py's from the tokenizer
+#                                             files (only its tokenizer metadata is used)
 #   .anchor/loadgen.py                        ../shared/bench/loadgen.py (serve phase)
 # Run on the GPU machine from the repository root; phases are idempotent (run it again on the
 # same warm machine to finish what the deadline cut):

@@ -21,7 +21,9 @@ use cmf_gpu::cuda::CudaBackend;
 use cmf_gpu::facade::{Backend, GpuMode, LayerSet, LlmDevice, Placement};
 use cmf_gpu::llm::reference::{self, RefCache};
 use cmf_gpu::llm::synth::{qwen3_spec, random_matrix, Rng, SynthModel, SynthOptions};
-use cmf_gpu::llm::{DecodeOutput, KvPrecision, LlmModel, LlmOptions, LlmSpec, Logits, Sampler};
+use cmf_gpu::llm::{
+    BatchKernels, DecodeOutput, KvPrecision, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
+};
 use cmf_gpu::Gpu;
 use cmf_kernels::Weight;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -264,6 +264,25 @@ pub fn q8_gemm_reference(w: &[i8], scales: &[half::f16], k: usize, x: &[f32]) ->
     out
 }
 
+/// The batched step's W8A16 GEMM in plain arithmetic: each input rounded to bf16, times the s8
+/// weights, summed in f64, times the weight row's scale. `w` s8 `[n, k]`, `x` `[t, k]`; returns
+/// `[t, n]`.
+pub fn w8_bf16_gemm_reference(w: &[i8], scales: &[half::f16], k: usize, x: &[f32]) -> Vec<f32> {
+    let (n, t) = (scales.len(), x.len() / k);
+    let xb: Vec<f64> = x
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32() as f64)
+        .collect();
+    let mut out = vec![0f32; t * n];
+    for r in 0..t {
+        for c in 0..n {
+            let s: f64 = (0..k).map(|i| xb[r * k + i] * w[c * k + i] as f64).sum();
+            out[r * n + c] = (s * scales[c].to_f32() as f64) as f32;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

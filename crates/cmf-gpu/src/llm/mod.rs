@@ -301,6 +301,33 @@ pub struct LlmOptions {
     /// f32 everywhere the backend would otherwise round for speed: f32 KV cache, prefill
     /// GEMMs in f32 (weights dequantised to f32, no bf16 operands). For parity checks.
     pub precise: bool,
+    /// The batched step's kernels (default: [`ENV_BATCH_KERNELS`], else the verified ones).
+    pub batch_kernels: BatchKernels,
+}
+
+/// Diagnostics switch: `CMF_GPU_BATCH_KERNELS=next` runs the batched step on kernels whose parity
+/// tests compile but have not yet run on a device ([`BatchKernels::Next`]).
+pub const ENV_BATCH_KERNELS: &str = "CMF_GPU_BATCH_KERNELS";
+
+/// Which kernels the device's batched step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKernels {
+    /// Run on an H100 (2026-12-07): the paged attention in rounds of 32 keys (a block per row
+    /// and kv head) and the int8 GEMM (s8 inputs in blocks of 32) in steps of up to 16 rows.
+    Verified,
+    /// Not yet run on a device: the paged attention split over the keys (flash-decoding) and the
+    /// W8A16 GEMM (bf16 inputs, s8 weights widened in registers) in steps of up to 256 rows.
+    Next,
+}
+
+impl BatchKernels {
+    /// [`ENV_BATCH_KERNELS`]'s choice.
+    pub fn from_env() -> BatchKernels {
+        match std::env::var(ENV_BATCH_KERNELS).as_deref() {
+            Ok("next") => BatchKernels::Next,
+            _ => BatchKernels::Verified,
+        }
+    }
 }
 
 impl Default for LlmOptions {
@@ -310,6 +337,7 @@ impl Default for LlmOptions {
             kv: KvPrecision::Auto,
             prefill_chunk: 4096,
             precise: false,
+            batch_kernels: BatchKernels::from_env(),
         }
     }
 }

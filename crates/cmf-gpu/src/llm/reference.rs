@@ -13,7 +13,62 @@ use super::{
     AttentionWeights, Ffn, GdnGeometry, GdnWeights, LayerWeights, LlmModel, LlmSpec, Mixer, Mlp,
     MoeWeights, NormStyle, Routing,
 };
-use cmf_kernels::reference::{decode_row, matvec};
+use cmf_kernels::reference::decode_row;
+use std::cell::Cell;
+
+/// How the input of a q8_row matrix product is rounded, as the device rounds it: its prefill
+/// GEMMs read bf16 rows, its decode matvecs (and the CPU engine's) quantise the row in blocks of
+/// 32 to s8 at scale amax / 127, ties to even.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q8Inputs {
+    /// f32, unrounded (the default).
+    F32,
+    Bf16,
+    S8Blocks32,
+}
+
+thread_local! {
+    /// Set inside [`with_q8_inputs`].
+    static Q8_INPUTS: Cell<Q8Inputs> = const { Cell::new(Q8Inputs::F32) };
+}
+
+/// Runs `f` with the input of every q8_row matrix product rounded as `r` says, so that an 8-bit
+/// device result can be held to the arithmetic it runs rather than to f32 inputs. Small random
+/// models can be far more sensitive to that rounding than trained ones: the hybrid test model
+/// moves 1.7e-1 from s8 inputs alone and 1.1e-1 from bf16 inputs.
+pub fn with_q8_inputs<T>(r: Q8Inputs, f: impl FnOnce() -> T) -> T {
+    struct Reset(Q8Inputs);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            Q8_INPUTS.with(|s| s.set(self.0));
+        }
+    }
+    let _reset = Reset(Q8_INPUTS.with(|s| s.replace(r)));
+    f()
+}
+
+/// `y = w · x`, a q8_row matrix's input rounded first as [`with_q8_inputs`] says.
+fn matvec(w: &cmf_kernels::Weight, x: &[f32], y: &mut [f32]) {
+    let rounding = Q8_INPUTS.with(Cell::get);
+    if w.dtype != cmf_format::Dtype::Q8Row || rounding == Q8Inputs::F32 {
+        return cmf_kernels::reference::matvec(w, x, y);
+    }
+    let mut q = x.to_vec();
+    if rounding == Q8Inputs::Bf16 {
+        q.iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+    } else {
+        for block in q.chunks_mut(32) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            for v in block.iter_mut() {
+                *v = (*v * inv).round_ties_even() * d;
+            }
+        }
+    }
+    cmf_kernels::reference::matvec(w, &q, y)
+}
 
 /// The KV cache of the reference forward: per layer, `[S, NKV·D]` keys and values; for a
 /// GatedDeltaNet layer its recurrent state instead.
@@ -560,4 +615,67 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::synth::{random_matrix, Rng};
+    use cmf_format::Dtype;
+
+    /// Inside `with_q8_inputs` a q8_row product reads its input rounded (bf16, or s8 in blocks
+    /// of 32 with an outlier flattening only its own block), other codecs read it as is, and
+    /// the rounding ends with the call, also when it panics.
+    #[test]
+    fn q8_inputs_round_only_q8_products_and_only_inside() {
+        let (n, k) = (8, 96);
+        let q8 = random_matrix(Dtype::Q8Row, n, k, 0.1, 1);
+        let f32m = random_matrix(Dtype::F32, n, k, 0.1, 2);
+        let wq = cmf_kernels::Weight {
+            dtype: Dtype::Q8Row,
+            rows: n,
+            cols: k,
+            data: &q8,
+        };
+        let wf = cmf_kernels::Weight {
+            dtype: Dtype::F32,
+            data: &f32m,
+            ..wq
+        };
+        let mut x = Rng::new(3).vec(k, 1.0);
+        x[40] = 50.0;
+        let product = |w: &cmf_kernels::Weight, x: &[f32]| {
+            let mut y = vec![0f32; n];
+            matvec(w, x, &mut y);
+            y
+        };
+        let plain = product(&wq, &x);
+        let bf16: Vec<f32> = x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect();
+        assert_eq!(
+            with_q8_inputs(Q8Inputs::Bf16, || product(&wq, &x)),
+            product(&wq, &bf16)
+        );
+        let mut s8 = x.clone();
+        for b in s8.chunks_mut(32) {
+            let d = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            b.iter_mut()
+                .for_each(|v| *v = (*v / d).round_ties_even() * d);
+        }
+        // The outlier's block is coarse, the others are not.
+        assert!((s8[3] - x[3]).abs() < 0.01 && (s8[33] - x[33]).abs() > 0.0);
+        assert_eq!(
+            with_q8_inputs(Q8Inputs::S8Blocks32, || product(&wq, &x)),
+            product(&wq, &s8)
+        );
+        assert_ne!(product(&wq, &s8), plain);
+        assert_eq!(
+            with_q8_inputs(Q8Inputs::S8Blocks32, || product(&wf, &x)),
+            product(&wf, &x)
+        );
+        let _ = std::panic::catch_unwind(|| with_q8_inputs(Q8Inputs::Bf16, || panic!("inside")));
+        assert_eq!(product(&wq, &x), plain);
+    }
 }

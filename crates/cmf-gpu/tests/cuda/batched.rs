@@ -3,7 +3,7 @@
 //! sequences (prompt chunks beside decode rows, a shared prefix), as logits and arg-max ids.
 
 use super::*;
-use cmf_gpu::llm::batch::{paged_attention_reference, q8_gemm_reference};
+use cmf_gpu::llm::batch::{paged_attention_reference, q8_gemm_reference, w8_bf16_gemm_reference};
 use cmf_gpu::llm::batch_check::staggered_run;
 
 #[test]
@@ -11,8 +11,8 @@ fn paged_attention_matches_reference() {
     let Some(b) = backend() else { return };
     let dev = b.device().clone();
     eprintln!(
-        "{:>4} {:>3} {:>4} {:>6} {:>10}",
-        "hd", "gqa", "f32", "window", "rel err"
+        "{:>4} {:>3} {:>4} {:>6} {:>10} {:>10}",
+        "hd", "gqa", "f32", "window", "kernel", "rel err"
     );
     for &(nh, nkv, d, kv_f32, window) in &[
         (8, 2, 128, false, 0),
@@ -74,24 +74,42 @@ fn paged_attention_matches_reference() {
             bs,
             &mut want,
         );
-        let got = cmf_gpu::cuda::llm::paged_attention_probe(
-            &dev,
-            (nh, nkv, d),
-            kv_f32,
-            &q,
-            &kp,
-            &vp,
-            scale,
-            window,
-            &row_pos,
-            &row_seq,
-            &tabs,
-            bs,
-        )
-        .unwrap();
-        let e = rel_err(&got, &want);
-        eprintln!("{d:>4} {:>3} {kv_f32:>4} {window:>6} {e:>10.2e}", nh / nkv);
-        assert!(e < 1e-5, "hd {d} gqa {} f32 {kv_f32}: {e}", nh / nkv);
+        // The rounds kernel; the split one with one run, a few, and more runs than some rows
+        // have tiles (empty runs).
+        use cmf_gpu::cuda::llm::PagedKernel;
+        for kernel in [
+            PagedKernel::Rounds,
+            PagedKernel::Split(1),
+            PagedKernel::Split(3),
+            PagedKernel::Split(32),
+        ] {
+            let got = cmf_gpu::cuda::llm::paged_attention_probe(
+                &dev,
+                (nh, nkv, d),
+                kv_f32,
+                &q,
+                &kp,
+                &vp,
+                scale,
+                window,
+                &row_pos,
+                &row_seq,
+                &tabs,
+                bs,
+                kernel,
+            )
+            .unwrap();
+            let e = rel_err(&got, &want);
+            eprintln!(
+                "{d:>4} {:>3} {kv_f32:>4} {window:>6} {kernel:>10?} {e:>10.2e}",
+                nh / nkv
+            );
+            assert!(
+                e < 1e-5,
+                "hd {d} gqa {} f32 {kv_f32} {kernel:?}: {e}",
+                nh / nkv
+            );
+        }
     }
 }
 
@@ -100,8 +118,8 @@ fn q8_gemm_matches_reference() {
     let Some(b) = backend() else { return };
     let dev = b.device().clone();
     eprintln!(
-        "{:>5} {:>5} {:>4} {:>10} {:>10}",
-        "n", "k", "t", "rel err", "vs f32"
+        "{:>5} {:>5} {:>4} {:>5} {:>10} {:>10}",
+        "n", "k", "t", "bf16", "rel err", "vs f32"
     );
     // Rows past a block's 16/32/64, chunks of 256/512 cut short, input tiles of 64 cut short.
     for &(n, k, t) in &[
@@ -113,8 +131,11 @@ fn q8_gemm_matches_reference() {
         (96, 2048, 64),
         (200, 352, 65),
         (33, 640, 130),
+        (1024, 4096, 64),
+        (300, 12288, 128),
     ] {
-        {
+        // s8 inputs in blocks of 32, then bf16 inputs (K split over blocks on the last shapes).
+        for bf16_inputs in [false, true] {
             let mut rng = Rng::new((n * k + t) as u64);
             let w: Vec<i8> = (0..n * k)
                 .map(|_| ((rng.next_u64() % 255) as i32 - 127) as i8)
@@ -127,7 +148,11 @@ fn q8_gemm_matches_reference() {
             for r in 0..t {
                 x[r * k + 3] = 40.0;
             }
-            let want = q8_gemm_reference(&w, &scales, k, &x);
+            let want = if bf16_inputs {
+                w8_bf16_gemm_reference(&w, &scales, k, &x)
+            } else {
+                q8_gemm_reference(&w, &scales, k, &x)
+            };
             // Written into columns 5.. of wider rows, on top of a residual (accumulate).
             let (ldc, col0) = (n + 9, 5);
             let resid = rng.vec(t * ldc, 1.0);
@@ -139,6 +164,7 @@ fn q8_gemm_matches_reference() {
                 &x,
                 &mut got,
                 (ldc, col0, true),
+                bf16_inputs,
             )
             .unwrap();
             let mut sums = vec![0f32; t * n];
@@ -164,7 +190,7 @@ fn q8_gemm_matches_reference() {
                 }
             }
             let ef = rel_err(&sums, &exact);
-            eprintln!("{n:>5} {k:>5} {t:>4} {e:>10.2e} {ef:>10.2e}");
+            eprintln!("{n:>5} {k:>5} {t:>4} {bf16_inputs:>5} {e:>10.2e} {ef:>10.2e}");
             assert!(e < 1e-5, "n {n} k {k} t {t}: {e}");
             assert!(ef < 2e-2, "n {n} k {k} t {t}: {ef} against f32");
         }
@@ -175,8 +201,8 @@ fn q8_gemm_matches_reference() {
 fn batched_step_matches_reference() {
     let Some(b) = backend() else { return };
     eprintln!(
-        "{:<6} {:>3} {:>6} {:>10} {:>8} {:>7}",
-        "codec", "hd", "greedy", "rel err", "argmax≠", "outputs"
+        "{:<6} {:>3} {:>8} {:>6} {:>10} {:>8} {:>7}",
+        "codec", "hd", "kernels", "greedy", "rel err", "argmax≠", "outputs"
     );
     for &(dtype, hd, bias, tol) in &[
         (Dtype::F32, 64, false, 1e-4),
@@ -197,12 +223,21 @@ fn batched_step_matches_reference() {
         };
         let m = SynthModel::new(spec, dtype, opts, 21);
         let model = m.model();
-        for greedy in [false, true] {
-            let mut dev = load(&b, &model, &LlmOptions::default());
+        let kernels = [BatchKernels::Verified, BatchKernels::Next];
+        for (greedy, kernels) in [false, true]
+            .into_iter()
+            .flat_map(|g| kernels.map(|k| (g, k)))
+        {
+            let opts = LlmOptions {
+                batch_kernels: kernels,
+                ..LlmOptions::default()
+            };
+            let mut dev = load(&b, &model, &opts);
             let r = staggered_run(&mut dev, &model, greedy, 4).unwrap();
             eprintln!(
-                "{:<6} {hd:>3} {greedy:>6} {:>10.2e} {:>8} {:>7}",
+                "{:<6} {hd:>3} {:>8} {greedy:>6} {:>10.2e} {:>8} {:>7}",
                 format!("{dtype:?}"),
+                format!("{kernels:?}"),
                 r.max_rel_err,
                 r.argmax_mismatches,
                 r.outputs

@@ -6,6 +6,7 @@
 //! refused. f32 weights: only the summation order differs, logits < 1e-4, greedy identical.
 
 use super::*;
+use cmf_gpu::llm::reference::Q8Inputs;
 use cmf_gpu::llm::{
     AttentionWeights, Ffn, GdnGeometry, GdnWeights, LayerWeights, Mixer, Mlp, NormStyle, RopeSpec,
 };
@@ -200,29 +201,31 @@ fn prompt(n: usize) -> Vec<u32> {
 }
 
 /// Prefill in chunks of 16 (every position's logits) and 12 teacher-forced decode steps
-/// against the reference, which runs the recurrence one token at a time: f32 weights within
-/// 1e-4 and identical greedy ids. q8 weights are refused at load (they were 1.7e-1 off the
-/// reference where the dense models' 8-bit bound is 6e-2); once they run, they are held to 6e-2.
+/// against the reference, which runs the recurrence one token at a time. f32 weights: within
+/// 1e-4 (summation order only), identical greedy ids. q8_row weights: against the reference with
+/// the q8 products' inputs rounded as the device rounds them (`with_q8_inputs`: bf16 in the
+/// prefill GEMMs, s8 blocks in the decode matvecs), within 1e-2 and identical greedy ids. This
+/// small random model moves 1.1e-1 (bf16) to 1.7e-1 (s8) from that rounding alone, the size of
+/// the 1.5e-1 to 1.7e-1 an H100 measured against f32 inputs and far over the dense models' 8-bit
+/// bound of 6e-2; a perturbation of 3e-7 in its inputs moves the rounded reference by 7e-7, so
+/// 1e-2 leaves room for summation order and the odd rounding flip, not for a wrong product.
 #[test]
 fn hybrid_model_matches_the_reference() {
     let Some(b) = backend() else { return };
-    hybrid_against_reference(&b, Dtype::F32);
-    let m = Hybrid::new(7, Dtype::Q8Row);
-    let model = m.model();
-    let err = b
-        .load_cuda_llm(&model, &opts(16), &Placement::all(model.spec.num_layers))
-        .err()
-        .expect("a hybrid with q8 weights is refused");
-    assert!(err.to_string().contains("f32 weights only"), "{err}");
+    hybrid_against_reference(&b, Dtype::F32, 1e-4);
+    hybrid_against_reference(&b, Dtype::Q8Row, 1e-2);
 }
 
-fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype) {
+fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype, tol: f64) {
     let m = Hybrid::new(7, dtype);
     let model = m.model();
     model.validate().unwrap();
     let mut dev = b
         .load_cuda_llm(&model, &opts(16), &Placement::all(model.spec.num_layers))
         .expect("the hybrid loads");
+    let reference_token = |t: u32, pos: usize, cache: &mut RefCache, r: Q8Inputs| {
+        reference::with_q8_inputs(r, || reference::forward_token(&model, t, pos, cache))
+    };
     let v = model.spec.vocab;
     let p = prompt(40);
     let mut got = vec![f32::NAN; p.len() * v];
@@ -230,7 +233,7 @@ fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype) {
     let mut cache = RefCache::new(model.spec.num_layers);
     let (mut e_prefill, mut last) = (0f64, Vec::new());
     for (i, &t) in p.iter().enumerate() {
-        last = reference::forward_token(&model, t, i, &mut cache);
+        last = reference_token(t, i, &mut cache, Q8Inputs::Bf16);
         e_prefill = e_prefill.max(rel_err(&got[i * v..(i + 1) * v], &last));
     }
     let (mut e_decode, mut differ) = (0f64, 0);
@@ -240,21 +243,20 @@ fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype) {
         let mut out = DecodeOutput::default();
         dev.decode(tok, pos, &Sampler::Greedy, true, &mut out)
             .unwrap();
-        let want = reference::forward_token(&model, tok, pos, &mut cache);
+        let want = reference_token(tok, pos, &mut cache, Q8Inputs::S8Blocks32);
         e_decode = e_decode.max(rel_err(&out.logits, &want));
         let t = reference::argmax(&want);
         differ += (out.token != t) as usize;
         tok = t;
     }
-    println!("hybrid {dtype}: prefill {e_prefill:.2e}, decode {e_decode:.2e}, {differ} ids differ");
-    let tol = if dtype == Dtype::F32 { 1e-4 } else { 6e-2 };
+    eprintln!(
+        "hybrid {dtype}: prefill {e_prefill:.2e}, decode {e_decode:.2e}, {differ} ids differ"
+    );
     assert!(
         e_prefill < tol && e_decode < tol,
         "{dtype}: {e_prefill} {e_decode}"
     );
-    if dtype == Dtype::F32 {
-        assert_eq!(differ, 0);
-    }
+    assert_eq!(differ, 0, "{dtype}: greedy ids differ");
 }
 
 /// The state after a 40-token prefill (chunks of 16) equals the state after one token of

@@ -21,7 +21,8 @@ pub const ATTENTION_PAGED: &str = concat!(
     include_str!("../runtime/kernels/rope_rows.cuh"),
     include_str!("kernels/attention_paged.cu")
 );
-/// The batched step's q8_row GEMMs on int8 tensor cores (input rows quantised in blocks of 32).
+/// The batched step's q8_row GEMMs: int8 tensor cores over input rows quantised in blocks of 32,
+/// and bf16 tensor cores over bf16 rows with the weights widened in registers (W8A16).
 pub const GEMM_Q8: &str = include_str!("kernels/gemm_q8.cu");
 /// The sampler (penalties, candidates, the draw): the same for every model.
 pub const SAMPLE: &str = include_str!("kernels/sample.cu");
@@ -217,6 +218,8 @@ impl ModelKernels {
 pub struct PagedKernels {
     pub rope_rows_paged: Func,
     pub attn_paged: Func,
+    pub attn_paged_split: Func,
+    pub attn_paged_combine: Func,
     pub gather_rows: Func,
     pub argmax_rows: Func,
     _module: Module,
@@ -236,6 +239,8 @@ impl PagedKernels {
         Ok(PagedKernels {
             rope_rows_paged: m.func("rope_rows_paged")?,
             attn_paged: m.func("attn_paged")?,
+            attn_paged_split: m.func("attn_paged_split")?,
+            attn_paged_combine: m.func("attn_paged_combine")?,
             gather_rows: m.func("gather_rows")?,
             argmax_rows: m.func("argmax_rows")?,
             _module: m,
@@ -248,6 +253,9 @@ pub struct Q8GemmKernels {
     pub quant_blocks_s8: Func,
     /// 16 weight rows a block, each chunk split over 4 warps.
     pub gemm: Func,
+    /// bf16 inputs, s8 weights widened in registers, K split over blocks.
+    pub gemm_w8: Func,
+    pub gemm_w8_reduce: Func,
     _module: Module,
 }
 
@@ -257,6 +265,8 @@ impl Q8GemmKernels {
         Ok(Q8GemmKernels {
             quant_blocks_s8: m.func("quant_blocks_s8")?,
             gemm: m.func("gemm_q8_narrow")?,
+            gemm_w8: m.func("gemm_w8_bf16")?,
+            gemm_w8_reduce: m.func("gemm_w8_reduce")?,
             _module: m,
         })
     }

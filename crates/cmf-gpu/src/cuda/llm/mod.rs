@@ -33,7 +33,7 @@ use crate::llm::{
     DecodeOutput, Ffn, KvPrecision, LayerWeights, LlmModel, LlmOptions, LlmSpec, Logits, Sampler,
 };
 use ahead::DecodeAhead;
-pub use batched::{paged_attention_probe, q8_gemm_probe};
+pub use batched::{paged_attention_probe, q8_gemm_probe, PagedKernel};
 pub use kernels::CommonKernels;
 use kernels::{DecodeAttnConfig, ModelKernels};
 use moe::{DevFfn, MoeDecodeWs, MoeKernels, MoePrefillWs};
@@ -113,6 +113,8 @@ pub struct CudaLlm {
     pool: Option<batched::KvPool>,
     /// Set while a batched step enqueues: its q8_row GEMMs run on int8 tensor cores.
     q8_step: std::cell::Cell<bool>,
+    /// Which q8_row GEMM the batched step runs (`batched/q8.rs`).
+    q8_kind: std::cell::Cell<batched::Q8Gemm>,
     /// Kernels, scratch and state position of GatedDeltaNet / output-gated layers (gdn.rs).
     hybrid: Option<gdn::Hybrid>,
 }
@@ -588,6 +590,7 @@ impl CudaLlm {
             blas,
             graphs: [None, None],
             q8_step: std::cell::Cell::new(false),
+            q8_kind: std::cell::Cell::new(batched::Q8Gemm::Bf16),
             short,
             one_block: p.one_block,
             smem: DecodeSmemBytes {

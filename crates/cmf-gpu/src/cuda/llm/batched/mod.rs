@@ -10,6 +10,7 @@
 
 mod q8;
 pub use q8::q8_gemm_probe;
+pub(super) use q8::Q8Gemm;
 mod sample;
 mod step;
 
@@ -39,6 +40,10 @@ pub(super) struct KvPool {
     ids: Grow,
     /// The sampled rows' buffers (`sample.rs`).
     sampling: sample::RowSampleBufs,
+    /// The split attention's partial outputs, sized for the largest step that splits.
+    attn_parts: DBuf,
+    /// The W8A16 GEMM's split partial sums (`q8.rs`).
+    w8_parts: DBuf,
 }
 
 /// A device buffer that grows to the largest size asked for.
@@ -111,6 +116,9 @@ impl CudaLlm {
             k.push(self.dev.alloc_zeroed(layer_bytes).map_err(err)?);
             v.push(self.dev.alloc_zeroed(layer_bytes).map_err(err)?);
         }
+        let parts = split_scratch_bytes(&self.dev, s.num_heads, s.num_kv_heads, s.head_dim);
+        let attn_parts = self.dev.alloc(parts).map_err(err)?;
+        let w8_parts = self.dev.alloc(q8::w8_parts_bytes(&self.dev)).map_err(err)?;
         let shape = PoolShape { block_size, blocks };
         self.pool = Some(KvPool {
             shape,
@@ -125,14 +133,133 @@ impl CudaLlm {
             logits: Grow::default(),
             ids: Grow::default(),
             sampling: Default::default(),
+            attn_parts,
+            w8_parts,
         });
         Ok(shape)
     }
 }
 
-/// Test hook: `attn_paged` alone over host inputs, in the layouts of
-/// [`crate::llm::batch::paged_attention_reference`] (pools rounded to f16 unless `kv_f32`);
-/// returns `out [T, NH, D]`.
+/// Which paged attention kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PagedKernel {
+    /// `attn_paged`: a block per (row, kv head), its warps walking the keys in rounds of 32.
+    Rounds,
+    /// `attn_paged_split`: the keys split into this many runs, merged by `attn_paged_combine`.
+    Split(usize),
+}
+
+/// Most runs one row's keys are split into (`attn_paged_split`).
+const MAX_SPLITS: usize = 32;
+
+/// Runs each row's keys are split into in a step of `rows` rows: enough (row, kv head, run)
+/// blocks for two waves over the multiprocessors. A decode step of a few sequences has few
+/// (row, kv head) pairs and splits; a prefill step has plenty and takes one run. A function of
+/// the row count alone, so a captured decode step stays valid as its sequences grow.
+fn attention_splits(dev: &Dev, rows: usize, kv_heads: usize) -> usize {
+    (2 * dev.sm_count as usize)
+        .div_ceil(rows * kv_heads)
+        .clamp(1, MAX_SPLITS)
+}
+
+/// Bytes of partial outputs ([T, NH, splits] rows of HD f32, then as many (max, sum) pairs)
+/// the largest splitting step needs.
+fn split_scratch_bytes(dev: &Dev, nh: usize, nkv: usize, hd: usize) -> usize {
+    let per = |rows: usize, splits: usize| rows * nh * splits * (4 * hd + 8);
+    (1..=2 * dev.sm_count as usize)
+        .map(|rows| (rows, attention_splits(dev, rows, nkv)))
+        .filter(|&(_, splits)| splits > 1)
+        .map(|(rows, splits)| per(rows, splits))
+        .max()
+        .unwrap_or(0)
+        .max(16)
+}
+
+/// What one paged attention launch reads and writes (attention_paged.cu `attn_paged_split`).
+struct PagedAttention {
+    q: u64,
+    k_pool: u64,
+    v_pool: u64,
+    pool_positions: usize,
+    row_pos: u64,
+    row_seq: u64,
+    tables: u64,
+    tab_off: u64,
+    block_size: usize,
+    window: i32,
+    scale: f32,
+    geometry: (usize, usize, usize),
+    out: u64,
+}
+
+/// Each of `rows` rows over its sequence's positions with `kernel`; split runs merge through
+/// `parts` ([`split_scratch_bytes`]).
+fn paged_attention(
+    dev: &Dev,
+    k: &PagedKernels,
+    a: &PagedAttention,
+    rows: usize,
+    kernel: PagedKernel,
+    parts: u64,
+) -> DResult<()> {
+    use crate::cuda::runtime::device::Arg;
+    let (nh, nkv, hd) = a.geometry;
+    let args = [
+        Arg::Ptr(a.q),
+        Arg::Ptr(a.k_pool),
+        Arg::Ptr(a.v_pool),
+        Arg::I32(a.pool_positions as i32),
+        Arg::Ptr(a.row_pos),
+        Arg::Ptr(a.row_seq),
+        Arg::Ptr(a.tables),
+        Arg::Ptr(a.tab_off),
+        Arg::I32(a.block_size as i32),
+        Arg::I32(a.window),
+        Arg::F32(a.scale),
+        Arg::I32(nh as i32),
+        Arg::Ptr(a.out),
+    ];
+    let splits = match kernel {
+        PagedKernel::Rounds => {
+            return dev.launch(
+                &k.attn_paged,
+                (rows as u32, nkv as u32, 1),
+                ((32 * (nh / nkv)) as u32, 1, 1),
+                0,
+                &args,
+            );
+        }
+        PagedKernel::Split(n) => n,
+    };
+    let part_ml = parts + (4 * rows * nh * splits * hd) as u64;
+    let mut split_args = args.to_vec();
+    split_args.extend([Arg::Ptr(parts), Arg::Ptr(part_ml)]);
+    dev.launch(
+        &k.attn_paged_split,
+        (rows as u32, nkv as u32, splits as u32),
+        (128, 1, 1),
+        0,
+        &split_args,
+    )?;
+    if splits == 1 {
+        return Ok(());
+    }
+    dev.launch(
+        &k.attn_paged_combine,
+        ((rows * nh) as u32, 1, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::Ptr(parts),
+            Arg::Ptr(part_ml),
+            Arg::I32(splits as i32),
+            Arg::Ptr(a.out),
+        ],
+    )
+}
+
+/// Test hook: the paged attention alone over host inputs with `kernel`, in the layouts of [`crate::llm::batch::paged_attention_reference`] (pools rounded to
+/// f16 unless `kv_f32`); returns `out [T, NH, D]`.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_probe(
     dev: &Dev,
@@ -147,8 +274,9 @@ pub fn paged_attention_probe(
     row_seq: &[usize],
     tables: &[&[u32]],
     block_size: usize,
+    kernel: PagedKernel,
 ) -> DResult<Vec<f32>> {
-    use crate::cuda::runtime::device::{bytes_of, Arg};
+    use crate::cuda::runtime::device::bytes_of;
     let (nh, nkv, d) = geometry;
     let k = PagedKernels::load(dev, d, nh / nkv, kv_f32)?;
     let pool = |p: &[f32]| -> DResult<DBuf> {
@@ -163,7 +291,6 @@ pub fn paged_attention_probe(
         }
     };
     let (kp, vp) = (pool(k_pool)?, pool(v_pool)?);
-    let s_pool = k_pool.len() / (nkv * d);
     let ints = |v: &mut dyn Iterator<Item = usize>| -> DResult<DBuf> {
         let v: Vec<i32> = v.map(|x| x as i32).collect();
         dev.upload_new(bytes_of(&v))
@@ -179,27 +306,27 @@ pub fn paged_attention_probe(
     let qd = dev.upload_new(bytes_of(q))?;
     let t = row_pos.len();
     let out = dev.alloc(4 * t * nh * d)?;
-    dev.launch(
-        &k.attn_paged,
-        (t as u32, nkv as u32, 1),
-        ((32 * (nh / nkv)) as u32, 1, 1),
-        0,
-        &[
-            Arg::Ptr(qd.ptr()),
-            Arg::Ptr(kp.ptr()),
-            Arg::Ptr(vp.ptr()),
-            Arg::I32(s_pool as i32),
-            Arg::Ptr(pos.ptr()),
-            Arg::Ptr(seq.ptr()),
-            Arg::Ptr(flat.ptr()),
-            Arg::Ptr(offs.ptr()),
-            Arg::I32(block_size as i32),
-            Arg::I32(window as i32),
-            Arg::F32(scale),
-            Arg::I32(nh as i32),
-            Arg::Ptr(out.ptr()),
-        ],
-    )?;
+    let splits = match kernel {
+        PagedKernel::Rounds => 1,
+        PagedKernel::Split(n) => n,
+    };
+    let parts = dev.alloc(t * nh * splits * (4 * d + 8))?;
+    let a = PagedAttention {
+        q: qd.ptr(),
+        k_pool: kp.ptr(),
+        v_pool: vp.ptr(),
+        pool_positions: k_pool.len() / (nkv * d),
+        row_pos: pos.ptr(),
+        row_seq: seq.ptr(),
+        tables: flat.ptr(),
+        tab_off: offs.ptr(),
+        block_size,
+        window: window as i32,
+        scale,
+        geometry,
+        out: out.ptr(),
+    };
+    paged_attention(dev, &k, &a, t, kernel, parts.ptr())?;
     let mut o = vec![0f32; t * nh * d];
     dev.download_f32(&mut o, out.ptr())?;
     Ok(o)

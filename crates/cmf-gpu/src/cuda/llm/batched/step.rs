@@ -1,7 +1,8 @@
 //! One batched step, as launches on the model's stream. Per layer, over the T rows of every
 //! sequence in pf.h [T, H]:
 //!   rmsnorm → GEMM q,k,v → rope_rows_paged (+biases, q/k norm, RoPE at each row's position, k
-//!   and v into each row's pool slot) → attn_paged (each row over its sequence's blocks) →
+//!   and v into each row's pool slot) → attn_paged (each row over its sequence's blocks; or
+//!   attn_paged_split, its keys split into runs on few-row steps: `BatchKernels`) →
 //!   GEMM o (+= residual) → rmsnorm → GEMM gate,up → swiglu → GEMM down (+= residual)
 //! (the prefill stages, `prefill_stage`, except the two in the middle); then the last row of each
 //! sequence that wants output is gathered, normed and multiplied by lm_head, and each one's
@@ -13,6 +14,7 @@ use super::super::CudaLlm;
 use crate::cuda::runtime::device::{bytes_of, Arg, DResult, DevError};
 use crate::cuda::runtime::matvec::{self, MvMode, MvSeg};
 use crate::llm::batch::{self, BatchOut, BatchSeq};
+use crate::llm::BatchKernels;
 
 /// Steps of at most this many rows run each linear layer as one matvec per row (the decode
 /// kernels, reading the weights in their codec) instead of one GEMM, which dequantises every
@@ -130,8 +132,10 @@ impl CudaLlm {
             .expect("validated")
             .q8_x
             .at_least(&dev, q8_bytes)?;
+        let (kind, max_rows) = super::q8::q8_gemm_choice(self.opts.batch_kernels);
+        self.q8_kind.set(kind);
         self.q8_step
-            .set(!self.opts.precise && batch::rows(seqs) <= super::q8::Q8_MAX_ROWS);
+            .set(!self.opts.precise && batch::rows(seqs) <= max_rows);
         let r = self.enqueue_batch_step(seqs, out);
         self.q8_step.set(false);
         r
@@ -477,27 +481,33 @@ impl CudaLlm {
             self.layers[l].as_ref().expect("whole model resident"),
         );
         let pool = self.pool.as_ref().expect("validated");
-        let group = s.num_heads / s.num_kv_heads;
-        self.dev.launch(
-            &pool.kernels.attn_paged,
-            (t as u32, s.num_kv_heads as u32, 1),
-            ((32 * group) as u32, 1, 1),
-            0,
-            &[
-                Arg::Ptr(pf.qr.ptr()),
-                Arg::Ptr(pool.k[l].ptr()),
-                Arg::Ptr(pool.v[l].ptr()),
-                Arg::I32((pool.shape.blocks * pool.shape.block_size) as i32),
-                Arg::Ptr(i32_at(at.pos)),
-                Arg::Ptr(i32_at(at.seq)),
-                Arg::Ptr(i32_at(at.tables)),
-                Arg::Ptr(i32_at(at.tab_off)),
-                Arg::I32(pool.shape.block_size as i32),
-                Arg::I32(d.window),
-                Arg::F32(s.attn_scale),
-                Arg::I32(s.num_heads as i32),
-                Arg::Ptr(pf.attn.ptr()),
-            ],
+        let a = super::PagedAttention {
+            q: pf.qr.ptr(),
+            k_pool: pool.k[l].ptr(),
+            v_pool: pool.v[l].ptr(),
+            pool_positions: pool.shape.blocks * pool.shape.block_size,
+            row_pos: i32_at(at.pos),
+            row_seq: i32_at(at.seq),
+            tables: i32_at(at.tables),
+            tab_off: i32_at(at.tab_off),
+            block_size: pool.shape.block_size,
+            window: d.window,
+            scale: s.attn_scale,
+            geometry: (s.num_heads, s.num_kv_heads, s.head_dim),
+            out: pf.attn.ptr(),
+        };
+        let kernel = if self.opts.batch_kernels == BatchKernels::Next {
+            super::PagedKernel::Split(super::attention_splits(&self.dev, t, s.num_kv_heads))
+        } else {
+            super::PagedKernel::Rounds
+        };
+        super::paged_attention(
+            &self.dev,
+            &pool.kernels,
+            &a,
+            t,
+            kernel,
+            pool.attn_parts.ptr(),
         )
     }
 }

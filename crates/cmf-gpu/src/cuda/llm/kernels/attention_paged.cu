@@ -91,6 +91,158 @@ attn_paged(const float* q, const kv_t* k_pool, const kv_t* v_pool, int S_pool, c
     }
 }
 
+// Paged causal attention, split over the keys (flash-decoding): grid (T, NKV, splits), 128 threads.
+// Block (t, kvh, p) takes the p-th of `splits` equal runs (whole tiles) of row t's visible
+// positions first..pos, for the GQA query heads of kv head kvh. Per tile of PS_TK keys it stages
+// the keys and values in shared memory (16-byte coalesced loads, each staged row padded by 16
+// bytes so that the score loop's 16-byte reads are conflict-free), scores every (head, key) pair
+// (a thread each), folds the tile into each head's online softmax (a warp per head) and adds the
+// weighted values (a thread per (head, dim) output). With one split it writes out; otherwise its
+// unnormalised output and (max, sum) go to part_o [T, NH, splits, HD] / part_ml [T, NH, splits]
+// and attn_paged_combine merges them. A row's own chunk is visible up to itself:
+// rope_rows_paged wrote it before this launch.
+#define PS_THREADS 128
+constexpr int PS_ROW = HD * (int)sizeof(kv_t) + 16;  // bytes per staged key or value row
+constexpr int ps_smem(int tk) { return 2 * tk * PS_ROW + GQA * HD * 4 + GQA * tk * 4 + 3 * GQA * 4; }
+// Keys per tile: as many (up to a warp's 32) as fit static shared memory.
+constexpr int PS_TK = ps_smem(32) <= 48 * 1024 ? 32 : ps_smem(16) <= 48 * 1024 ? 16 : 8;
+// Outputs (head, dim) per thread.
+constexpr int PS_OUT = (GQA * HD + PS_THREADS - 1) / PS_THREADS;
+constexpr int PS_VEC = HD * (int)sizeof(kv_t) / 16;  // 16-byte pieces per row
+static_assert(HD * sizeof(kv_t) % 16 == 0, "key rows are whole 16-byte pieces");
+constexpr int PS_PER = 16 / (int)sizeof(kv_t);      // elements per piece
+
+// The PS_PER elements of one 16-byte piece of a key or value row, as f32.
+__device__ __forceinline__ void ps_unpack(uint4 u, float* f) {
+#if KV_F32
+    f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+#else
+    const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = f16_to_f32((u16)(w[i] & 0xffffu));
+        f[2 * i + 1] = f16_to_f32((u16)(w[i] >> 16));
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PS_THREADS)
+attn_paged_split(const float* q, const kv_t* k_pool, const kv_t* v_pool, int S_pool, const int* row_pos,
+                 const int* row_seq, const int* tables, const int* tab_off, int BS, int window, float scale,
+                 int NH, float* out, float* part_o, float2* part_ml) {
+    __shared__ __align__(16) unsigned char ks[PS_TK * PS_ROW];
+    __shared__ __align__(16) unsigned char vs[PS_TK * PS_ROW];
+    __shared__ float qs[GQA][HD];
+    __shared__ float ps[GQA][PS_TK];
+    __shared__ float ms[GQA], ls[GQA], cs[GQA];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int pos = row_pos[t];
+    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    const int n = pos + 1 - first;
+    const int run = ((n + splits - 1) / splits + PS_TK - 1) / PS_TK * PS_TK;
+    const int lo = first + split * run, hi = min(lo + run, pos + 1);
+    const int* table = tables + tab_off[row_seq[t]];
+    const size_t head0 = (size_t)t * NH + kvh * GQA;
+    for (int i = tid; i < GQA * HD; i += PS_THREADS) qs[i / HD][i % HD] = q[head0 * HD + i] * scale;
+    if (tid < GQA) {
+        ms[tid] = NEG_INF;
+        ls[tid] = 0.f;
+    }
+    float o[PS_OUT];
+#pragma unroll
+    for (int k = 0; k < PS_OUT; k++) o[k] = 0.f;
+    const unsigned char* kbase = (const unsigned char*)(k_pool + (size_t)kvh * S_pool * HD);
+    const unsigned char* vbase = (const unsigned char*)(v_pool + (size_t)kvh * S_pool * HD);
+    __syncthreads();
+    for (int s0 = lo; s0 < hi; s0 += PS_TK) {
+        const int nk = min(PS_TK, hi - s0);
+        for (int i = tid; i < nk * PS_VEC; i += PS_THREADS) {
+            const int j = i / PS_VEC, c = i - j * PS_VEC, s = s0 + j;
+            const size_t at = ((size_t)table[s / BS] * BS + s % BS) * HD * sizeof(kv_t) + 16 * c;
+            *(uint4*)(ks + j * PS_ROW + 16 * c) = *(const uint4*)(kbase + at);
+            *(uint4*)(vs + j * PS_ROW + 16 * c) = *(const uint4*)(vbase + at);
+        }
+        __syncthreads();
+        for (int i = tid; i < GQA * PS_TK; i += PS_THREADS) {
+            const int g = i / PS_TK, j = i - g * PS_TK;
+            float acc = NEG_INF;
+            if (j < nk) {
+                acc = 0.f;
+                const uint4* kr = (const uint4*)(ks + j * PS_ROW);
+#pragma unroll 4
+                for (int c = 0; c < PS_VEC; c++) {
+                    float f[PS_PER];
+                    ps_unpack(kr[c], f);
+#pragma unroll
+                    for (int x = 0; x < PS_PER; x++) acc += qs[g][c * PS_PER + x] * f[x];
+                }
+            }
+            ps[g][j] = acc;
+        }
+        __syncthreads();
+        for (int g = warp; g < GQA; g += PS_THREADS / 32) {
+            const float sj = lane < PS_TK ? ps[g][lane] : NEG_INF;
+            const float mo = ms[g];
+            const float mn = fmaxf(mo, warp_max(sj));
+            const float p = lane < nk ? expf(sj - mn) : 0.f;
+            const float sum = warp_sum(p);
+            if (lane < PS_TK) ps[g][lane] = p;
+            if (lane == 0) {
+                const float c = expf(mo - mn);
+                cs[g] = c;
+                ls[g] = ls[g] * c + sum;
+                ms[g] = mn;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PS_OUT; k++) {
+            const int i = tid + k * PS_THREADS;
+            if (i < GQA * HD) {
+                const int g = i / HD, e = i - g * HD;
+                float acc = o[k] * cs[g];
+                for (int j = 0; j < nk; j++) acc += ps[g][j] * kv_f(((const kv_t*)(vs + j * PS_ROW))[e]);
+                o[k] = acc;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < PS_OUT; k++) {
+        const int i = tid + k * PS_THREADS;
+        if (i >= GQA * HD) break;
+        const int g = i / HD, e = i - g * HD;
+        if (splits == 1) {
+            out[(head0 + g) * HD + e] = o[k] / ls[g];
+        } else {
+            part_o[((head0 + g) * splits + split) * HD + e] = o[k];
+        }
+    }
+    if (splits > 1 && tid < GQA) part_ml[(head0 + tid) * splits + split] = make_float2(ms[tid], ls[tid]);
+}
+
+// Merges attn_paged_split's runs of each (row, head): grid (T · NH), 128 threads. Runs that saw
+// no key (max -inf) weigh nothing.
+extern "C" __global__ void __launch_bounds__(128)
+attn_paged_combine(const float* part_o, const float2* part_ml, int splits, float* out) {
+    const size_t th = blockIdx.x;
+    const float2* ml = part_ml + th * splits;
+    float m = NEG_INF;
+    for (int p = 0; p < splits; p++) m = fmaxf(m, ml[p].x);
+    float l = 0.f;
+    for (int p = 0; p < splits; p++)
+        if (ml[p].x > NEG_INF) l += expf(ml[p].x - m) * ml[p].y;
+    const float inv = 1.f / l;
+    for (int e = threadIdx.x; e < HD; e += blockDim.x) {
+        float acc = 0.f;
+        for (int p = 0; p < splits; p++)
+            if (ml[p].x > NEG_INF) acc += expf(ml[p].x - m) * part_o[(th * splits + p) * HD + e];
+        out[th * HD + e] = acc * inv;
+    }
+}
+
 // dst[i] = src[idx[i]], rows of H floats. Grid (n), 256 threads.
 extern "C" __global__ void __launch_bounds__(256)
 gather_rows(const float* src, const int* idx, int H, float* dst) {

@@ -1,4 +1,5 @@
-// gemm_q8.cu — the batched step's linear layers over q8_row weights on int8 tensor cores.
+// gemm_q8.cu — the batched step's linear layers over q8_row weights on tensor cores: int8 (s8
+// inputs, below) or bf16 (W8A16, further down).
 //
 // A q8_row matrix w [N, K] is s8 with one f16 scale per row (ws). The step's input rows are
 // quantised as llama.cpp does for its q8 GEMMs: blocks of 32 consecutive values, s8 with one f32
@@ -162,4 +163,136 @@ extern "C" __global__ void __launch_bounds__(128)
 gemm_q8_narrow(const signed char* w, const u16* ws, int N, int K, const signed char* xq, const float* xd, int T,
                float* out, long long ldc, int col0, int accumulate) {
     gemm_q8_body<1, 4, 512>(w, ws, N, K, xq, xd, T, out, ldc, col0, accumulate);
+}
+
+// ---- bf16 inputs times s8 weights (W8A16) ----------------------------------------------------
+// out[t, col0 + n] (+)= ws[n] · Σ_k bf16(x[t, k]) · w[n, k]: the weights widen to bf16 in
+// registers (exact: |w| ≤ 128 needs 8 significant bits) and the products run on bf16 tensor cores
+// (mma.sync m16n8k16, f32 sums), so the inputs keep the precision of the bf16 GEMM and no
+// per-block scale has to be applied after each mma.
+
+// D (16 × 8, f32) += A (16 × 16, bf16, rows) · B (16 × 8, bf16, columns).
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes i and i + 1 of a word of s8 values whose sign bits were flipped (v + 128 as u8), as a
+// bf16 pair (byte i in the low half): 0x4B0000uu is 2^23 + u as an f32, exact.
+__device__ __forceinline__ u32 s8x2_bf16(u32 flipped, int i) {
+    const float lo = __int_as_float(__byte_perm(flipped, 0x4B000000u, 0x7540 + i)) - 8388736.f;
+    const float hi = __int_as_float(__byte_perm(flipped, 0x4B000000u, 0x7541 + i)) - 8388736.f;
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+#define W8_MT 64               // input rows a block takes (8 mma column tiles)
+#define W8_KC 256              // values of K a chunk stages
+#define W8_LD (2 * W8_KC + 64) // bytes per staged input row: +64 keeps the 16-byte fragment loads conflict-free
+
+// gemm_w8_bf16: grid (ceil(T / 64), ceil(N / 64), splits), 128 threads. Each warp owns 16 weight
+// rows of the block's 64 and all of its input rows; block (·, ·, z) sums K values
+// [z · kpb, (z + 1) · kpb) with kpb = chunks_per_split · 256. One split: it writes out (scaled
+// by ws, stored or added); several: its raw sums go to part [splits, T, N] and gemm_w8_reduce
+// adds them in split order (deterministic). The input's row stride ldx and K are multiples of
+// 32 (checked on the host).
+//
+// Fragments: thread (g = lane / 4, q = lane % 4) holds bytes 8q .. 8q + 7 of a 32-block of weight
+// rows g and g + 8, and the same 8 values of input row g: the first four feed one m16n8k16 where
+// it expects k = 2q, 2q + 1, 2q + 8, 2q + 9, the next four a second one. A permutation of k inside
+// the block, the same for both operands.
+extern "C" __global__ void __launch_bounds__(128)
+gemm_w8_bf16(const signed char* __restrict__ w, const u16* __restrict__ ws, int N, int K,
+             const u16* __restrict__ x, long long ldx, int T, float* out, long long ldc, int col0,
+             int accumulate, float* part, int chunks_per_split) {
+    __shared__ __align__(16) unsigned char xs[W8_MT * W8_LD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, q = lane & 3;
+    const int t0 = blockIdx.x * W8_MT, n0 = blockIdx.y * 64 + warp * 16;
+    const int split = blockIdx.z, splits = gridDim.z;
+    const int nt = min(W8_MT, T - t0), tiles = (nt + 7) >> 3;
+    const int kbeg = split * chunks_per_split * W8_KC, kend = min(K, kbeg + chunks_per_split * W8_KC);
+    // Rows past N read row N - 1 and are never stored.
+    const signed char* wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * q;
+    const signed char* wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * q;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
+
+    for (int k0 = kbeg; k0 < kend; k0 += W8_KC) {
+        const int kb = min(W8_KC, kend - k0) >> 5;  // 32-blocks in this chunk
+        // The chunk's weight fragments, loaded before the barrier so they fly while the inputs
+        // are staged.
+        uint2 fa[W8_KC / 32], fb[W8_KC / 32];
+#pragma unroll
+        for (int b = 0; b < W8_KC / 32; b++) {
+            if (b < kb) {
+                fa[b] = __ldg((const uint2*)(wa + k0 + b * 32));
+                fb[b] = __ldg((const uint2*)(wb + k0 + b * 32));
+            }
+        }
+        __syncthreads();  // the previous chunk is consumed
+        const int per_row = kb * 4;  // 16-byte pieces
+        for (int i = threadIdx.x; i < nt * per_row; i += blockDim.x) {
+            const int r = i / per_row, c = i - r * per_row;
+            *(uint4*)(xs + r * W8_LD + 16 * c) = *(const uint4*)(x + (size_t)(t0 + r) * ldx + k0 + 8 * c);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < W8_KC / 32; b++) {
+            if (b >= kb) break;
+            const u32 ax = fa[b].x ^ 0x80808080u, ay = fa[b].y ^ 0x80808080u;
+            const u32 bx = fb[b].x ^ 0x80808080u, by = fb[b].y ^ 0x80808080u;
+            const u32 a0 = s8x2_bf16(ax, 0), a2 = s8x2_bf16(ax, 2), a1 = s8x2_bf16(bx, 0), a3 = s8x2_bf16(bx, 2);
+            const u32 c0 = s8x2_bf16(ay, 0), c2 = s8x2_bf16(ay, 2), c1 = s8x2_bf16(by, 0), c3 = s8x2_bf16(by, 2);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j >= tiles) break;
+                const uint4 xv = *(const uint4*)(xs + (j * 8 + g) * W8_LD + 64 * b + 16 * q);
+                mma_bf16(acc[j], a0, a1, a2, a3, xv.x, xv.y);
+                mma_bf16(acc[j], c0, c1, c2, c3, xv.z, xv.w);
+            }
+        }
+    }
+    const int na = n0 + g, nb8 = n0 + g + 8;
+    const float sa = na < N ? f16_to_f32(ws[na]) : 0.f, sb = nb8 < N ? f16_to_f32(ws[nb8]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j >= tiles) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            // c: (weight row g, input 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1).
+            const int t = t0 + j * 8 + 2 * q + (i & 1);
+            const int n = i < 2 ? na : nb8;
+            if (t >= T || n >= N) continue;
+            if (splits > 1) {
+                part[((size_t)split * T + t) * N + n] = acc[j][i];
+            } else {
+                float* o = out + (size_t)t * ldc + col0 + n;
+                const float v = acc[j][i] * (i < 2 ? sa : sb);
+                *o = accumulate ? *o + v : v;
+            }
+        }
+    }
+}
+
+// out[t, col0 + n] (+)= ws[n] · Σ_z part[z, t, n], the splits summed in order. Grid
+// ceil(T · N / 256), 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+gemm_w8_reduce(const float* part, int splits, const u16* ws, int N, int T, float* out, long long ldc, int col0,
+               int accumulate) {
+    const long long i = (long long)blockIdx.x * 256 + threadIdx.x;
+    if (i >= (long long)T * N) return;
+    const int t = (int)(i / N), n = (int)(i - (long long)t * N);
+    float s = 0.f;
+    for (int z = 0; z < splits; z++) s += part[(size_t)z * T * N + i];
+    const float v = s * f16_to_f32(ws[n]);
+    float* o = out + (size_t)t * ldc + col0 + n;
+    *o = accumulate ? *o + v : v;
 }
