@@ -194,6 +194,11 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
         eprint!("\rB = {b} done   ")
     })?;
     let backend = if gpu.is_some() { "cuda" } else { "cpu" };
+    // The device's batched kernel set (LlmOptions::batch_kernels), named beside its numbers.
+    let kernels = match cmf_gpu::llm::BatchKernels::from_env() {
+        cmf_gpu::llm::BatchKernels::Verified => "verified",
+        cmf_gpu::llm::BatchKernels::Next => "next",
+    };
     eprint!("\r{:30}\r", "");
     let threads = cmf_kernels::num_threads();
     if args.json {
@@ -202,6 +207,7 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
             .map(|r| {
                 json!({
                     "backend": backend,
+                    "batch_kernels": gpu.is_some().then_some(kernels),
                     "n_threads": threads,
                     "kv_type": kv_dtype.name(),
                     "pp": r.pp, "tg": r.tg, "pl": r.b, "n_kv": r.n_kv,
@@ -213,7 +219,10 @@ fn run_batched(args: &Args, model: &Model, kv_dtype: cmf_kernels::KvDtype) -> an
             .collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("batched engine on the {backend}");
+        match gpu {
+            Some(_) => println!("batched engine on the {backend} ({kernels} batch kernels)"),
+            None => println!("batched engine on the {backend}"),
+        }
         println!("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |");
         println!("|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|");
         for r in &rows {
