@@ -29,6 +29,7 @@ has() { case " ${PHASES:-moe batch serve} " in *" $1 "*) return 0;; esac; return
 for f in .dev/bin/*.xz .anchor/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done; chmod +x .dev/bin/*
 nvidia-smi --query-gpu=name,power.limit,driver_version,memory.total --format=csv,noheader | tee -a "$S"
 C=./.dev/bin/cmf; A=$PWD/.anchor; LAYERS=${LAYERS:-24}
+TPL=$(ls "$A"/qwen3moe-template.gguf "$A"/qwen3-template.gguf 2>/dev/null | head -1)
 
 # llama.cpp builds in the background (CPU work, about 4 min on 16 cores) while cmf runs.
 if [ ! -x /tmp/lc/llama.cpp/b/bin/llama-batched-bench ] && [ ! -f /tmp/lc/building ]; then
@@ -44,7 +45,7 @@ while [ ! -d /tmp/lc/llama.cpp/gguf-py ]; do sleep 1; done
 gguf() {  # name, make_qwen3_gguf.py arguments
   local n=$1; shift
   [ -f $W/$n.cmf ] && return 0
-  python3 bench/make_qwen3_gguf.py "$A/qwen3moe-template.gguf" $W/$n.gguf "$@" > "$OUT/gen-$n.log" 2>&1 || { st "$n: GGUF failed"; return 1; }
+  python3 bench/make_qwen3_gguf.py "$TPL" $W/$n.gguf "$@" > "$OUT/gen-$n.log" 2>&1 || { st "$n: GGUF failed"; return 1; }
   $C import-gguf $W/$n.gguf -o $W/$n.cmf > "$OUT/import-$n.log" 2>&1 || { st "$n: import failed"; return 1; }
   st "$n: $(du -h $W/$n.gguf | cut -f1) GGUF imported"
 }
