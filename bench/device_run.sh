@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (staged by scripts/stage_device.sh; run from the repository root with
+# One run on the GPU machine (staged by scripts/stage_device.sh; run from the repository root with
 # .dev and .anchor carried): unpack, start the llama.cpp build, make the Qwen3-8B-geometry q8_0
 # GGUF (bench/make_qwen3_gguf.py) and import it, then the phases in PHASES (default
 # "tests bench peer"): tests (every GPU test binary, CMF_REQUIRE_GPU=1, then once more with

@@ -5,7 +5,7 @@
 #   .anchor/         llama.cpp b11312's source without its unused backends (llamacpp-src.txz,
 #                    about 7 MB), a tensor-free Qwen3 tokenizer GGUF (qwen3-template.gguf.xz) and
 #                    loadgen.py, each fetched or made once
-# Both folders are git-ignored: pass them as the device call's carried paths (64 MiB with the
+# Both folders are git-ignored: send them to the GPU machine beside the tree (64 MiB with the
 # tree). Needs network for the first .anchor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
