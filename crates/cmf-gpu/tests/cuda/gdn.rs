@@ -204,7 +204,8 @@ fn prompt(n: usize) -> Vec<u32> {
 /// against the reference, which runs the recurrence one token at a time. f32 weights: within
 /// 1e-4 (summation order only), identical greedy ids. q8_row weights: against the reference with
 /// the q8 products' inputs rounded as the device rounds them (`with_q8_inputs`: bf16 in the
-/// prefill GEMMs, s8 blocks in the decode matvecs), within 1e-2 and identical greedy ids. This
+/// prefill GEMMs, s8 blocks in the decode matvecs) and an f32 KV cache on both sides, within 1e-2
+/// and identical greedy ids. This
 /// small random model moves 1.1e-1 (bf16) to 1.7e-1 (s8) from that rounding alone, the size of
 /// the 1.5e-1 to 1.7e-1 an H100 measured against f32 inputs and far over the dense models' 8-bit
 /// bound of 6e-2; a perturbation of 3e-7 in its inputs moves the rounded reference by 7e-7, so
@@ -220,8 +221,14 @@ fn hybrid_against_reference(b: &CudaBackend, dtype: Dtype, tol: f64) {
     let m = Hybrid::new(7, dtype);
     let model = m.model();
     model.validate().unwrap();
+    // An f32 cache for q8 too, so that the only rounding is the inputs' (the reference's cache
+    // is f32).
+    let opts = LlmOptions {
+        kv: KvPrecision::F32,
+        ..opts(16)
+    };
     let mut dev = b
-        .load_cuda_llm(&model, &opts(16), &Placement::all(model.spec.num_layers))
+        .load_cuda_llm(&model, &opts, &Placement::all(model.spec.num_layers))
         .expect("the hybrid loads");
     let reference_token = |t: u32, pos: usize, cache: &mut RefCache, r: Q8Inputs| {
         reference::with_q8_inputs(r, || reference::forward_token(&model, t, pos, cache))
