@@ -16,8 +16,8 @@ use crate::{LlmError, Result};
 use cmf_gpu::facade::{Gpu, GpuLlm, LayerSet, Refusal};
 use cmf_gpu::llm::sample::SampleSpec;
 use cmf_gpu::llm::{
-    self as dev, AttentionWeights, DecodeOutput, LayerWeights, LlmModel, LlmOptions, LlmSpec,
-    Logits, Mixer, RopeSpec, Sampler,
+    self as dev, AttentionWeights, DecodeOutput, KvPrecision, LayerWeights, LlmModel, LlmOptions,
+    LlmSpec, Logits, Mixer, RopeSpec, Sampler,
 };
 
 /// Why the batched engine runs a hybrid linear-attention model (Qwen3-Next) on the CPU: its
@@ -271,9 +271,20 @@ impl GpuModel {
         max_context: usize,
         layers: Option<&LayerSet>,
     ) -> std::result::Result<GpuModel, String> {
+        Self::try_load_with(gpu, model, max_context, layers, KvPrecision::Auto)
+    }
+
+    /// [`GpuModel::try_load`] with the device KV cache's precision (see [`device_kv`]).
+    pub fn try_load_with(
+        gpu: &Gpu,
+        model: &Model,
+        max_context: usize,
+        layers: Option<&LayerSet>,
+        kv: KvPrecision,
+    ) -> std::result::Result<GpuModel, String> {
         let max_context = max_context.min(model.config.max_position_embeddings.max(1));
         let desc = describe(model, max_context)?;
-        let llm = load_llm(gpu, &desc, max_context, layers)?;
+        let llm = load_llm(gpu, &desc, max_context, layers, kv)?;
         if !llm.placement().is_whole_model() {
             return Err(partial_fit(model, &desc, llm.placement()));
         }
@@ -363,12 +374,25 @@ fn load_llm(
     desc: &LlmModel<'_>,
     max_context: usize,
     layers: Option<&LayerSet>,
+    kv: KvPrecision,
 ) -> std::result::Result<GpuLlm, String> {
     let opts = LlmOptions {
         max_context,
+        kv,
         ..LlmOptions::default()
     };
     gpu.load_llm(desc, &opts, layers).map_err(|r| r.to_string())
+}
+
+/// The device KV cache that holds what a CPU cache of `kv` elements holds: f16 for f16, f32
+/// for f32, and f32 for bf16 (the device keeps no bf16 cache; f32 has bf16's range and more
+/// precision). So `--kv-type` means the same on both sides and `--gpu off` and `--gpu cuda`
+/// round the cache alike.
+pub fn device_kv(kv: cmf_kernels::KvDtype) -> KvPrecision {
+    match kv {
+        cmf_kernels::KvDtype::F16 => KvPrecision::F16,
+        cmf_kernels::KvDtype::F32 | cmf_kernels::KvDtype::Bf16 => KvPrecision::F32,
+    }
 }
 
 /// Why a model of which only some layers fit stays on the CPU; for a mixture of experts, how
@@ -428,7 +452,14 @@ impl GpuEncoder {
             .map_err(|why| cmf_gpu::facade::log::debug(&format!("encoder: runs on the CPU: {why}")))
             .ok()?;
         let layers = model.weights.layers.len();
-        let llm = load_llm(gpu, &desc, max_context, Some(&LayerSet::All)).ok()?;
+        let llm = load_llm(
+            gpu,
+            &desc,
+            max_context,
+            Some(&LayerSet::All),
+            KvPrecision::Auto,
+        )
+        .ok()?;
         if llm.placement().device_layer_count() != layers {
             return None;
         }
@@ -635,5 +666,21 @@ impl Engine for GpuEngine<'_, '_> {
             // The CPU engine keeps less when its state cannot rewind.
             self.ids.truncate(c.len());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cmf_kernels::KvDtype;
+
+    /// `--kv-type` asks the device for the cache the CPU would keep: f16 stays f16 (the device
+    /// no longer keeps f32 for an all-float model the CPU caches in f16), f32 stays f32, and
+    /// bf16, which the device lacks, gets f32 rather than f16's narrower range.
+    #[test]
+    fn the_device_cache_follows_the_kv_type() {
+        assert_eq!(device_kv(KvDtype::F16), KvPrecision::F16);
+        assert_eq!(device_kv(KvDtype::F32), KvPrecision::F32);
+        assert_eq!(device_kv(KvDtype::Bf16), KvPrecision::F32);
     }
 }

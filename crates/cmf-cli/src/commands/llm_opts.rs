@@ -9,7 +9,8 @@ pub struct EngineOpts {
     /// Worker threads for the kernels (default: all available cores).
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
-    /// KV-cache element type: f16 (half the memory and bandwidth) or f32 (exact).
+    /// KV-cache element type: f16 (half the memory and bandwidth) or f32 (exact); the GPU keeps the
+    /// same (bf16 as f32).
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16")]
     pub kv_type: String,
     /// GPU backend: auto (CUDA when a device answers, else the CPU), off, cuda (required).
@@ -51,7 +52,7 @@ impl EngineOpts {
         if !gpu.is_active() {
             return Ok(None);
         }
-        match cmf_llm::gpu::GpuModel::try_load(&gpu, model, ctx, None) {
+        match cmf_llm::gpu::GpuModel::try_load_with(&gpu, model, ctx, None, self.device_kv()) {
             Ok(g) => Ok(Some(g)),
             Err(why) if mode == GpuMode::Cuda => Err(UsageError(format!(
                 "--gpu cuda: the model cannot run on the device with a {ctx}-token context: {why}"
@@ -103,7 +104,8 @@ impl EngineOpts {
             return Ok(None);
         }
         let block = cmf_llm::batch::BatchConfig::BLOCK_SIZE;
-        match cmf_llm::batch::DeviceBatch::load(&gpu, model, ctx, rows, block, pool) {
+        let kv = self.device_kv();
+        match cmf_llm::batch::DeviceBatch::load(&gpu, model, ctx, rows, block, pool, kv) {
             Ok(d) => Ok(Some(d)),
             Err(why) if mode == GpuMode::Cuda => Err(UsageError(format!(
                 "--gpu cuda: the batched engine cannot run on the device: {why}"
@@ -140,6 +142,12 @@ impl EngineOpts {
             Some(g) => Box::new(cmf_llm::gpu::GpuEngine::new(model, g, ctx, kv_type)),
             None => Box::new(cmf_llm::engine::CpuEngine::new(model, ctx, kv_type)?),
         })
+    }
+
+    /// The device KV cache's precision for `--kv-type` (`cmf_llm::gpu::device_kv`); the flag
+    /// is checked by [`Self::apply`] first, so an unknown name cannot reach here (f16 if it does).
+    fn device_kv(&self) -> cmf_gpu::llm::KvPrecision {
+        cmf_llm::gpu::device_kv(KvDtype::from_name(&self.kv_type).unwrap_or(KvDtype::F16))
     }
 
     pub fn apply(&self) -> anyhow::Result<KvDtype> {

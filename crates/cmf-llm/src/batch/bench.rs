@@ -91,6 +91,7 @@ pub fn run(
                 PP_STEP_TOKENS.max(most),
                 BatchConfig::BLOCK_SIZE,
                 PoolSize::Blocks(most * per_seq),
+                crate::gpu::device_kv(cfg.kv_dtype),
             )
             .map_err(|why| LlmError::Other(format!("GPU: {why}")))?,
         ),

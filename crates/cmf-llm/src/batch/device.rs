@@ -12,7 +12,7 @@ use crate::gpu::{cpu_only, describe};
 use crate::model::Model;
 use cmf_gpu::facade::{Gpu, GpuLlm, Refusal};
 use cmf_gpu::llm::batch::{BatchOut, BatchSeq, PoolShape};
-use cmf_gpu::llm::LlmOptions;
+use cmf_gpu::llm::{KvPrecision, LlmOptions};
 
 /// How large the device pool is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +41,9 @@ impl std::fmt::Debug for DeviceBatch {
 
 impl DeviceBatch {
     /// Uploads `model` whole for sequences of up to `max_seq_len` tokens and steps of up to
-    /// `max_rows` rows, and allocates its pool of `block_size`-position blocks. Err says why the
-    /// device cannot (the caller runs the CPU engine then).
+    /// `max_rows` rows, and allocates its pool of `block_size`-position blocks, in the precision
+    /// `kv` says (`crate::gpu::device_kv` of the CPU pool's). Err says why the device cannot
+    /// (the caller runs the CPU engine then).
     pub fn load(
         gpu: &Gpu,
         model: &Model,
@@ -50,6 +51,7 @@ impl DeviceBatch {
         max_rows: usize,
         block_size: usize,
         pool: PoolSize,
+        kv: KvPrecision,
     ) -> Result<DeviceBatch, String> {
         if let Some(why) = cpu_only(model) {
             return Err(why.into());
@@ -63,6 +65,7 @@ impl DeviceBatch {
         let opts = LlmOptions {
             max_context: block_size.max(1),
             prefill_chunk: max_rows,
+            kv,
             ..LlmOptions::default()
         };
         let mut llm = gpu

@@ -2,6 +2,7 @@
 //! (`device_batched_equals_alone`), through the same scheduler and checks as the CPU pool.
 
 use super::*;
+use cmf_gpu::llm::KvPrecision;
 use cmf_llm::batch::{DeviceBatch, PoolSize};
 
 /// A scheduler over the batched engine on `gpu`'s device (the fake backend on the CPU, CUDA on
@@ -20,6 +21,7 @@ fn device_scheduler<'m, 'a>(
         cfg.step_tokens,
         block_size,
         PoolSize::Blocks(blocks),
+        KvPrecision::Auto,
     )
     .unwrap();
     assert!(dev.blocks() >= blocks, "{dev:?}");
@@ -35,7 +37,16 @@ fn small_device_engine<'m, 'a>(
     gpu: &cmf_gpu::facade::Gpu,
     model: &'m Model<'a>,
 ) -> BatchEngine<'m, 'a> {
-    let dev = DeviceBatch::load(gpu, model, 1024, 64, 16, PoolSize::Blocks(16)).unwrap();
+    let dev = DeviceBatch::load(
+        gpu,
+        model,
+        1024,
+        64,
+        16,
+        PoolSize::Blocks(16),
+        KvPrecision::Auto,
+    )
+    .unwrap();
     BatchEngine::on_device(model, SMALL_POOL, dev).unwrap()
 }
 
@@ -476,7 +487,16 @@ fn fake_device_bench_runs_every_row() {
     // One model upload for the whole table.
     assert_eq!(gpu.bytes_uploaded(), {
         let g = fake_gpu();
-        cmf_llm::batch::DeviceBatch::load(&g, &model, 13, 512, 16, PoolSize::Blocks(1)).unwrap();
+        cmf_llm::batch::DeviceBatch::load(
+            &g,
+            &model,
+            13,
+            512,
+            16,
+            PoolSize::Blocks(1),
+            KvPrecision::Auto,
+        )
+        .unwrap();
         g.bytes_uploaded()
     });
 }
