@@ -8,6 +8,7 @@
 # loadgen.py), prof (ncu per-kernel times of a short batched run), moe (bench/gpu_peers.sh's MoE
 # peers), profmoe (ncu of MoE decode). DL: seconds to finish within.
 # Phases are idempotent on a warm machine (the GGUF, its import and the llama.cpp build stay).
+# GEOM: make_qwen3_gguf.py geometry arguments of the dense file (default Qwen3-8B).
 set -u
 T0=$SECONDS; DL=${DL:-560}
 left() { echo $((DL - (SECONDS - T0))); }
@@ -28,7 +29,7 @@ fi
 if [ ! -f $W/q8b.cmf ] && [ ! -f $W/gen.started ]; then
   touch $W/gen.started
   xz -dc .anchor/qwen3-template.gguf.xz > $W/tpl.gguf 2>/dev/null || cp .anchor/qwen3-template.gguf $W/tpl.gguf
-  setsid nohup sh -c "PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 bench/make_qwen3_gguf.py $W/tpl.gguf $W/q8b.gguf --arch qwen3 --layers 36 --hidden 4096 --kv-heads 8 --ffn 12288 \
+  setsid nohup sh -c "PYTHONPATH=/tmp/lc/llama.cpp/gguf-py python3 bench/make_qwen3_gguf.py $W/tpl.gguf $W/q8b.gguf ${GEOM:---arch qwen3 --layers 36 --hidden 4096 --kv-heads 8 --ffn 12288} \
     && .dev/bin/cmf import-gguf $W/q8b.gguf -o $W/q8b.tmp && mv $W/q8b.tmp $W/q8b.cmf" > $W/gen.log 2>&1 &
 fi
 export CMF_REQUIRE_GPU=1
@@ -61,8 +62,12 @@ if has bench; then
   [ $(left) -gt 150 ] && run_bench "verified kernels" CMF_GPU_BATCH_KERNELS=
   [ $(left) -gt 150 ] && run_bench "CMF_GPU_BATCH_KERNELS=next" CMF_GPU_BATCH_KERNELS=next
 fi
-load() {  # port, name
-  for _ in $(seq 600); do curl -sf localhost:$1/health > /dev/null && break; sleep 0.3; done
+load() {  # port, name, server pid
+  for _ in $(seq 600); do
+    curl -sf localhost:$1/health > /dev/null && break
+    kill -0 $3 2>/dev/null || { st "$2: the server exited"; return; }
+    sleep 0.3
+  done
   for c in ${CLIENTS:-1 16 64}; do
     [ "$(left)" -lt 50 ] && break
     st "$2, $c clients: $(timeout 100 python3 .anchor/loadgen.py $1 $c $((c * 2)) 128 60 '{"ignore_eos": true}')"
@@ -71,7 +76,7 @@ load() {  # port, name
 if has serve && [ -f $W/q8b.cmf ] && [ $(left) -gt 120 ]; then
   CMF_GPU_BATCH_KERNELS=${SERVE_KERNELS:-next} .dev/bin/cmf serve $W/q8b.cmf --gpu cuda --parallel 64 --queue 256 -c 1024 --port 18080 > $L/serve.log 2>&1 &
   SP=$!
-  load 18080 "cmf serve --gpu cuda --parallel 64 (CMF_GPU_BATCH_KERNELS=${SERVE_KERNELS:-next})"
+  load 18080 "cmf serve --gpu cuda --parallel 64 (CMF_GPU_BATCH_KERNELS=${SERVE_KERNELS:-next})" $SP
   kill $SP; wait $SP 2>/dev/null
 fi
 st "waiting for llama.cpp"
@@ -125,7 +130,7 @@ fi
 if has lserve && [ -x $LB/llama-server ] && [ $(left) -gt 100 ]; then
   $LB/llama-server -m $W/q8b.gguf -ngl 99 -fa on -np 64 -c 65536 --port 18081 > $L/llama-server.log 2>&1 &
   SP=$!
-  load 18081 "llama-server -np 64"
+  load 18081 "llama-server -np 64" $SP
   kill $SP; wait $SP 2>/dev/null
 fi
 st done
