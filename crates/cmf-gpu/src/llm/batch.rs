@@ -243,12 +243,8 @@ pub fn q8_gemm_reference(w: &[i8], scales: &[half::f16], k: usize, x: &[f32]) ->
                 .iter()
                 .map(|&v| half::bf16::from_f32(v).to_f32())
                 .collect();
-            let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for (i, v) in vals.iter().enumerate() {
-                xq[32 * b + i] = (v * inv).round_ties_even() as i32;
-            }
+            let (d, q) = super::reference::s8_block(&vals);
+            xq[32 * b..32 * b + 32].copy_from_slice(&q);
             xd[b] = d;
         }
         for c in 0..n {

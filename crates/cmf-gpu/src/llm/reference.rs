@@ -59,15 +59,28 @@ fn matvec(w: &cmf_kernels::Weight, x: &[f32], y: &mut [f32]) {
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
     } else {
         for block in q.chunks_mut(32) {
-            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            for v in block.iter_mut() {
-                *v = (*v * inv).round_ties_even() * d;
+            let (d, s8) = s8_block(block);
+            for (v, s) in block.iter_mut().zip(s8) {
+                *v = s as f32 * d;
             }
         }
     }
     cmf_kernels::reference::matvec(w, &q, y)
+}
+
+/// One block of inputs quantised as the device's (and the CPU engine's) q8 kernels quantise it:
+/// s8 values at scale `d = amax / 127`, ties to even (all zeros when the block is); `(d, values)`.
+pub fn s8_block(block: &[f32]) -> (f32, Vec<i32>) {
+    let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    (
+        d,
+        block
+            .iter()
+            .map(|v| (v * inv).round_ties_even() as i32)
+            .collect(),
+    )
 }
 
 /// The KV cache of the reference forward: per layer, `[S, NKV·D]` keys and values; for a

@@ -111,10 +111,8 @@ pub struct CudaLlm {
     attn: AttnKernel,
     /// The batched step's KV block pool (`kv_pool`).
     pool: Option<batched::KvPool>,
-    /// Set while a batched step enqueues: its q8_row GEMMs run on int8 tensor cores.
+    /// Set while a batched step enqueues: its q8_row GEMMs run on tensor cores (`batched/q8.rs`).
     q8_step: std::cell::Cell<bool>,
-    /// Which q8_row GEMM the batched step runs (`batched/q8.rs`).
-    q8_kind: std::cell::Cell<batched::Q8Gemm>,
     /// Kernels, scratch and state position of GatedDeltaNet / output-gated layers (gdn.rs).
     hybrid: Option<gdn::Hybrid>,
 }
@@ -590,7 +588,6 @@ impl CudaLlm {
             blas,
             graphs: [None, None],
             q8_step: std::cell::Cell::new(false),
-            q8_kind: std::cell::Cell::new(batched::Q8Gemm::Bf16),
             short,
             one_block: p.one_block,
             smem: DecodeSmemBytes {

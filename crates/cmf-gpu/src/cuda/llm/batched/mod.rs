@@ -10,7 +10,6 @@
 
 mod q8;
 pub use q8::q8_gemm_probe;
-pub(super) use q8::Q8Gemm;
 mod sample;
 mod step;
 
@@ -149,6 +148,16 @@ pub enum PagedKernel {
     Split(usize),
 }
 
+impl PagedKernel {
+    /// Runs each row's keys are split into (one for the rounds kernel).
+    fn runs(self) -> usize {
+        match self {
+            PagedKernel::Rounds => 1,
+            PagedKernel::Split(n) => n,
+        }
+    }
+}
+
 /// Most runs one row's keys are split into (`attn_paged_split`).
 const MAX_SPLITS: usize = 32;
 
@@ -219,18 +228,16 @@ fn paged_attention(
         Arg::I32(nh as i32),
         Arg::Ptr(a.out),
     ];
-    let splits = match kernel {
-        PagedKernel::Rounds => {
-            return dev.launch(
-                &k.attn_paged,
-                (rows as u32, nkv as u32, 1),
-                ((32 * (nh / nkv)) as u32, 1, 1),
-                0,
-                &args,
-            );
-        }
-        PagedKernel::Split(n) => n,
-    };
+    if kernel == PagedKernel::Rounds {
+        return dev.launch(
+            &k.attn_paged,
+            (rows as u32, nkv as u32, 1),
+            ((32 * (nh / nkv)) as u32, 1, 1),
+            0,
+            &args,
+        );
+    }
+    let splits = kernel.runs();
     let part_ml = parts + (4 * rows * nh * splits * hd) as u64;
     let mut split_args = args.to_vec();
     split_args.extend([Arg::Ptr(parts), Arg::Ptr(part_ml)]);
@@ -306,11 +313,7 @@ pub fn paged_attention_probe(
     let qd = dev.upload_new(bytes_of(q))?;
     let t = row_pos.len();
     let out = dev.alloc(4 * t * nh * d)?;
-    let splits = match kernel {
-        PagedKernel::Rounds => 1,
-        PagedKernel::Split(n) => n,
-    };
-    let parts = dev.alloc(t * nh * splits * (4 * d + 8))?;
+    let parts = dev.alloc(t * nh * kernel.runs() * (4 * d + 8))?;
     let a = PagedAttention {
         q: qd.ptr(),
         k_pool: kp.ptr(),

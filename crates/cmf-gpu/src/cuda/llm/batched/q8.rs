@@ -29,7 +29,7 @@ const W8_MAX_ROWS: usize = 256;
 
 /// Which q8_row GEMM a batched step runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(in super::super) enum Q8Gemm {
+pub(super) enum Q8Gemm {
     /// s8 inputs in blocks of 32, int8 tensor cores (`gemm_q8_narrow`).
     Blocks32,
     /// bf16 inputs, the weights widened to bf16 (`gemm_w8_bf16`).
@@ -37,7 +37,7 @@ pub(in super::super) enum Q8Gemm {
 }
 
 /// The GEMM a step runs and the most rows it takes.
-pub(in super::super) fn q8_gemm_choice(kernels: BatchKernels) -> (Q8Gemm, usize) {
+pub(super) fn q8_gemm_choice(kernels: BatchKernels) -> (Q8Gemm, usize) {
     match kernels {
         BatchKernels::Next => (Q8Gemm::Bf16, W8_MAX_ROWS),
         BatchKernels::Verified => (Q8Gemm::Blocks32, Q8_MAX_ROWS),
@@ -79,6 +79,11 @@ impl CudaLlm {
         self.q8_step.get() && w.dtype == Dtype::Q8Row
     }
 
+    /// The q8_row GEMM this model's batched steps run (its options' kernel set).
+    pub(super) fn q8_gemm(&self) -> Q8Gemm {
+        q8_gemm_choice(self.opts.batch_kernels).0
+    }
+
     /// The widest input any linear layer takes (what the quantised-input scratch must hold per
     /// row).
     pub(super) fn widest_input(&self) -> usize {
@@ -109,7 +114,7 @@ impl CudaLlm {
             col0,
             accumulate,
         };
-        if self.q8_kind.get() == Q8Gemm::Bf16 {
+        if self.q8_gemm() == Q8Gemm::Bf16 {
             return w8_bf16(
                 &self.dev,
                 &pool.q8_kernels,
@@ -138,7 +143,7 @@ impl CudaLlm {
         if !parts.iter().all(|(w, _)| self.batched_q8(w)) {
             return Ok(false);
         }
-        if self.q8_kind.get() == Q8Gemm::Bf16 {
+        if self.q8_gemm() == Q8Gemm::Bf16 {
             for &(w, col0) in parts {
                 self.gemm_q8(w, x, t, out, ldc, col0, false)?;
             }

@@ -125,15 +125,17 @@ impl CudaLlm {
         self.settle()?;
         self.ensure_prefill_ws()?;
         self.dev_inputs = None;
-        let q8_bytes = super::q8::scratch_bytes(batch::rows(seqs), self.widest_input());
-        let dev = self.dev.clone();
-        self.pool
-            .as_mut()
-            .expect("validated")
-            .q8_x
-            .at_least(&dev, q8_bytes)?;
         let (kind, max_rows) = super::q8::q8_gemm_choice(self.opts.batch_kernels);
-        self.q8_kind.set(kind);
+        if kind == super::q8::Q8Gemm::Blocks32 {
+            // The int8 GEMM's quantised inputs (the W8A16 one reads the bf16 rows).
+            let q8_bytes = super::q8::scratch_bytes(batch::rows(seqs), self.widest_input());
+            let dev = self.dev.clone();
+            self.pool
+                .as_mut()
+                .expect("validated")
+                .q8_x
+                .at_least(&dev, q8_bytes)?;
+        }
         self.q8_step
             .set(!self.opts.precise && batch::rows(seqs) <= max_rows);
         let r = self.enqueue_batch_step(seqs, out);
